@@ -1,0 +1,74 @@
+"""The `tandem` command line. Headless: nothing here imports Textual."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+
+def _cmd_models_prepare(args: argparse.Namespace) -> int:
+    from tandem_packaging.prepare import prepare
+
+    prepare(args.device_model, args.cloud_model, only=args.only)
+    return 0
+
+
+def _cmd_models_list(args: argparse.Namespace) -> int:
+    from tandem_packaging.listing import list_models
+
+    rows = list_models()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("No models prepared. Run `tandem models prepare`.")
+        return 0
+    for row in rows:
+        print(f"{row['role']:6} {row['key']}  ({row['root']})")
+        for step in row["steps"]:
+            print(f"  {step['name']:10} {step['size_h']:>9}  {step['detail']}")
+            for f in step["files"]:
+                print(f"      {f['sha256'][:16]}  {f['size_h']:>9}  {f['path']}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tandem", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    models = sub.add_parser("models", help="prepare and list the model pair")
+    msub = models.add_subparsers(dest="models_command", required=True)
+    prep = msub.add_parser("prepare", help="assemble, convert, export and quantise the pair")
+    prep.add_argument("--device-model", help="Hugging Face id or local folder (default: Qwen2.5-Coder-0.5B-Instruct)")
+    prep.add_argument("--cloud-model", help="Hugging Face id or local folder (default: Qwen2.5-Coder-1.5B-Instruct)")
+    prep.add_argument("--only", choices=["device", "cloud"], help="prepare one side only")
+    prep.set_defaults(func=_cmd_models_prepare)
+    lst = msub.add_parser("list", help="show prepared models: paths, sizes, checksums, quantisation")
+    lst.add_argument("--json", action="store_true")
+    lst.set_defaults(func=_cmd_models_list)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    from tandem_packaging.sources import PrepareError
+
+    try:
+        return args.func(args)
+    except PrepareError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""The model runtime interface, used by the device (ONNX Runtime) and available to the cloud.
+
+One `CausalLM` holds `batch_size` independent sequences, each with its own KV cache rows.
+Everything a decoding mode needs is here, and only here:
+
+- `prefill(prompts)` starts fresh sequences and returns each one's next-token logits.
+- `forward(tokens)` feeds new tokens to every sequence and returns logits at **every** fed
+  position (speculative verification scores γ+1 positions in one pass).
+- `decode(tokens)` feeds one token per sequence and returns next-token logits.
+- `rollback(length, seq=None)` returns one or all sequences to a committed length.
+- `cancel()` (from any thread) stops the step in flight; it raises `Cancelled` and leaves
+  every sequence exactly as it was before that step.
+
+Cache layout: the cache is append-only over *slots*; each sequence owns a boolean mask
+over slots (the attention mask) and a committed length (its next position id). Feeding
+sequences of unequal length pads the short ones with masked slots; a per-sequence rollback
+masks the dropped slots. Trailing slots no sequence uses are cut off at once; holes inside
+the cache are compacted away when they grow, so memory stays bounded without copying the
+cache on every token.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import numpy as np
+
+
+class Cancelled(Exception):
+    """The step was cancelled by `CausalLM.cancel()`; no sequence changed."""
+
+
+class RuntimeInputError(ValueError):
+    """Invalid tokens, lengths or sequence numbers passed to a runtime."""
+
+
+class CausalLM(ABC):
+    """A causal language model with a KV cache of several independent sequences."""
+
+    # Compact when masked holes exceed this fraction of the cache (and a minimum size).
+    _COMPACT_FRACTION = 0.5
+    _COMPACT_MIN_SLOTS = 256
+
+    def __init__(self, vocab_size: int, max_context: int) -> None:
+        self.vocab_size = vocab_size
+        self.max_context = max_context
+        self._cancel_lock = threading.Lock()
+        self._mask = np.zeros((1, 0), dtype=bool)
+        self._lengths = np.zeros(1, dtype=np.int64)
+        self._clear_cache(1)
+
+    # ---- state -----------------------------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        return len(self._lengths)
+
+    @property
+    def lengths(self) -> list[int]:
+        """Committed tokens in each sequence (the next token's position id)."""
+        return self._lengths.tolist()
+
+    @property
+    def cache_slots(self) -> int:
+        """Slots in the KV cache, masked holes included."""
+        return self._mask.shape[1]
+
+    def reset(self, batch_size: int = 1) -> None:
+        """Drop every sequence and start `batch_size` empty ones."""
+        if batch_size < 1:
+            raise RuntimeInputError("batch_size must be at least 1")
+        self._mask = np.zeros((batch_size, 0), dtype=bool)
+        self._lengths = np.zeros(batch_size, dtype=np.int64)
+        self._clear_cache(batch_size)
+
+    # ---- steps -----------------------------------------------------------------------------
+    def prefill(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
+        """Start one fresh sequence per prompt; return next-token logits, shape [B, V]."""
+        if len(prompts) == 0:
+            raise RuntimeInputError("prefill needs at least one prompt")
+        if any(len(p) == 0 for p in prompts):
+            raise RuntimeInputError("empty prompt: a sequence needs at least one token")
+        self._validate(prompts, fresh=True)
+        self.reset(len(prompts))
+        logits = self.forward(prompts)
+        last = np.array([len(p) - 1 for p in prompts])
+        return logits[np.arange(len(prompts)), last]
+
+    def decode(self, tokens: Sequence[int]) -> np.ndarray:
+        """Feed one token to each sequence; return next-token logits, shape [B, V]."""
+        return self.forward([[t] for t in tokens])[:, 0]
+
+    def forward(self, tokens: Sequence[Sequence[int]]) -> np.ndarray:
+        """Feed `tokens[b]` to sequence b (lists may differ in length; empty = feed nothing)
+        and return logits for every fed position, shape [B, T_max, V]. Rows past a
+        sequence's own count are padding and meaningless."""
+        if len(tokens) != self.batch_size:
+            raise RuntimeInputError(
+                f"got tokens for {len(tokens)} sequences, the runtime holds {self.batch_size}"
+            )
+        self._validate(tokens, fresh=False)
+        counts = np.array([len(t) for t in tokens], dtype=np.int64)
+        width = int(counts.max())
+        if width == 0:
+            raise RuntimeInputError("no tokens to feed")
+        self._maybe_compact()
+        ids = np.zeros((self.batch_size, width), dtype=np.int64)
+        for b, seq in enumerate(tokens):
+            ids[b, : len(seq)] = seq
+        new_valid = np.arange(width)[None, :] < counts[:, None]
+        mask = np.concatenate([self._mask, new_valid], axis=1)
+        positions = self._lengths[:, None] + np.arange(width)[None, :]
+        logits = self._run(ids, mask.astype(np.int64), positions)
+        self._mask = mask
+        self._lengths = self._lengths + counts
+        self._trim()
+        return logits
+
+    def rollback(self, length: int | Sequence[int], seq: int | None = None) -> None:
+        """Return sequence `seq` (or all, if None) to `length` committed tokens; a list gives
+        one length per sequence."""
+        if seq is not None:
+            if not 0 <= seq < self.batch_size:
+                raise RuntimeInputError(f"no sequence {seq} (batch of {self.batch_size})")
+            targets = self._lengths.copy()
+            targets[seq] = int(length)  # type: ignore[arg-type]
+        elif isinstance(length, int | np.integer):
+            targets = np.full(self.batch_size, int(length), dtype=np.int64)
+        else:
+            targets = np.asarray(length, dtype=np.int64)
+            if targets.shape != self._lengths.shape:
+                raise RuntimeInputError("rollback needs one length per sequence")
+        if (targets < 0).any() or (targets > self._lengths).any():
+            raise RuntimeInputError(
+                f"cannot roll back to {targets.tolist()}: committed lengths are {self.lengths}"
+            )
+        for b in np.nonzero(targets < self._lengths)[0]:
+            slots = np.flatnonzero(self._mask[b])
+            self._mask[b, slots[targets[b] :]] = False
+        self._lengths = targets
+        self._trim()
+
+    def cancel(self) -> None:
+        """Stop the step in flight (safe from any thread); it raises `Cancelled`."""
+        with self._cancel_lock:
+            self._cancel_in_flight()
+
+    # ---- bookkeeping -----------------------------------------------------------------------
+    def _validate(self, tokens: Sequence[Sequence[int]], fresh: bool) -> None:
+        base = np.zeros(len(tokens), dtype=np.int64) if fresh else self._lengths
+        for b, seq in enumerate(tokens):
+            if len(seq) and (min(seq) < 0 or max(seq) >= self.vocab_size):
+                bad = next(t for t in seq if t < 0 or t >= self.vocab_size)
+                raise RuntimeInputError(f"unknown token id {bad} (vocabulary has {self.vocab_size})")
+            if base[b] + len(seq) > self.max_context:
+                raise RuntimeInputError(
+                    f"sequence {b} would hold {base[b] + len(seq)} tokens, over the context "
+                    f"limit of {self.max_context}"
+                )
+
+    def _trim(self) -> None:
+        """Cut trailing slots that no sequence attends to (an exact, cheap rollback)."""
+        used = np.flatnonzero(self._mask.any(axis=0))
+        keep = int(used[-1]) + 1 if len(used) else 0
+        if keep < self.cache_slots:
+            self._truncate_cache(keep)
+            self._mask = self._mask[:, :keep]
+
+    def _maybe_compact(self) -> None:
+        """Squeeze masked holes out of the cache once they are a large share of it."""
+        slots = self.cache_slots
+        longest = int(self._lengths.max())
+        if slots < self._COMPACT_MIN_SLOTS or slots - longest < self._COMPACT_FRACTION * slots:
+            return
+        # Right-align each sequence's valid slots: index[b, j] is the old slot at new slot j.
+        index = np.zeros((self.batch_size, longest), dtype=np.int64)
+        mask = np.zeros((self.batch_size, longest), dtype=bool)
+        for b in range(self.batch_size):
+            valid = np.flatnonzero(self._mask[b])
+            if len(valid):
+                index[b, longest - len(valid) :] = valid
+                mask[b, longest - len(valid) :] = True
+        self._gather_cache(index)
+        self._mask = mask
+
+    # ---- backend hooks ---------------------------------------------------------------------
+    @abstractmethod
+    def _run(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Run the model on ids [B, T] with attention mask [B, S+T] and position ids [B, T];
+        append the new keys/values to the cache only if the run completes. Returns float32
+        logits [B, T, V]. Raises `Cancelled` if cancelled."""
+
+    @abstractmethod
+    def _clear_cache(self, batch_size: int) -> None:
+        """Empty the cache for `batch_size` sequences."""
+
+    @abstractmethod
+    def _truncate_cache(self, slots: int) -> None:
+        """Keep the first `slots` cache slots."""
+
+    @abstractmethod
+    def _gather_cache(self, index: np.ndarray) -> None:
+        """New cache slot j of sequence b = old slot index[b, j]."""
+
+    @abstractmethod
+    def _cancel_in_flight(self) -> None:
+        """Make the running `_run` stop and raise `Cancelled`."""

@@ -1,0 +1,54 @@
+"""Loading the Qwen2.5 tokenizer saved by `tandem models prepare`, and the chat prompt."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+# Qwen2.5's end-of-turn token. Generation stops here, not at `tokenizer.eos_token`
+# (<|endoftext|>, 151643), which an instruct model rarely emits (DESIGN.md §3).
+IM_END_ID = 151645
+
+
+class _DropSpuriousRegexWarning(logging.Filter):
+    """transformers 4.57 warns about an "incorrect regex pattern" for every saved local
+    tokenizer. For Qwen it is spurious: the saved tokenizer.json carries Qwen2's own split
+    regex, and ids match the GGUF tokenizer (tests/test_tokenizer.py proves it)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "incorrect regex pattern" not in record.getMessage()
+
+
+_filter = _DropSpuriousRegexWarning()
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """Load a saved tokenizer. `fix_mistral_regex=False`, never True: True swaps in
+    Mistral's pre-tokenizer and breaks Qwen's ids."""
+    log = logging.getLogger("transformers.tokenization_utils_base")
+    log.addFilter(_filter)
+    try:
+        return AutoTokenizer.from_pretrained(str(path), fix_mistral_regex=False)
+    finally:
+        log.removeFilter(_filter)
+
+
+def chat_prompt_ids(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, str]],
+) -> list[int]:
+    """Token ids of a chat (the model's own template) ending with the assistant's turn opened."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids)
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """sha256 of the id→token map (vocabulary and added tokens): two models can share
+    drafts and distributions only if this is equal."""
+    import hashlib
+    import json
+
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()

@@ -1,0 +1,83 @@
+"""`CausalLM` on PyTorch + transformers, with the same interface as the ONNX Runtime backend.
+
+float32 is the exact reference for tests; bfloat16 is ~2.4× faster on this CPU and, like a
+large model on a GPU server, verifies 5–9 tokens for about the cost of one decode step."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache
+
+from edge_runtime.runtime import Cancelled, CausalLM
+
+
+class _Stop(Exception):
+    pass
+
+
+class TorchCausalLM(CausalLM):
+    def __init__(
+        self,
+        model_dir: str | Path,
+        dtype: torch.dtype = torch.float32,
+        threads: int | None = None,
+        max_context: int | None = None,
+    ) -> None:
+        if threads:
+            torch.set_num_threads(threads)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            str(model_dir), dtype=dtype, attn_implementation="sdpa"
+        ).eval()
+        self.dtype = dtype
+        self._stop = threading.Event()
+        for layer in self.model.model.layers:
+            layer.register_forward_pre_hook(self._check_stop)
+        config = self.model.config
+        self._cache_obj: DynamicCache | None = None
+        limit = int(config.max_position_embeddings)
+        super().__init__(int(config.vocab_size), min(limit, max_context or limit))
+
+    def _check_stop(self, module, args) -> None:  # noqa: ARG002
+        if self._stop.is_set():
+            raise _Stop
+
+    # ---- backend hooks ---------------------------------------------------------------------
+    def _clear_cache(self, batch_size: int) -> None:  # noqa: ARG002
+        self._cache_obj = DynamicCache()
+
+    def _truncate_cache(self, slots: int) -> None:
+        if self._cache_obj is not None and self._cache_obj.get_seq_length() > slots:
+            self._cache_obj.crop(slots)
+
+    def _gather_cache(self, index: np.ndarray) -> None:
+        idx = torch.from_numpy(index)
+        rows = torch.arange(idx.shape[0])[:, None]
+        for layer in self._cache_obj.layers:
+            layer.keys = layer.keys.transpose(1, 2)[rows, idx].transpose(1, 2).contiguous()
+            layer.values = layer.values.transpose(1, 2)[rows, idx].transpose(1, 2).contiguous()
+
+    def _cancel_in_flight(self) -> None:
+        self._stop.set()
+
+    def _run(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        slots = self._cache_obj.get_seq_length()
+        self._stop.clear()
+        try:
+            with torch.inference_mode():
+                out = self.model(
+                    input_ids=torch.from_numpy(ids),
+                    attention_mask=torch.from_numpy(mask),
+                    position_ids=torch.from_numpy(positions),
+                    past_key_values=self._cache_obj,
+                    use_cache=True,
+                )
+        except _Stop as exc:
+            self._truncate_cache(slots)  # layers that ran before the stop appended to the cache
+            raise Cancelled("step cancelled") from exc
+        finally:
+            self._stop.clear()
+        return out.logits.float().numpy()

@@ -1,0 +1,224 @@
+"""`tandem models prepare`: the model pair assembled, converted, exported and quantised, once.
+
+Every step writes to a `.partial` path, is published by a rename, and is recorded in the
+model's manifest with the size and sha256 of its outputs. A re-run verifies the checksums and
+skips what is done, so a run killed at any point completes when started again."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tandem_packaging import steps
+from tandem_packaging.sources import (
+    CLOUD_DEFAULT,
+    DEVICE_DEFAULT,
+    HubSource,
+    ModelSource,
+    PartsSource,
+    PrepareError,
+    source_for,
+)
+from tandem_packaging.store import ModelStore, fresh_partial, models_dir, publish
+
+log = logging.getLogger(__name__)
+
+PAIR_FILE = "pair.json"
+GB = 1 << 30
+# Output size of each step relative to the GGUF (measured on the default pair:
+# float32 checkpoints are ~5–6.5× the Q4_K_M GGUF, int4 ONNX ~1.9×).
+SIZE_FACTOR = {"gguf": 1.0, "hf": 6.5, "onnx-fp32": 6.5, "onnx-int4": 2.0}
+
+
+@dataclass
+class ModelPlan:
+    role: str
+    source: ModelSource
+    keep_fp32_onnx: bool
+    store: ModelStore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.store = ModelStore(models_dir() / self.source.key)
+
+    def step_names(self) -> list[str]:
+        names = ["hf", "onnx-fp32", "onnx-int4"]
+        return ["gguf", *names] if isinstance(self.source, PartsSource) else names
+
+    def pending(self) -> list[str]:
+        """Steps to run, in order: walk back from the targets, needing a step's input only
+        when the step itself must run (verifying checksums on the way)."""
+        names = self.step_names()
+        needed = {"onnx-int4"} | ({"onnx-fp32"} if self.keep_fp32_onnx else set())
+        todo: list[str] = []
+        for i in reversed(range(len(names))):
+            if names[i] in needed and not self.store.step_done(names[i]):
+                todo.append(names[i])
+                if i > 0:
+                    needed.add(names[i - 1])
+        return todo[::-1]
+
+    def estimated_bytes(self, todo: list[str]) -> int | None:
+        base = self.source.size if isinstance(self.source, PartsSource) else None
+        if base is None and self.store.step_done("hf"):
+            base = _folder_size(self.store.path("hf")) / SIZE_FACTOR["hf"]
+        if base is None:
+            return None
+        return int(sum(SIZE_FACTOR[n] * base for n in todo))
+
+
+def _folder_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _run_isolated(fn: Callable, *args):
+    """Run a heavy step in a fresh process: its memory (15 GB peak for the 1.5B export) is
+    returned to the system when it ends, and nothing of it lingers in the parent."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def _check_disk(plans: list[tuple[ModelPlan, list[str]]]) -> None:
+    need = sum(plan.estimated_bytes(todo) or 0 for plan, todo in plans)
+    root = models_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(root).free
+    if need > free:
+        raise PrepareError(
+            f"not enough disk space in {root}: about {need / GB:.1f} GB needed, "
+            f"{free / GB:.1f} GB free. Free some space or set TANDEM_DATA_DIR to another disk."
+        )
+
+
+def _check_pair(device: ModelPlan, cloud: ModelPlan) -> None:
+    """Both sides must share a vocabulary; refuse a mismatched pair before any heavy work."""
+    fingerprints = []
+    for plan in (device, cloud):
+        rec = plan.store.manifest()["steps"].get("hf", {})
+        fp = rec.get("tokenizer_fingerprint")
+        if fp is None and isinstance(plan.source, HubSource):
+            from transformers import AutoTokenizer
+
+            from edge_runtime.tokenizer import tokenizer_fingerprint
+
+            try:
+                fp = tokenizer_fingerprint(AutoTokenizer.from_pretrained(plan.source.ref))
+            except OSError as exc:
+                raise PrepareError(f"cannot load the tokenizer of {plan.source.ref!r}: {exc}") from exc
+        fingerprints.append(fp)
+    if None not in fingerprints and fingerprints[0] != fingerprints[1]:
+        raise PrepareError(
+            f"the device model ({device.source.key}) and the cloud model ({cloud.source.key}) "
+            "use different tokenizers; split decoding and DRAGON need one shared vocabulary. "
+            "Choose a pair from one model family."
+        )
+
+
+def _run_step(plan: ModelPlan, name: str) -> None:
+    store = plan.store
+    final = store.path("model.gguf" if name == "gguf" else name)
+    partial = fresh_partial(final)
+    store.forget_step(name)
+    started = time.monotonic()
+    if name == "gguf":
+        src = plan.source
+        assert isinstance(src, PartsSource)
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        info = steps.assemble_gguf(src.part_paths(), partial, src.size, src.sha256)
+    elif name == "hf":
+        if isinstance(plan.source, PartsSource):
+            # transformers needs the `.gguf` name; the partial lives beside the published file.
+            info = _run_isolated(steps.convert_gguf, store.path("model.gguf"), partial)
+        else:
+            info = _run_isolated(steps.convert_hub, plan.source.ref, partial)
+    elif name == "onnx-fp32":
+        info = _run_isolated(steps.export_onnx, store.path("hf"), partial)
+    else:
+        info = _run_isolated(steps.quantize_int4, store.path("onnx-fp32"), partial)
+    publish(partial, final)
+    store.record_step(name, final.name, seconds=round(time.monotonic() - started, 1), **info)
+
+
+def _discard_fp32(plan: ModelPlan) -> None:
+    shutil.rmtree(plan.store.path("onnx-fp32"), ignore_errors=True)
+    plan.store.forget_step("onnx-fp32")
+
+
+def plans_for(device_ref: str | None = None, cloud_ref: str | None = None) -> tuple[ModelPlan, ModelPlan]:
+    device = ModelPlan("device", source_for(device_ref, DEVICE_DEFAULT), keep_fp32_onnx=True)
+    # The cloud serves int4 (or torch from the safetensors); its float32 ONNX is only a step.
+    cloud = ModelPlan("cloud", source_for(cloud_ref, CLOUD_DEFAULT), keep_fp32_onnx=False)
+    return device, cloud
+
+
+def prepare(
+    device_ref: str | None = None,
+    cloud_ref: str | None = None,
+    only: str | None = None,
+    say: Callable[[str], None] = print,
+) -> bool:
+    """Prepare the pair (or `only` one role). Returns True if any work was done."""
+    device, cloud = plans_for(device_ref, cloud_ref)
+    _check_pair(device, cloud)
+    chosen = [p for p in (device, cloud) if only in (None, p.role)]
+    say("Checking prepared models (verifying checksums)…")
+    work = [(plan, plan.pending()) for plan in chosen]
+    if not any(todo for _, todo in work):
+        _write_pair(device, cloud)
+        say("All models are prepared and verified; nothing to do.")
+        return False
+    for plan, todo in work:
+        if todo and isinstance(plan.source, PartsSource):
+            plan.source.part_paths()  # a missing package fails here, naming the pip command
+    _check_disk(work)
+    for plan, todo in work:
+        for i, name in enumerate(todo, 1):
+            say(f"[{plan.role} {plan.source.key}] step {i}/{len(todo)}: {name}")
+            _run_step(plan, name)
+        if not plan.keep_fp32_onnx and plan.store.step_done("onnx-int4"):
+            _discard_fp32(plan)
+    _write_pair(device, cloud)
+    _check_pair(device, cloud)
+    say("Models are ready.")
+    return True
+
+
+def _write_pair(device: ModelPlan, cloud: ModelPlan) -> None:
+    root = models_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    (root / PAIR_FILE).write_text(json.dumps({"device": device.source.key, "cloud": cloud.source.key}))
+
+
+@dataclass
+class PreparedModel:
+    role: str
+    key: str
+    root: Path
+    steps: dict
+
+
+def prepared_pair() -> dict[str, PreparedModel]:
+    """The prepared device and cloud models, by role (empty if never prepared)."""
+    try:
+        pair = json.loads((models_dir() / PAIR_FILE).read_text())
+    except FileNotFoundError:
+        return {}
+    out = {}
+    for role, key in pair.items():
+        store = ModelStore(models_dir() / key)
+        out[role] = PreparedModel(role, key, store.root, store.manifest()["steps"])
+    return out
+
+
+def model_path(role: str, variant: str = "onnx-int4") -> Path:
+    """Folder of a prepared model variant (`hf`, `onnx-fp32`, `onnx-int4`), or a clear error."""
+    pair = prepared_pair()
+    if role not in pair or variant not in pair[role].steps:
+        raise PrepareError(f"the {role} model ({variant}) is not prepared: run `tandem models prepare`")
+    return pair[role].root / variant

