@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -21,18 +23,23 @@ class _DropSpuriousRegexWarning(logging.Filter):
         return "incorrect regex pattern" not in record.getMessage()
 
 
-_filter = _DropSpuriousRegexWarning()
+@contextmanager
+def quiet_spurious_regex_warning() -> Iterator[None]:
+    """Silence only that warning, while loading tokenizers (ours or a library's)."""
+    log = logging.getLogger("transformers.tokenization_utils_base")
+    regex_filter = _DropSpuriousRegexWarning()
+    log.addFilter(regex_filter)
+    try:
+        yield
+    finally:
+        log.removeFilter(regex_filter)
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """Load a saved tokenizer. `fix_mistral_regex=False`, never True: True swaps in
     Mistral's pre-tokenizer and breaks Qwen's ids."""
-    log = logging.getLogger("transformers.tokenization_utils_base")
-    log.addFilter(_filter)
-    try:
+    with quiet_spurious_regex_warning():
         return AutoTokenizer.from_pretrained(str(path), fix_mistral_regex=False)
-    finally:
-        log.removeFilter(_filter)
 
 
 def chat_prompt_ids(

