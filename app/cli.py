@@ -57,7 +57,9 @@ def _cmd_ask(args: argparse.Namespace) -> int:
     stream, result = TextStream(tokenizer), Generation()
     first = None
     answer = []
-    for token in generate(lm, prompt, params, np.random.default_rng(args.seed), args.max_tokens, result=result):
+    for token in generate(
+        lm, prompt, params, np.random.default_rng(args.seed), args.max_tokens, result=result
+    ):
         first = first or time.perf_counter()
         delta = stream.push(token)
         answer.append(delta)
@@ -93,11 +95,19 @@ def build_parser() -> argparse.ArgumentParser:
     models = sub.add_parser("models", help="prepare and list the model pair")
     msub = models.add_subparsers(dest="models_command", required=True)
     prep = msub.add_parser("prepare", help="assemble, convert, export and quantise the pair")
-    prep.add_argument("--device-model", help="Hugging Face id or local folder (default: Qwen2.5-Coder-0.5B-Instruct)")
-    prep.add_argument("--cloud-model", help="Hugging Face id or local folder (default: Qwen2.5-Coder-1.5B-Instruct)")
+    prep.add_argument(
+        "--device-model",
+        help="Hugging Face id or local folder (default: Qwen2.5-Coder-0.5B-Instruct)",
+    )
+    prep.add_argument(
+        "--cloud-model",
+        help="Hugging Face id or local folder (default: Qwen2.5-Coder-1.5B-Instruct)",
+    )
     prep.add_argument("--only", choices=["device", "cloud"], help="prepare one side only")
     prep.set_defaults(func=_cmd_models_prepare)
-    lst = msub.add_parser("list", help="show prepared models: paths, sizes, checksums, quantisation")
+    lst = msub.add_parser(
+        "list", help="show prepared models: paths, sizes, checksums, quantisation"
+    )
     lst.add_argument("--json", action="store_true")
     lst.set_defaults(func=_cmd_models_list)
 

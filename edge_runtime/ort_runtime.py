@@ -76,7 +76,9 @@ class OrtCausalLM(CausalLM):
     def _gather_cache(self, index: np.ndarray) -> None:
         rows = np.arange(index.shape[0])[:, None]
         self._cache = [
-            np.ascontiguousarray(_as_numpy(v).transpose(0, 2, 1, 3)[rows, index].transpose(0, 2, 1, 3))
+            np.ascontiguousarray(
+                _as_numpy(v).transpose(0, 2, 1, 3)[rows, index].transpose(0, 2, 1, 3)
+            )
             for v in self._cache
         ]
 

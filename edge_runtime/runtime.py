@@ -152,7 +152,9 @@ class CausalLM(ABC):
         for b, seq in enumerate(tokens):
             if len(seq) and (min(seq) < 0 or max(seq) >= self.vocab_size):
                 bad = next(t for t in seq if t < 0 or t >= self.vocab_size)
-                raise RuntimeInputError(f"unknown token id {bad} (vocabulary has {self.vocab_size})")
+                raise RuntimeInputError(
+                    f"unknown token id {bad} (vocabulary has {self.vocab_size})"
+                )
             if base[b] + len(seq) > self.max_context:
                 raise RuntimeInputError(
                     f"sequence {b} would hold {base[b] + len(seq)} tokens, over the context "

@@ -41,12 +41,12 @@ class TorchCausalLM(CausalLM):
         limit = int(config.max_position_embeddings)
         super().__init__(int(config.vocab_size), min(limit, max_context or limit))
 
-    def _check_stop(self, module, args) -> None:  # noqa: ARG002
+    def _check_stop(self, module, args) -> None:
         if self._stop.is_set():
             raise _Stop
 
     # ---- backend hooks ---------------------------------------------------------------------
-    def _clear_cache(self, batch_size: int) -> None:  # noqa: ARG002
+    def _clear_cache(self, batch_size: int) -> None:
         self._cache_obj = DynamicCache()
 
     def _truncate_cache(self, slots: int) -> None:

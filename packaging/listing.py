@@ -39,8 +39,16 @@ def list_models() -> list[dict]:
                     "detail": detail,
                     "quantization": rec.get("quantization", "int4" if name == "gguf" else "none"),
                     "files": [
-                        {"path": str(model.root / rec["output"] if name == "gguf" else model.root / rec["output"] / rel),
-                         "size": f["size"], "size_h": human(f["size"]), "sha256": f["sha256"]}
+                        {
+                            "path": str(
+                                model.root / rec["output"]
+                                if name == "gguf"
+                                else model.root / rec["output"] / rel
+                            ),
+                            "size": f["size"],
+                            "size_h": human(f["size"]),
+                            "sha256": f["sha256"],
+                        }
                         for rel, f in rec["files"].items()
                         if f["size"] > 1 << 20
                     ],

@@ -12,9 +12,12 @@ import multiprocessing
 import shutil
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, TimeoutError
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tqdm import tqdm
 
 from tandem_packaging import steps
 from tandem_packaging.sources import (
@@ -35,6 +38,13 @@ GB = 1 << 30
 # Output size of each step relative to the GGUF (measured on the default pair:
 # float32 checkpoints are ~5–6.5× the Q4_K_M GGUF, int4 ONNX ~1.9×).
 SIZE_FACTOR = {"gguf": 1.0, "hf": 6.5, "onnx-fp32": 6.5, "onnx-int4": 2.0}
+# How each step makes its output; change one to have `prepare` redo that step everywhere.
+RECIPES = {
+    "gguf": "concat-parts-v1",
+    "hf": "transformers-float32-v1",
+    "onnx-fp32": "optimum-text-generation-with-past-v1",
+    "onnx-int4": "matmulnbits-int4-asym-block32-acc4-v1",
+}
 
 
 @dataclass
@@ -58,7 +68,7 @@ class ModelPlan:
         needed = {"onnx-int4"} | ({"onnx-fp32"} if self.keep_fp32_onnx else set())
         todo: list[str] = []
         for i in reversed(range(len(names))):
-            if names[i] in needed and not self.store.step_done(names[i]):
+            if names[i] in needed and not self.store.step_done(names[i], RECIPES[names[i]]):
                 todo.append(names[i])
                 if i > 0:
                     needed.add(names[i - 1])
@@ -66,7 +76,7 @@ class ModelPlan:
 
     def estimated_bytes(self, todo: list[str]) -> int | None:
         base = self.source.size if isinstance(self.source, PartsSource) else None
-        if base is None and self.store.step_done("hf"):
+        if base is None and self.store.step_done("hf", RECIPES["hf"]):
             base = _folder_size(self.store.path("hf")) / SIZE_FACTOR["hf"]
         if base is None and isinstance(self.source, HubSource) and self.source.local:
             base = _folder_size(self.source.local) / SIZE_FACTOR["hf"]
@@ -79,11 +89,26 @@ def _folder_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def _run_isolated(fn: Callable, *args):
+def _run_isolated(label: str, fn: Callable, *args):
     """Run a heavy step in a fresh process: its memory (15 GB peak for the 1.5B export) is
-    returned to the system when it ends, and nothing of it lingers in the parent."""
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(fn, *args).result()
+    returned to the system when it ends, and nothing of it lingers in the parent. A ticking
+    bar shows the step is alive while it has no progress of its own to report."""
+    with (
+        ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool,
+        tqdm(desc=label, bar_format="{desc}: {elapsed}", leave=True) as ticker,
+    ):
+        future = pool.submit(fn, *args)
+        while True:
+            try:
+                return future.result(timeout=1.0)
+            except TimeoutError:
+                ticker.update(0)
+                ticker.refresh()
+            except BrokenProcessPool as exc:
+                raise PrepareError(
+                    f"{label} was killed (out of memory? the 1.5B export needs about 15 GB of "
+                    "RAM). Run `tandem models prepare` again to resume."
+                ) from exc
 
 
 def _check_disk(plans: list[tuple[ModelPlan, list[str]]]) -> None:
@@ -112,7 +137,9 @@ def _check_pair(device: ModelPlan, cloud: ModelPlan) -> None:
             try:
                 fp = tokenizer_fingerprint(AutoTokenizer.from_pretrained(plan.source.ref))
             except Exception as exc:  # tokenizers raises plain Exception on a broken file
-                raise PrepareError(f"cannot load the tokenizer of {plan.source.ref!r}: {exc}") from exc
+                raise PrepareError(
+                    f"cannot load the tokenizer of {plan.source.ref!r}: {exc}"
+                ) from exc
         fingerprints.append(fp)
     if None not in fingerprints and fingerprints[0] != fingerprints[1]:
         raise PrepareError(
@@ -136,15 +163,17 @@ def _run_step(plan: ModelPlan, name: str) -> None:
     elif name == "hf":
         if isinstance(plan.source, PartsSource):
             # transformers needs the `.gguf` name; the partial lives beside the published file.
-            info = _run_isolated(steps.convert_gguf, store.path("model.gguf"), partial)
+            info = _run_isolated("convert", steps.convert_gguf, store.path("model.gguf"), partial)
         else:
-            info = _run_isolated(steps.convert_hub, plan.source.ref, partial)
+            info = _run_isolated("convert", steps.convert_hub, plan.source.ref, partial)
     elif name == "onnx-fp32":
-        info = _run_isolated(steps.export_onnx, store.path("hf"), partial)
+        info = _run_isolated("export ONNX", steps.export_onnx, store.path("hf"), partial)
     else:
-        info = _run_isolated(steps.quantize_int4, store.path("onnx-fp32"), partial)
+        info = _run_isolated("quantise int4", steps.quantize_int4, store.path("onnx-fp32"), partial)
     publish(partial, final)
-    store.record_step(name, final.name, seconds=round(time.monotonic() - started, 1), **info)
+    store.record_step(
+        name, final.name, RECIPES[name], seconds=round(time.monotonic() - started, 1), **info
+    )
 
 
 def _discard_fp32(plan: ModelPlan) -> None:
@@ -152,7 +181,9 @@ def _discard_fp32(plan: ModelPlan) -> None:
     plan.store.forget_step("onnx-fp32")
 
 
-def plans_for(device_ref: str | None = None, cloud_ref: str | None = None) -> tuple[ModelPlan, ModelPlan]:
+def plans_for(
+    device_ref: str | None = None, cloud_ref: str | None = None
+) -> tuple[ModelPlan, ModelPlan]:
     device = ModelPlan("device", source_for(device_ref, DEVICE_DEFAULT), keep_fp32_onnx=True)
     # The cloud serves int4 (or torch from the safetensors); its float32 ONNX is only a step.
     cloud = ModelPlan("cloud", source_for(cloud_ref, CLOUD_DEFAULT), keep_fp32_onnx=False)
@@ -183,7 +214,7 @@ def prepare(
         for i, name in enumerate(todo, 1):
             say(f"[{plan.role} {plan.source.key}] step {i}/{len(todo)}: {name}")
             _run_step(plan, name)
-        if not plan.keep_fp32_onnx and plan.store.step_done("onnx-int4"):
+        if not plan.keep_fp32_onnx and plan.store.step_done("onnx-int4", RECIPES["onnx-int4"]):
             _discard_fp32(plan)
     _write_pair(device, cloud)
     _check_pair(device, cloud)
@@ -194,7 +225,9 @@ def prepare(
 def _write_pair(device: ModelPlan, cloud: ModelPlan) -> None:
     root = models_dir()
     root.mkdir(parents=True, exist_ok=True)
-    (root / PAIR_FILE).write_text(json.dumps({"device": device.source.key, "cloud": cloud.source.key}))
+    (root / PAIR_FILE).write_text(
+        json.dumps({"device": device.source.key, "cloud": cloud.source.key})
+    )
 
 
 @dataclass
@@ -222,5 +255,7 @@ def model_path(role: str, variant: str = "onnx-int4") -> Path:
     """Folder of a prepared model variant (`hf`, `onnx-fp32`, `onnx-int4`), or a clear error."""
     pair = prepared_pair()
     if role not in pair or variant not in pair[role].steps:
-        raise PrepareError(f"the {role} model ({variant}) is not prepared: run `tandem models prepare`")
+        raise PrepareError(
+            f"the {role} model ({variant}) is not prepared: run `tandem models prepare`"
+        )
     return pair[role].root / variant

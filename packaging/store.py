@@ -79,21 +79,29 @@ class ModelStore:
         tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
         os.replace(tmp, self.root / MANIFEST)
 
-    def record_step(self, step: str, output: str, **info) -> None:
-        """Record a finished step whose output is the file or folder `output`."""
+    def record_step(self, step: str, output: str, recipe: str, **info) -> None:
+        """Record a finished step whose output is the file or folder `output`, made by
+        `recipe` (a step made by an older recipe is redone)."""
         out = self.root / output
         if out.is_dir():
             files = describe_files(out)
         else:
             files = {out.name: {"size": out.stat().st_size, "sha256": sha256_file(out)}}
         manifest = self.manifest()
-        manifest["steps"][step] = {"output": output, "files": files, "finished": time.time(), **info}
+        manifest["steps"][step] = {
+            "output": output,
+            "recipe": recipe,
+            "files": files,
+            "finished": time.time(),
+            **info,
+        }
         self.write_manifest(manifest)
 
-    def step_done(self, step: str) -> bool:
-        """A step counts as done only if its outputs are all there with the recorded checksums."""
+    def step_done(self, step: str, recipe: str) -> bool:
+        """A step counts as done only if it was made by `recipe` and its outputs are all
+        there with the recorded checksums."""
         rec = self.manifest()["steps"].get(step)
-        if rec is None:
+        if rec is None or rec.get("recipe") != recipe:
             return False
         out = self.root / rec["output"]
         folder = out if rec["output"] and out.is_dir() else out.parent

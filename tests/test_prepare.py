@@ -20,7 +20,11 @@ from tandem_packaging.sources import PartsSource, PrepareError
 
 def tandem(*args: str, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "app.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -48,7 +52,9 @@ def test_missing_part_package_names_the_exact_pip_install(monkeypatch, data_env)
 
 
 def test_too_little_disk_fails_before_any_work(monkeypatch, data_env):
-    monkeypatch.setattr(prep.shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(1, 1, 1 << 20))
+    monkeypatch.setattr(
+        prep.shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(1, 1, 1 << 20)
+    )
     with pytest.raises(PrepareError, match="not enough disk space"):
         prep.prepare(only="device", say=lambda _: None)
     store = prep.plans_for()[0].store
@@ -61,7 +67,15 @@ def test_mismatched_tokenizers_are_refused_before_work(local_pair, data_env):
     vocab = tok["model"]["vocab"]
     vocab["hello"], vocab["world"] = vocab["world"], vocab["hello"]  # same strings, other ids
     (cloud / "tokenizer.json").write_text(json.dumps(tok))
-    result = tandem("models", "prepare", "--device-model", str(device), "--cloud-model", str(cloud), env=data_env)
+    result = tandem(
+        "models",
+        "prepare",
+        "--device-model",
+        str(device),
+        "--cloud-model",
+        str(cloud),
+        env=data_env,
+    )
     assert result.returncode == 2
     assert "different tokenizers" in result.stderr
     assert not (Path(data_env["TANDEM_DATA_DIR"]) / "models").exists()

@@ -1,0 +1,99 @@
+"""Slow tier: the real Qwen2.5-Coder 0.5B/1.5B pair prepared by `tandem models prepare`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from collab.sampling import GREEDY
+from edge_runtime.generate import generate
+from edge_runtime.ort_runtime import OrtCausalLM
+from edge_runtime.tokenizer import chat_prompt_ids, load_tokenizer, tokenizer_fingerprint
+from edge_runtime.torch_runtime import TorchCausalLM
+from tandem_packaging.prepare import model_path
+from tandem_packaging.steps import gguf_tokenizer
+from tests.test_tokenizer import TEXTS
+
+pytestmark = pytest.mark.slow
+
+PARAGRAPH = (
+    "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. "
+    "It is named after the engineer Gustave Eiffel, whose company designed and built the tower "
+    "from 1887 to 1889. def merge_sort(items):\n    if len(items) <= 1:\n        return items\n"
+    "    middle = len(items) // 2\n    left = merge_sort(items[:middle])\n"
+)
+
+
+@pytest.fixture(scope="module")
+def device_tokenizer():
+    return load_tokenizer(model_path("device", "hf"))
+
+
+def test_prepared_tokenizers_match_the_gguf_and_each_other(device_tokenizer):
+    gguf = gguf_tokenizer(model_path("device", "hf").parent / "model.gguf")
+    for text in TEXTS:
+        assert device_tokenizer.encode(text) == gguf.encode(text), text
+    cloud = load_tokenizer(model_path("cloud", "hf"))
+    assert tokenizer_fingerprint(cloud) == tokenizer_fingerprint(device_tokenizer)
+
+
+def test_ort_fp32_matches_torch_fp32(device_tokenizer):
+    ids = device_tokenizer.encode(PARAGRAPH)
+    ort_lm = OrtCausalLM(model_path("device", "onnx-fp32"))
+    torch_lm = TorchCausalLM(model_path("device", "hf"))
+    assert np.abs(ort_lm.prefill([ids[:-5]]) - torch_lm.prefill([ids[:-5]])).max() < 1e-3
+    a, b = ort_lm.forward([ids[-5:]]), torch_lm.forward([ids[-5:]])
+    assert np.abs(a - b).max() < 1e-3
+
+
+def test_int4_stays_close_to_fp32(device_tokenizer):
+    ids = device_tokenizer.encode(PARAGRAPH)
+    ref = OrtCausalLM(model_path("device", "onnx-fp32"))
+    q = OrtCausalLM(model_path("device", "onnx-int4"))
+    ref.prefill([ids[:1]])
+    q.prefill([ids[:1]])
+    a = ref.forward([ids[1:]])[0].astype(np.float64)
+    b = q.forward([ids[1:]])[0].astype(np.float64)
+    la = a - np.logaddexp.reduce(a, axis=-1, keepdims=True)
+    lb = b - np.logaddexp.reduce(b, axis=-1, keepdims=True)
+    kl = (np.exp(la) * (la - lb)).sum(axis=-1)
+    top1 = (a.argmax(-1) == b.argmax(-1)).mean()
+    assert kl.mean() <= 0.1, kl.mean()  # lab: 0.045
+    assert top1 >= 0.8, top1
+
+
+@pytest.mark.parametrize("role", ["device", "cloud"])
+def test_real_pair_answers_the_capital_of_france(role, device_tokenizer):
+    lm = OrtCausalLM(model_path(role, "onnx-int4"))
+    prompt = chat_prompt_ids(
+        device_tokenizer, [{"role": "user", "content": "What is the capital of France?"}]
+    )
+    tokens = list(generate(lm, prompt, GREEDY, np.random.default_rng(0), max_new_tokens=30))
+    assert "Paris" in device_tokenizer.decode(tokens)
+
+
+def test_cli_ask_streams_a_sensible_answer():
+    out = subprocess.run(
+        [sys.executable, "-m", "app.cli", "ask", "--json", "What is the capital of France?"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert "Paris" in result["answer"] and result["tokens"] > 0 and result["mode"] == "local"
+
+
+def test_second_prepare_does_nothing_and_says_so():
+    out = subprocess.run(
+        [sys.executable, "-m", "app.cli", "models", "prepare"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "nothing to do" in out.stdout
