@@ -112,12 +112,17 @@ class CausalLM(ABC):
             ids[b, : len(seq)] = seq
         new_valid = np.arange(width)[None, :] < counts[:, None]
         mask = np.concatenate([self._mask, new_valid], axis=1)
+        # While this step runs, padding rows may attend to the padding slots (to themselves):
+        # a row that sees nothing would give NaN keys/values in some attention kernels.
+        # Real tokens come before a sequence's padding, so causality hides the padding from
+        # them; afterwards the padding slots are masked for good.
+        run_mask = np.concatenate([self._mask, np.ones_like(new_valid)], axis=1)
         positions = self._lengths[:, None] + np.arange(width)[None, :]
         if last_only:
             wanted = (counts - 1)[:, None]
         else:
-            wanted = np.broadcast_to(np.arange(width), (self.batch_size, width))
-        logits = self._run(ids, mask.astype(np.int64), positions, np.ascontiguousarray(wanted))
+            wanted = np.tile(np.arange(width), (self.batch_size, 1))
+        logits = self._run(ids, run_mask.astype(np.int64), positions, wanted)
         self._mask = mask
         self._lengths = self._lengths + counts
         self._trim()

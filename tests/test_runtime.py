@@ -120,6 +120,17 @@ def test_ragged_forward_and_compaction_keep_results(lm):
     np.testing.assert_allclose(single, reference, atol=1e-5)
 
 
+def test_a_sequence_fed_nothing_from_empty_stays_exact(lm):
+    """Padding rows of a sequence with no tokens yet must not poison its cache."""
+    lm.reset(2)
+    lm.forward([PROMPT[:4], []])
+    lm.forward([[PROMPT[4]], PROMPT[:3]])
+    out = lm.decode([PROMPT[5], PROMPT[3]])
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out[0], lm.prefill([PROMPT[:6]])[0], atol=1e-4)
+    np.testing.assert_allclose(out[1], lm.prefill([PROMPT[:4]])[0], atol=1e-4)
+
+
 def test_compaction_happens_and_is_exact(ort_fp32, torch_fp32):
     """Three sequences advancing in turn leave each slot used by one of them; once holes
     pass half the cache it is compacted, and results do not change."""
