@@ -47,7 +47,7 @@ def _cmd_ask(args: argparse.Namespace) -> int:
     from edge_runtime.tokenizer import chat_prompt_ids, load_tokenizer
     from tandem_packaging.prepare import model_path
 
-    folder = model_path("device", "onnx-int4")
+    folder = model_path("device", "onnx-quant")
     started = time.perf_counter()
     lm = OrtCausalLM(folder)
     tokenizer = load_tokenizer(folder)

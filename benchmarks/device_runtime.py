@@ -2,19 +2,23 @@
 
     python benchmarks/device_runtime.py [--decode 32] [--json out.json]
 
-For torch fp32, torch bf16, ORT fp32 and ORT int4 (the default) it prints: prefill of 256
+For torch fp32, torch bf16, ORT fp32 and each weight-only quantisation scheme (the device's
+default marked *; the others are quantised into a temporary folder) it prints: prefill of 256
 tokens, decode ms/token (at 256 tokens of context), forward of 5 and 9 tokens, a batch-4
 decode step, mean KL to torch fp32 and top-1 agreement (teacher-forced on prose + code), and
 decode time as a multiple of the memory-bandwidth floor (weight bytes read per token ÷
-measured copy bandwidth). Then: IO binding vs plain `session.run`, and two ORT sessions
-decoding at once with intra-op spinning on and off. Needs `tandem models prepare`.
+measured copy bandwidth, one copying thread per core). Then, for the default: IO binding vs
+plain `session.run`, and two ORT sessions decoding at once with intra-op spinning on and off.
+Needs `tandem models prepare`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -27,7 +31,8 @@ from edge_runtime.ort_runtime import OrtCausalLM
 from edge_runtime.runtime import CausalLM
 from edge_runtime.tokenizer import load_tokenizer
 from edge_runtime.torch_runtime import TorchCausalLM
-from tandem_packaging.prepare import model_path
+from tandem_packaging.prepare import model_path, plans_for
+from tandem_packaging.steps import SCHEMES, quantize
 
 TEXT = (
     "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. "
@@ -54,12 +59,24 @@ def timed(fn, repeats: int) -> float:
 
 
 def copy_bandwidth() -> float:
-    """Bytes per second moved by a large memory copy (read + write counted)."""
-    src = np.ones(256 << 20, dtype=np.uint8)  # 256 MiB, far beyond the caches
-    dst = np.empty_like(src)
-    np.copyto(dst, src)
-    best = min(timed(lambda: np.copyto(dst, src), 5) for _ in range(1))
-    return 2 * src.nbytes / (best / 1000)
+    """Bytes per second moved by large memory copies, one thread per core (numpy releases
+    the GIL while copying); read + write both counted."""
+    threads = os.cpu_count() or 1
+    src = [np.ones(128 << 20, dtype=np.uint8) for _ in range(threads)]  # 128 MiB each
+    dst = [np.empty_like(a) for a in src]
+
+    def copy_all() -> None:
+        workers = [
+            threading.Thread(target=np.copyto, args=(d, a)) for d, a in zip(dst, src, strict=True)
+        ]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+
+    copy_all()
+    best = timed(copy_all, 5)
+    return 2 * sum(a.nbytes for a in src) / (best / 1000)
 
 
 def onnx_weight_bytes(path: Path) -> int:
@@ -145,30 +162,38 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
 
-    torch.set_num_threads(torch.get_num_threads())
-    hf, fp32, int4 = (
+    hf, fp32, chosen = (
         model_path("device", "hf"),
         model_path("device", "onnx-fp32"),
-        model_path("device", "onnx-int4"),
+        model_path("device", "onnx-quant"),
     )
+    default_scheme = plans_for()[0].quantization
     tokenizer = load_tokenizer(hf)
     ids = tokenizer.encode(TEXT * 4)
     assert len(ids) >= 256 + args.decode + 9, len(ids)
     kl_ids = tokenizer.encode(TEXT)
     bandwidth = copy_bandwidth()
-    print(
-        f"device model: {hf.parent.name}; threads: torch {torch.get_num_threads()}, ORT all cores"
-    )
-    print(f"copy bandwidth: {bandwidth / 1e9:.1f} GB/s (read + write)")
+    print(f"device model: {hf.parent.name}; {os.cpu_count()} threads (torch and ORT)")
+    print(f"copy bandwidth: {bandwidth / 1e9:.1f} GB/s (read + write, {os.cpu_count()} threads)")
+
+    scratch = tempfile.TemporaryDirectory(prefix="tandem-bench-")
+    schemes = {default_scheme: chosen}
+    for scheme in SCHEMES:
+        if scheme not in schemes:
+            schemes[scheme] = Path(scratch.name) / scheme
+            quantize(fp32, schemes[scheme], scheme)
+    backends = [
+        ("torch fp32", lambda: TorchCausalLM(hf, torch.float32), None),
+        ("torch bf16", lambda: TorchCausalLM(hf, torch.bfloat16), None),
+        ("ORT fp32", lambda: OrtCausalLM(fp32), fp32),
+    ] + [
+        (f"ORT {s}" + ("*" if s == default_scheme else ""), lambda p=p: OrtCausalLM(p), p)
+        for s, p in schemes.items()
+    ]
 
     rows: dict[str, dict] = {}
     reference = None
-    for name, make, weights in [
-        ("torch fp32", lambda: TorchCausalLM(hf, torch.float32), None),
-        ("torch bf16", lambda: TorchCausalLM(hf, torch.bfloat16), None),
-        ("ORT fp32", lambda: OrtCausalLM(fp32), onnx_weight_bytes(fp32)),
-        ("ORT int4", lambda: OrtCausalLM(int4), onnx_weight_bytes(int4)),
-    ]:
+    for name, make, onnx_dir in backends:
         lm = make()
         row = measure(lm, ids, args.decode)
         logprobs = teacher_forced_logprobs(lm, kl_ids)
@@ -176,60 +201,63 @@ def main() -> None:
             reference = logprobs
         row["kl_to_fp32"] = float((np.exp(reference) * (reference - logprobs)).sum(-1).mean())
         row["top1_agreement"] = float((reference.argmax(-1) == logprobs.argmax(-1)).mean())
-        weight_bytes = weights if weights is not None else torch_weight_bytes(lm)
+        weight_bytes = onnx_weight_bytes(onnx_dir) if onnx_dir else torch_weight_bytes(lm)
         row["weight_mb_per_token"] = weight_bytes / 1e6
         row["floor_ms"] = weight_bytes / bandwidth * 1000
         row["x_floor"] = row["decode_ms"] / row["floor_ms"]
         rows[name] = row
         del lm
+    scratch.cleanup()
 
     header = (
-        f"{'backend':11} {'prefill256':>10} {'decode':>8} {'fwd5':>7} {'fwd9':>7} {'batch4':>7}"
+        f"{'backend':16} {'prefill256':>10} {'decode':>8} {'fwd5':>7} {'fwd9':>7} {'batch4':>7}"
         f" {'KL':>7} {'top1':>6} {'MB/tok':>7} {'×floor':>7}"
     )
     print("\n" + header + "\n" + "-" * len(header))
     for name, r in rows.items():
         print(
-            f"{name:11} {r['prefill_256_ms']:9.0f}m {r['decode_ms']:7.1f}m"
+            f"{name:16} {r['prefill_256_ms']:9.0f}m {r['decode_ms']:7.1f}m"
             f" {r['forward_5_ms']:6.1f}m"
             f" {r['forward_9_ms']:6.1f}m {r['batch4_step_ms']:6.1f}m {r['kl_to_fp32']:7.4f}"
             f" {r['top1_agreement']:6.3f} {r['weight_mb_per_token']:7.0f} {r['x_floor']:7.2f}"
         )
     print(
         "(m = milliseconds; KL in nats to torch fp32, teacher-forced over"
-        f" {len(kl_ids) - 1} positions)"
+        f" {len(kl_ids) - 1} positions; * = the device's default)"
     )
 
-    plain = OrtCausalLM(int4, io_binding=False)
-    bound = OrtCausalLM(int4)
+    plain = OrtCausalLM(chosen, io_binding=False)
+    bound = OrtCausalLM(chosen)
     io = {}
     for label, lm in (("io_binding", bound), ("plain_run", plain)):
         lm.prefill([ids[:256]])
         io[label] = timed(lambda lm=lm: (lm.decode([ids[256]]), lm.rollback(256)), 15)
-    spin = {s: two_sessions(int4, s, ids) for s in (True, False)}
+    spin = {s: two_sessions(chosen, s, ids) for s in (True, False)}
     alone = {}
     for s in (True, False):
-        lm = OrtCausalLM(int4, allow_spinning=s)
+        lm = OrtCausalLM(chosen, allow_spinning=s)
         lm.prefill([ids[:64]])
         alone[s] = timed(lambda lm=lm: (lm.decode([ids[64]]), lm.rollback(64)), 15)
 
-    speedup = rows["torch bf16"]["decode_ms"] / rows["ORT int4"]["decode_ms"]
-    kl = rows["ORT int4"]["kl_to_fp32"]
+    best = rows[f"ORT {default_scheme}*"]
+    speedup = rows["torch bf16"]["decode_ms"] / best["decode_ms"]
+    kl = best["kl_to_fp32"]
     print(
-        f"\nORT int4 decode at 256 context: IO binding {io['io_binding']:.1f} ms,"
+        f"\nORT {default_scheme} decode at 256 context: IO binding {io['io_binding']:.1f} ms,"
         f" plain run {io['plain_run']:.1f} ms"
     )
     print(
-        f"ORT int4 alone: spinning on {alone[True]:.1f} ms/token, off {alone[False]:.1f} ms/token"
+        f"ORT {default_scheme} alone: spinning on {alone[True]:.1f} ms/token,"
+        f" off {alone[False]:.1f} ms/token"
     )
     print(
-        f"two ORT int4 sessions at once: spinning on {spin[True]:.1f} ms/token,"
+        f"two ORT {default_scheme} sessions at once: spinning on {spin[True]:.1f} ms/token,"
         f" off {spin[False]:.1f} ms/token"
     )
     verdict = "MET" if speedup >= 2.5 and kl <= 0.05 else "NOT MET"
     print(
-        f"\nTarget (decode ≥ 2.5× torch bf16, KL ≤ 0.05): ORT int4 is {speedup:.2f}× torch bf16"
-        f" with KL {kl:.4f} → {verdict}"
+        f"\nTarget (decode ≥ 2.5× torch bf16, KL ≤ 0.05): ORT {default_scheme} is"
+        f" {speedup:.2f}× torch bf16 with KL {kl:.4f} → {verdict}"
     )
     if args.json:
         args.json.write_text(

@@ -34,8 +34,8 @@ class TorchCausalLM(CausalLM):
         ).eval()
         self.dtype = dtype
         self._stop = threading.Event()
-        for layer in self.model.model.layers:
-            layer.register_forward_pre_hook(self._check_stop)
+        for module in [*self.model.model.layers, self.model.lm_head]:
+            module.register_forward_pre_hook(self._check_stop)
         config = self.model.config
         self._cache_obj: DynamicCache | None = None
         limit = int(config.max_position_embeddings)

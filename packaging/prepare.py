@@ -38,14 +38,14 @@ log = logging.getLogger(__name__)
 PAIR_FILE = "pair.json"
 GB = 1 << 30
 # Output size of each step relative to the GGUF (measured on the default pair:
-# float32 checkpoints are ~5–6.5× the Q4_K_M GGUF, int4 ONNX ~1.9×).
-SIZE_FACTOR = {"gguf": 1.0, "hf": 6.5, "onnx-fp32": 6.5, "onnx-int4": 2.0}
+# float32 checkpoints are ~5–6.5× the Q4_K_M GGUF, quantised ONNX ~1.9×).
+SIZE_FACTOR = {"gguf": 1.0, "hf": 6.5, "onnx-fp32": 6.5, "onnx-quant": 2.0}
 # How each step makes its output; change one to have `prepare` redo that step everywhere.
 RECIPES = {
     "gguf": "concat-parts-v1",
     "hf": "transformers-float32-v1",
     "onnx-fp32": "optimum-text-generation-with-past+logits-positions-v2",
-    "onnx-int4": "matmulnbits-int4-asym-block32-acc4-v1",
+    "onnx-quant": "matmulnbits-asym-block32-acc4-v2",
 }
 
 
@@ -54,26 +54,28 @@ class ModelPlan:
     role: str
     source: ModelSource
     keep_fp32_onnx: bool
+    quantization: str
     store: ModelStore = field(init=False)
 
     def __post_init__(self) -> None:
         self.store = ModelStore(models_dir() / self.source.key)
 
     def step_names(self) -> list[str]:
-        names = ["hf", "onnx-fp32", "onnx-int4"]
+        names = ["hf", "onnx-fp32", "onnx-quant"]
         return ["gguf", *names] if isinstance(self.source, PartsSource) else names
 
     def recipe(self, name: str) -> str:
         """A step's recipe chained with those before it: changing how one step works
         redoes it and everything made from its output."""
         names = self.step_names()
-        return " > ".join(RECIPES[n] for n in names[: names.index(name) + 1])
+        chain = " > ".join(RECIPES[n] for n in names[: names.index(name) + 1])
+        return f"{chain} ({self.quantization})" if name == "onnx-quant" else chain
 
     def pending(self) -> list[str]:
         """Steps to run, in order: walk back from the targets, needing a step's input only
         when the step itself must run (verifying checksums on the way)."""
         names = self.step_names()
-        needed = {"onnx-int4"} | ({"onnx-fp32"} if self.keep_fp32_onnx else set())
+        needed = {"onnx-quant"} | ({"onnx-fp32"} if self.keep_fp32_onnx else set())
         todo: list[str] = []
         for i in reversed(range(len(names))):
             if names[i] in needed and not self.store.step_done(names[i], self.recipe(names[i])):
@@ -177,7 +179,13 @@ def _run_step(plan: ModelPlan, name: str) -> None:
     elif name == "onnx-fp32":
         info = _run_isolated("export ONNX", steps.export_onnx, store.path("hf"), partial)
     else:
-        info = _run_isolated("quantise int4", steps.quantize_int4, store.path("onnx-fp32"), partial)
+        info = _run_isolated(
+            f"quantise {plan.quantization}",
+            steps.quantize,
+            store.path("onnx-fp32"),
+            partial,
+            plan.quantization,
+        )
     publish(partial, final)
     store.record_step(
         name, final.name, plan.recipe(name), seconds=round(time.monotonic() - started, 1), **info
@@ -192,9 +200,10 @@ def _discard_fp32(plan: ModelPlan) -> None:
 def plans_for(
     device_ref: str | None = None, cloud_ref: str | None = None
 ) -> tuple[ModelPlan, ModelPlan]:
-    device = ModelPlan("device", source_for(device_ref, DEVICE_DEFAULT), keep_fp32_onnx=True)
+    # The device keeps its float32 ONNX (the reference the benchmarks compare against).
+    device = ModelPlan("device", source_for(device_ref, DEVICE_DEFAULT), True, "int8-head4")
     # The cloud serves int4 (or torch from the safetensors); its float32 ONNX is only a step.
-    cloud = ModelPlan("cloud", source_for(cloud_ref, CLOUD_DEFAULT), keep_fp32_onnx=False)
+    cloud = ModelPlan("cloud", source_for(cloud_ref, CLOUD_DEFAULT), False, "int4")
     return device, cloud
 
 
@@ -242,7 +251,9 @@ def _prepare(
         for i, name in enumerate(todo, 1):
             say(f"[{plan.role} {plan.source.key}] step {i}/{len(todo)}: {name}")
             _run_step(plan, name)
-        if not plan.keep_fp32_onnx and plan.store.step_done("onnx-int4", plan.recipe("onnx-int4")):
+        if not plan.keep_fp32_onnx and plan.store.step_done(
+            "onnx-quant", plan.recipe("onnx-quant")
+        ):
             _discard_fp32(plan)
     _write_pair(device, cloud)
     _check_pair(device, cloud)
@@ -279,8 +290,8 @@ def prepared_pair() -> dict[str, PreparedModel]:
     return out
 
 
-def model_path(role: str, variant: str = "onnx-int4") -> Path:
-    """Folder of a prepared model variant (`hf`, `onnx-fp32`, `onnx-int4`), or a clear error."""
+def model_path(role: str, variant: str = "onnx-quant") -> Path:
+    """Folder of a prepared model variant (`hf`, `onnx-fp32`, `onnx-quant`), or a clear error."""
     pair = prepared_pair()
     if role not in pair or variant not in pair[role].steps:
         raise PrepareError(

@@ -9,7 +9,7 @@ from tests.tiny_models import build_all, builder_version
 
 @pytest.fixture(scope="session")
 def tiny(request) -> dict[str, Path]:
-    """Paths of the tiny test model: tokenizer, hf (torch), onnx-fp32, onnx-int4.
+    """Paths of the tiny test model: tokenizer, hf (torch), onnx-fp32, onnx-quant.
     Built once and cached in pytest's cache directory (keyed by the builder's source)."""
     root = Path(request.config.cache.mkdir(f"tiny-qwen2-{builder_version()}"))
     return build_all(root)

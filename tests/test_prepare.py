@@ -130,8 +130,8 @@ def test_prepare_is_resumable_after_sigkill_and_idempotent(local_pair, data_env)
 
     device_plan, cloud_plan = prep.plans_for(str(device), str(cloud))
     assert device_plan.pending() == [] and cloud_plan.pending() == []
-    assert set(device_plan.store.manifest()["steps"]) == {"hf", "onnx-fp32", "onnx-int4"}
-    assert set(cloud_plan.store.manifest()["steps"]) == {"hf", "onnx-int4"}  # fp32 was a step
+    assert set(device_plan.store.manifest()["steps"]) == {"hf", "onnx-fp32", "onnx-quant"}
+    assert set(cloud_plan.store.manifest()["steps"]) == {"hf", "onnx-quant"}  # fp32 was a step
     assert not cloud_plan.store.path("onnx-fp32").exists()
 
     third = tandem(*args, env=data_env)
@@ -140,23 +140,24 @@ def test_prepare_is_resumable_after_sigkill_and_idempotent(local_pair, data_env)
 
     listed = json.loads(tandem("models", "list", "--json", env=data_env).stdout)
     assert [r["role"] for r in listed] == ["device", "cloud"]
-    int4 = next(s for s in listed[0]["steps"] if s["name"] == "onnx-int4")
-    assert int4["quantization"] == "int4" and int4["files"][0]["sha256"]
+    quant = {r["role"]: next(s for s in r["steps"] if s["name"] == "onnx-quant") for r in listed}
+    assert quant["device"]["quantization"] == "int8-head4"
+    assert quant["cloud"]["quantization"] == "int4" and quant["cloud"]["files"][0]["sha256"]
 
     # A corrupted output is noticed by its checksum and only that step is redone.
-    data = device_plan.store.path("onnx-int4") / "model.onnx.data"
+    data = device_plan.store.path("onnx-quant") / "model.onnx.data"
     with open(data, "r+b") as f:
         f.seek(1000)
         byte = f.read(1)
         f.seek(1000)
         f.write(bytes([byte[0] ^ 0xFF]))
-    assert device_plan.pending() == ["onnx-int4"]
+    assert device_plan.pending() == ["onnx-quant"]
     assert cloud_plan.pending() == []
 
     # The prepared model is the one the runtime loads.
     from edge_runtime.ort_runtime import OrtCausalLM
 
     fixed = tandem(*args, env=data_env)
-    assert fixed.returncode == 0 and "step 1/1: onnx-int4" in fixed.stdout
+    assert fixed.returncode == 0 and "step 1/1: onnx-quant" in fixed.stdout
     lm = OrtCausalLM(prep.model_path("device", "onnx-fp32"))
     assert lm.prefill([[1, 2, 3]]).shape == (1, 151_936)

@@ -50,10 +50,10 @@ def test_ort_fp32_matches_torch_fp32(device_tokenizer):
     assert np.abs(a - b).max() < 1e-3
 
 
-def test_int4_stays_close_to_fp32(device_tokenizer):
+def test_device_quantisation_stays_close_to_fp32(device_tokenizer):
     ids = device_tokenizer.encode(PARAGRAPH)
     ref = OrtCausalLM(model_path("device", "onnx-fp32"))
-    q = OrtCausalLM(model_path("device", "onnx-int4"))
+    q = OrtCausalLM(model_path("device", "onnx-quant"))
     ref.prefill([ids[:1]])
     q.prefill([ids[:1]])
     a = ref.forward([ids[1:]])[0].astype(np.float64)
@@ -62,13 +62,13 @@ def test_int4_stays_close_to_fp32(device_tokenizer):
     lb = b - np.logaddexp.reduce(b, axis=-1, keepdims=True)
     kl = (np.exp(la) * (la - lb)).sum(axis=-1)
     top1 = (a.argmax(-1) == b.argmax(-1)).mean()
-    assert kl.mean() <= 0.1, kl.mean()  # lab: 0.045
-    assert top1 >= 0.8, top1
+    assert kl.mean() <= 0.05, kl.mean()  # measured 0.011 (int8, lm_head int4)
+    assert top1 >= 0.9, top1
 
 
 @pytest.mark.parametrize("role", ["device", "cloud"])
 def test_real_pair_answers_the_capital_of_france(role, device_tokenizer):
-    lm = OrtCausalLM(model_path(role, "onnx-int4"))
+    lm = OrtCausalLM(model_path(role, "onnx-quant"))
     prompt = chat_prompt_ids(
         device_tokenizer, [{"role": "user", "content": "What is the capital of France?"}]
     )

@@ -63,13 +63,13 @@ def builder_version() -> str:
 
 
 def build_all(root: Path) -> dict[str, Path]:
-    """Tokenizer, a tiny hf model, its fp32 ONNX and int4 ONNX under `root` (idempotent)."""
+    """Tokenizer, a tiny hf model, its fp32 ONNX and quantised ONNX under `root` (idempotent)."""
     done = root / "done"
     paths = {
         "tokenizer": root / "tokenizer",
         "hf": root / "hf",
         "onnx-fp32": root / "onnx-fp32",
-        "onnx-int4": root / "onnx-int4",
+        "onnx-quant": root / "onnx-quant",
     }
     if done.exists():
         return paths
@@ -78,6 +78,6 @@ def build_all(root: Path) -> dict[str, Path]:
     build_tokenizer(paths["tokenizer"])
     build_tiny_hf(paths["tokenizer"], paths["hf"])
     steps.export_onnx(paths["hf"], paths["onnx-fp32"])
-    steps.quantize_int4(paths["onnx-fp32"], paths["onnx-int4"])
+    steps.quantize(paths["onnx-fp32"], paths["onnx-quant"], "int8-head4")
     done.write_text("ok")
     return paths
