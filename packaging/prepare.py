@@ -44,7 +44,7 @@ SIZE_FACTOR = {"gguf": 1.0, "hf": 6.5, "onnx-fp32": 6.5, "onnx-quant": 2.0}
 RECIPES = {
     "gguf": "concat-parts-v1",
     "hf": "transformers-float32-v1",
-    "onnx-fp32": "optimum-text-generation-with-past+logits-positions-v2",
+    "onnx-fp32": "optimum-text-generation-with-past+grouped-attention+logits-positions-v3",
     "onnx-quant": "matmulnbits-asym-block32-acc4-v2",
 }
 

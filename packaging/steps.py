@@ -158,25 +158,29 @@ def convert_hub(ref: str, out_dir: Path) -> dict:
 
 
 def export_onnx(hf_dir: Path, out_dir: Path) -> dict:
-    """ONNX export with KV cache (optimum, task text-generation-with-past), float32."""
+    """ONNX export with KV cache (optimum, task text-generation-with-past), float32, with
+    grouped-query attention that never expands the KV cache (grouped_attention.py: 1.2× faster
+    decoding at 256 tokens of context and 1.5× at 2,048 on the 0.5B), and the lm_head
+    computed only where logits are wanted."""
     import warnings
 
-    from optimum.exporters.onnx import main_export
+    import torch
+    from optimum.exporters.onnx import onnx_export_from_model
+    from transformers import AutoModelForCausalLM
 
     from edge_runtime.tokenizer import quiet_spurious_regex_warning
+    from tandem_packaging.grouped_attention import register
 
     warnings.filterwarnings("ignore")  # tracer warnings about Python bools: expected, harmless
+    model = AutoModelForCausalLM.from_pretrained(
+        str(hf_dir), dtype=torch.float32, attn_implementation=register()
+    )
     with quiet_spurious_regex_warning():
-        main_export(
-            str(hf_dir),
-            output=str(out_dir),
-            task="text-generation-with-past",
-            do_validation=False,
-            local_files_only=True,
-            library_name="transformers",
+        onnx_export_from_model(
+            model, str(out_dir), task="text-generation-with-past", do_validation=False
         )
     add_logits_positions(out_dir / "model.onnx")
-    return {"dtype": "float32"}
+    return {"dtype": "float32", "attention": "grouped (no KV expansion)"}
 
 
 def add_logits_positions(model_path: Path) -> None:

@@ -57,7 +57,11 @@ def builder_version() -> str:
     """Cache key: changes whenever this file or the export steps change."""
     from importlib.metadata import version
 
-    src = inspect.getsource(inspect.getmodule(build_tiny_hf)) + inspect.getsource(steps)
+    from tandem_packaging import grouped_attention
+
+    src = "".join(
+        inspect.getsource(m) for m in (inspect.getmodule(build_tiny_hf), steps, grouped_attention)
+    )
     libs = "".join(version(d) for d in ("transformers", "optimum-onnx", "onnxruntime", "torch"))
     return hashlib.sha256((src + libs).encode()).hexdigest()[:16]
 
