@@ -84,6 +84,17 @@ class ModelPlan:
                     needed.add(names[i - 1])
         return todo[::-1]
 
+    def prune_stale(self) -> None:
+        """Delete outputs of steps this version no longer makes (renamed or dropped)."""
+        manifest = self.store.manifest()
+        for name in [n for n in manifest["steps"] if n not in self.step_names()]:
+            path = self.store.path(manifest["steps"][name]["output"])
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+            self.store.forget_step(name)
+
     def estimated_bytes(self, todo: list[str]) -> int | None:
         base = self.source.size if isinstance(self.source, PartsSource) else None
         if base is None and self.store.step_done("hf", self.recipe("hf")):
@@ -237,6 +248,8 @@ def _prepare(
     device, cloud = plans_for(device_ref, cloud_ref)
     _check_pair(device, cloud)
     chosen = [p for p in (device, cloud) if only in (None, p.role)]
+    for plan in chosen:
+        plan.prune_stale()
     say("Checking prepared models (verifying checksums)…")
     work = [(plan, plan.pending()) for plan in chosen]
     if not any(todo for _, todo in work):

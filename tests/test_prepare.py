@@ -154,10 +154,18 @@ def test_prepare_is_resumable_after_sigkill_and_idempotent(local_pair, data_env)
     assert device_plan.pending() == ["onnx-quant"]
     assert cloud_plan.pending() == []
 
+    # Outputs of a step this version no longer makes are removed.
+    stale = device_plan.store.path("onnx-old")
+    stale.mkdir()
+    manifest = device_plan.store.manifest()
+    manifest["steps"]["onnx-old"] = {"output": "onnx-old", "files": {}}
+    device_plan.store.write_manifest(manifest)
+
     # The prepared model is the one the runtime loads.
     from edge_runtime.ort_runtime import OrtCausalLM
 
     fixed = tandem(*args, env=data_env)
     assert fixed.returncode == 0 and "step 1/1: onnx-quant" in fixed.stdout
+    assert not stale.exists() and "onnx-old" not in device_plan.store.manifest()["steps"]
     lm = OrtCausalLM(prep.model_path("device", "onnx-fp32"))
     assert lm.prefill([[1, 2, 3]]).shape == (1, 151_936)

@@ -180,6 +180,8 @@ def test_quantised_model_is_weight_only_and_runs(tiny, ort_fp32):
     }
     head = next(n.name for n in graph.node if "logits" in n.output)
     assert bits.pop(head) == 4 and set(bits.values()) == {8}  # the int8-head4 scheme
+    # grouped attention: nothing expands the KV cache to all query heads
+    assert not [n for n in graph.node if n.op_type == "Expand" and "self_attn" in n.name]
     assert not [n for n in graph.node if n.op_type == "MatMul" and set(n.input) & weights]
     q = OrtCausalLM(tiny["onnx-quant"])
     a = ort_fp32.prefill([PROMPT])[0]
