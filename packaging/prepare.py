@@ -183,7 +183,6 @@ def _run_step(plan: ModelPlan, name: str) -> None:
         info = steps.assemble_gguf(src.part_paths(), partial, src.size, src.sha256)
     elif name == "hf":
         if isinstance(plan.source, PartsSource):
-            # transformers needs the `.gguf` name; the partial lives beside the published file.
             info = _run_isolated("convert", steps.convert_gguf, store.path("model.gguf"), partial)
         else:
             info = _run_isolated("convert", steps.convert_hub, plan.source.ref, partial)
