@@ -78,7 +78,7 @@ def _cmd_ask(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"answer": "".join(answer), **stats}, ensure_ascii=False))
     else:
-        print()
+        print(flush=True)
         print(
             f"[{stats['mode']} · {stats['model']} · {n} tokens · TTFT {stats['ttft_s']:.2f} s"
             + (f" · {stats['tokens_per_s']:.1f} tok/s]" if stats["tokens_per_s"] else "]"),

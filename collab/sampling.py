@@ -40,18 +40,27 @@ def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     return z
 
 
+def top_candidates(probs: np.ndarray, need: int = 1, mass: float = 0.0) -> np.ndarray:
+    """Indices of every token with p ≥ t, for the largest t in 1e-4, 1e-6, … that keeps at
+    least `need` tokens and at least `mass` probability. Everything above a threshold is kept,
+    so the top-k or nucleus of `probs` lies inside the result: sorting it instead of the whole
+    vocabulary is exact and ~20× cheaper (a comparison pass instead of a 151,936-way sort)."""
+    threshold = 1e-4
+    while threshold > 1e-12:
+        cand = np.flatnonzero(probs >= threshold)
+        if cand.size >= need and probs[cand].sum() >= mass:
+            return cand
+        threshold *= 1e-2
+    return np.arange(probs.size)
+
+
 def _top_p_keep(probs: np.ndarray, top_p: float) -> np.ndarray:
-    """Indices of the smallest set of most likely tokens whose mass reaches top_p (nucleus).
-    Sorts only a growing candidate set (argpartition), not the whole vocabulary."""
-    k = min(256, probs.size)
-    while True:
-        cand = np.argpartition(probs, -k)[-k:] if k < probs.size else np.arange(probs.size)
-        order = cand[np.argsort(-probs[cand], kind="stable")]
-        cum = np.cumsum(probs[order])
-        if cum[-1] >= top_p or k == probs.size:
-            n = int(np.searchsorted(cum, top_p)) + 1
-            return order[: min(n, order.size)]
-        k = min(probs.size, k * 4)
+    """Indices of the smallest set of most likely tokens whose mass reaches top_p (nucleus)."""
+    cand = top_candidates(probs, mass=top_p)
+    order = cand[np.argsort(-probs[cand], kind="stable")]
+    cum = np.cumsum(probs[order])
+    n = int(np.searchsorted(cum, top_p)) + 1
+    return order[: min(n, order.size)]
 
 
 def distribution(logits: np.ndarray, params: SamplingParams = SamplingParams()) -> np.ndarray:
@@ -77,10 +86,36 @@ def distribution(logits: np.ndarray, params: SamplingParams = SamplingParams()) 
     return probs
 
 
+_BLOCK = 256
+
+
 def sample_from(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """Draw one token from a distribution (inverse CDF; exact for float64 probabilities)."""
-    cdf = np.cumsum(probs)
-    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), probs.size - 1))
+    """Draw one token from a distribution by inverse CDF, exact for float64 probabilities.
+
+    Over a large vocabulary the CDF is walked in two levels (block sums, then one block), which
+    is the same inverse CDF without a 151,936-long cumulative sum. Zero-probability tokens are
+    never drawn."""
+    probs = np.asarray(probs, dtype=np.float64)
+    u = rng.random()
+    if probs.size <= 16 * _BLOCK:
+        cdf = np.cumsum(probs)
+        return _first_above(probs, cdf, u * cdf[-1], 0)
+    block_cdf = np.cumsum(np.add.reduceat(probs, np.arange(0, probs.size, _BLOCK)))
+    target = u * block_cdf[-1]
+    b = min(int(np.searchsorted(block_cdf, target, side="right")), block_cdf.size - 1)
+    start = b * _BLOCK
+    block = probs[start : start + _BLOCK]
+    before = block_cdf[b - 1] if b else 0.0
+    return _first_above(block, np.cumsum(block), target - before, start)
+
+
+def _first_above(probs: np.ndarray, cdf: np.ndarray, target: float, offset: int) -> int:
+    """First index whose CDF exceeds target; rounding can never land on a zero-probability
+    token (it steps back to the last token with mass)."""
+    i = min(int(np.searchsorted(cdf, target, side="right")), probs.size - 1)
+    if probs[i] <= 0.0:
+        i = int(np.flatnonzero(probs[: i + 1] > 0.0)[-1])
+    return offset + i
 
 
 def sample(

@@ -1,0 +1,394 @@
+"""The decoding math of every collaborative mode, one function per equation (DESIGN.md §5).
+
+All distributions are 1-D float64 numpy arrays over the vocabulary V (rows of 2-D arrays for a
+round of γ positions). Everything is vectorised over V; the only Python loops run over the γ
+positions of a round. Randomness always comes from the caller's ``numpy.random.Generator``, so
+device and cloud are reproducible at a fixed seed.
+
+Exactness rule (DESIGN §5.1): a draft must be sampled from *exactly* the q the verifier uses.
+The verifiers here take that q as given; the functions that read q from the wire
+(:func:`dssd_cloud_verify`, :func:`tkslt_cloud_verify`) refuse drafts that q could not have
+produced (q(x) = 0) with ``ValueError``.
+
+Known errors in the sources that are *not* repeated here (DESIGN §6): DSSD tests
+min(1, q/p) — we test min(1, p/q); DSSD resamples from raw logits and keeps drafts after a
+rejection — we resample from probabilities and stop at the first rejection; RAPID's claim that
+η > 0 preserves p is false — :func:`rapid_verify_one` is exact only for η = 0; DRAGON without
+its fair coin is biased — :func:`speculative_aggregation` always flips it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from collab.sampling import sample_from, softmax, top_candidates
+
+# A residual whose total mass is at most this is treated as empty (p == q up to rounding). Its
+# mass is exactly the rejection probability Σ max(0, p − q), so a rejection that needs it is
+# (almost) impossible, and falling back to p costs at most this much total variation.
+_EMPTY_MASS = 1e-12
+
+# RAPID eq. (9) as restated in DESIGN §5.4: the logit shift applies only where q ≥ 0.1·max q.
+RAPID_MASK_FRACTION = 0.1
+
+
+# ---------------------------------------------------------------------------------------------
+# 5.1 Standard speculative verification (Leviathan et al. 2023; Chen et al. 2023)
+# ---------------------------------------------------------------------------------------------
+
+
+def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """norm(max(0, p − q)): the distribution a rejected position is resampled from.
+
+    Leviathan et al. 2023 / Chen et al. 2023, restated as RAPID eq. (2) and in DSSD §2.1
+    ("Resample"). When p == q (up to rounding) the residual is empty and a rejection cannot
+    happen; p itself is returned so callers never divide by zero."""
+    p = np.asarray(p, dtype=np.float64)
+    r = np.maximum(p - np.asarray(q, dtype=np.float64), 0.0)
+    mass = r.sum()
+    if not mass > _EMPTY_MASS:
+        return p / p.sum()
+    return r / mass
+
+
+def accept_probability(p_x: float, q_x: float) -> float:
+    """min(1, p(x)/q(x)), the acceptance probability of draft x (p over q, not q over p).
+
+    Leviathan et al. 2023 Algorithm 1; RAPID eq. (1)/(5). The DSSD paper (§2.1 footnote 3 and
+    Algorithm 2) writes min(1, q/p), which is wrong (DESIGN §6). q(x) = 0 gives 1 when p(x) > 0
+    (the limit) — the case DESIGN §5.1 warns about; the wire-level verifiers refuse it."""
+    if q_x <= 0.0:
+        return 1.0 if p_x > 0.0 else 0.0
+    return min(1.0, p_x / q_x)
+
+
+def verify_one(x: int, p: np.ndarray, q: np.ndarray, rng: np.random.Generator) -> tuple[bool, int]:
+    """Verify one draft x ~ q against target p: accept with min(1, p(x)/q(x)), otherwise sample
+    norm(max(0, p − q)). The returned token is distributed exactly as p.
+
+    Leviathan et al. 2023 Algorithm 1 / Chen et al. 2023; RAPID eqs. (1)–(2); DESIGN §5.1.
+    Returns (accepted, token) with token == x when accepted."""
+    if rng.random() < accept_probability(float(p[x]), float(q[x])):
+        return True, int(x)
+    return False, sample_from(residual(p, q), rng)
+
+
+def speculative_round(
+    drafts: np.ndarray, P: np.ndarray, Q: np.ndarray, rng: np.random.Generator
+) -> tuple[int, int]:
+    """One multi-token speculative round: verify drafts x_1..x_γ left to right, stop at the first
+    rejection (the later drafts are dropped) and return its resampled token; if all γ are
+    accepted, return a bonus token sampled from P[γ].
+
+    Leviathan et al. 2023 Algorithm 1; DSSD Algorithm 1 (with p/q, DESIGN §6); DESIGN §5.1.
+    P has γ+1 rows (row γ is the bonus position), Q has γ rows.
+    Returns (n_accepted, next_token): the output is drafts[:n_accepted] + [next_token]."""
+    drafts = np.asarray(drafts)
+    gamma = drafts.shape[0]
+    if P.shape[0] != gamma + 1 or Q.shape[0] != gamma:
+        raise ValueError(f"need γ+1 = {gamma + 1} rows of P and γ = {gamma} rows of Q")
+    for i in range(gamma):
+        accepted, token = verify_one(int(drafts[i]), P[i], Q[i], rng)
+        if not accepted:
+            return i, token
+    return gamma, sample_from(P[gamma], rng)
+
+
+# ---------------------------------------------------------------------------------------------
+# 5.2 Split verification: DSD, DSSD, TK-SLT, PicoSpec top-K downlink
+# ---------------------------------------------------------------------------------------------
+
+
+def dsd_round(
+    drafts: np.ndarray, P: np.ndarray, Q: np.ndarray, rng: np.random.Generator
+) -> tuple[int, int]:
+    """DSD: the device uplinks tokens and the dense Q_1..Q_γ; the cloud runs the standard round.
+
+    DSSD paper §2.1 and Algorithm 1 (DSD baseline), with the acceptance p/q (DESIGN §6);
+    DESIGN §5.2. Returns (n_accepted, next_token) as :func:`speculative_round`."""
+    return speculative_round(drafts, P, Q, rng)
+
+
+def dssd_cloud_verify(
+    drafts: np.ndarray, q_of_drafts: np.ndarray, P: np.ndarray, rng: np.random.Generator
+) -> tuple[int, int | None, int | None]:
+    """DSSD cloud side: accept x_j while r_j < min(1, p_j(x_j)/q_j(x_j)), knowing only the
+    uplinked scalars q_j(x_j); on full acceptance sample the bonus token from P[γ].
+
+    DSSD §3 and Algorithm 2 ("Verification Process, Edge"), with p over q (the paper swaps
+    them, DESIGN §6); DESIGN §5.2. Returns (n_accepted, bonus, rejected_index): on a rejection
+    at j, (j, None, j) and the cloud downlinks (j, P[j]) for :func:`dssd_device_resample`; on
+    full acceptance, (γ, bonus token, None). Raises ValueError on a q(x) outside (0, 1]."""
+    drafts = np.asarray(drafts)
+    q_of_drafts = np.asarray(q_of_drafts, dtype=np.float64)
+    gamma = drafts.shape[0]
+    if q_of_drafts.shape != (gamma,) or P.shape[0] != gamma + 1:
+        raise ValueError(f"need γ = {gamma} values q(x) and γ+1 rows of P")
+    if not np.all((q_of_drafts > 0.0) & (q_of_drafts <= 1.0)):
+        raise ValueError("q(x) of a sampled draft must lie in (0, 1]")
+    for j in range(gamma):
+        if not rng.random() < accept_probability(float(P[j, int(drafts[j])]), q_of_drafts[j]):
+            return j, None, j
+    return gamma, sample_from(P[gamma], rng), None
+
+
+def dssd_device_resample(P_j: np.ndarray, Q_j: np.ndarray, rng: np.random.Generator) -> int:
+    """DSSD device side: after a rejection at j, sample norm(max(0, P_j − Q_j)) with the device's
+    own Q_j, in probability space at the same temperature (never from raw logits, DESIGN §6).
+
+    DSSD §3 ("Verification Process (on Device)") and Algorithm 2; DESIGN §5.2."""
+    return sample_from(residual(P_j, Q_j), rng)
+
+
+def top_k_truncate(q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Keep the K most likely tokens of q and renormalise: the TK-SLT draft distribution
+    (equivalently, softmax over the K largest logits).
+
+    TK-SLT Solution 1 (§III) and eq. (9)'s Y^(K); DESIGN §5.2. Returns (ids, probs), ids as
+    int64 sorted by descending probability. If the probabilities are quantised for the wire,
+    quantise *before* sampling so both sides use the same numbers."""
+    q = np.asarray(q, dtype=np.float64)
+    if k < 1:
+        raise ValueError("k must be ≥ 1")
+    k = min(int(k), q.size)
+    cand = top_candidates(q, need=k)
+    ids = cand[np.argsort(-q[cand], kind="stable")[:k]].astype(np.int64)
+    probs = q[ids]
+    return ids, probs / probs.sum()
+
+
+def sample_draft_top_k(ids: np.ndarray, probs: np.ndarray, rng: np.random.Generator) -> int:
+    """Sample a draft from the transmitted top-K distribution itself, so that the q the cloud
+    rebuilds is exactly the draft distribution (DESIGN §5.1's rule).
+
+    TK-SLT Solution 1 (§III), drafting from Y^(K) of eq. (9); DESIGN §5.2."""
+    return int(ids[sample_from(np.asarray(probs, dtype=np.float64), rng)])
+
+
+def dense_from_top_k(ids: np.ndarray, probs: np.ndarray, vocab_size: int) -> np.ndarray:
+    """Rebuild the dense draft distribution from transmitted (id, prob) pairs, renormalised the
+    way :func:`collab.sampling.sample_from` normalises when the device samples from them.
+
+    TK-SLT §III (the LLM side of Solution 1); DESIGN §5.2. ids/probs are [K] (one position,
+    returns [V]) or [γ, K] (returns [γ, V]). Raises ValueError on ids outside the vocabulary,
+    duplicate ids within a position, or negative/non-finite/all-zero probabilities."""
+    ids = np.asarray(ids, dtype=np.int64)
+    probs = np.asarray(probs, dtype=np.float64)
+    if ids.shape != probs.shape or ids.ndim not in (1, 2) or ids.shape[-1] == 0:
+        raise ValueError("ids and probs must be [K] or [γ, K] of the same shape, K ≥ 1")
+    ids2, probs2 = np.atleast_2d(ids), np.atleast_2d(probs)
+    if ids2.min() < 0 or ids2.max() >= vocab_size:
+        raise ValueError("token id outside the vocabulary")
+    ordered = np.sort(ids2, axis=1)
+    if np.any(ordered[:, 1:] == ordered[:, :-1]):
+        raise ValueError("duplicate token id in a top-K list")
+    total = probs2.sum(axis=1, keepdims=True)  # NaN fails `>= 0`, +inf makes total not finite
+    if not ((probs2 >= 0.0).all() and (total > 0.0).all() and np.isfinite(total).all()):
+        raise ValueError("top-K probabilities must be finite, ≥ 0 and not all 0")
+    q = np.zeros((ids2.shape[0], vocab_size), dtype=np.float64)
+    q[np.arange(ids2.shape[0])[:, None], ids2] = probs2 / total
+    return q[0] if ids.ndim == 1 else q
+
+
+def tkslt_cloud_verify(
+    drafts: np.ndarray,
+    topk_ids: np.ndarray,
+    topk_probs: np.ndarray,
+    P: np.ndarray,
+    rng: np.random.Generator,
+) -> tuple[int, int]:
+    """TK-SLT exact split round: rebuild the sparse Q_1..Q_γ from the uplinked top-K pairs, run
+    the standard round at the cloud (residual norm(max(0, P_j − Q_j)) resampled there) and
+    downlink only (n_accepted, next_token). Exact with respect to P.
+
+    TK-SLT Solution 1 (§III) with the acceptance rate of eq. (9); Leviathan et al. 2023
+    Algorithm 1; DESIGN §5.2. topk_ids/topk_probs are [γ, K]; P is [γ+1, V]. A draft outside
+    its transmitted top-K could not have been sampled from it: ValueError."""
+    drafts = np.asarray(drafts, dtype=np.int64)
+    topk_ids = np.asarray(topk_ids, dtype=np.int64)
+    gamma = drafts.shape[0]
+    if topk_ids.ndim != 2 or topk_ids.shape[0] != gamma:
+        raise ValueError(f"need γ = {gamma} top-K lists, [γ, K]")
+    if not np.all(np.any(topk_ids == drafts[:, None], axis=1)):
+        raise ValueError("a draft lies outside its transmitted top-K support")
+    if gamma == 0:
+        return speculative_round(drafts, P, np.zeros((0, P.shape[1])), rng)
+    return speculative_round(drafts, P, dense_from_top_k(topk_ids, topk_probs, P.shape[1]), rng)
+
+
+def picospec_residual_topk(
+    P_j_ids: np.ndarray, P_j_probs: np.ndarray, Q_j: np.ndarray
+) -> np.ndarray:
+    """PicoSpec's approximate device-side residual from a top-K downlink of P_j:
+    norm(max(0, P̃_j − Q_j)) with P̃_j the transmitted top-K probabilities (zero elsewhere, not
+    renormalised). **Approximate**: mass of P_j outside the top K is lost; see
+    :func:`picospec_topk_bias_tv`.
+
+    PicoSpec eq. (4) (P_sent = TopK(P)) with the device resampling of §3.3; DESIGN §5.2. If
+    the top K of P_j lie entirely below Q_j, falls back to norm(P̃_j)."""
+    Q_j = np.asarray(Q_j, dtype=np.float64)
+    p_sent = np.zeros_like(Q_j)
+    p_sent[np.asarray(P_j_ids, dtype=np.int64)] = np.asarray(P_j_probs, dtype=np.float64)
+    r = np.maximum(p_sent - Q_j, 0.0)
+    mass = r.sum()
+    if not mass > _EMPTY_MASS:
+        return p_sent / p_sent.sum()
+    return r / mass
+
+
+def picospec_topk_output(p: np.ndarray, q: np.ndarray, k: int) -> np.ndarray:
+    """The exact output distribution of one position verified with a top-K P downlink:
+    min(p, q) (accepted drafts) + (1 − Σ min(p, q)) · picospec_residual_topk(TopK(p), q).
+
+    PicoSpec eq. (4) + §3.3 resampling, decomposed as in the correctness proof of
+    Leviathan et al. 2023 (accepted mass + rejection mass × residual); DESIGN §5.2.
+    Equals p when K = |V|."""
+    p = np.asarray(p, dtype=np.float64)
+    q = np.asarray(q, dtype=np.float64)
+    accepted = np.minimum(p, q)
+    reject_mass = max(0.0, 1.0 - accepted.sum())
+    ids = np.argpartition(p, -k)[-k:] if k < p.size else np.arange(p.size)
+    return accepted + reject_mass * picospec_residual_topk(ids, p[ids], q)
+
+
+def picospec_topk_bias_tv(p: np.ndarray, q: np.ndarray, k: int) -> float:
+    """Total-variation distance ½·Σ|out − p| between the output distribution of one position
+    under PicoSpec's top-K P downlink (:func:`picospec_topk_output`) and the exact target p.
+    0 (up to rounding) when K = |V|; the price of the approximation otherwise.
+
+    PicoSpec eq. (4); DESIGN §5.2 ("quantify the bias (total variation)")."""
+    p = np.asarray(p, dtype=np.float64)
+    return 0.5 * float(np.abs(picospec_topk_output(p, q, k) - p).sum())
+
+
+# ---------------------------------------------------------------------------------------------
+# 5.4 RAPID retrieval-augmented target
+# ---------------------------------------------------------------------------------------------
+
+
+def rapid_target(z_p_logits: np.ndarray, q: np.ndarray, eta: float, T: float = 1.0) -> np.ndarray:
+    """p̂ = softmax(z/T + η·(q − p)) with p = softmax(z/T), the shift applied only where
+    q ≥ 0.1·max q (elsewhere p̂ keeps p's logits), renormalised. η = 0 gives p exactly.
+
+    RAPID eq. (6) (≡ eq. (8)) with the tail mask of eq. (9), which DESIGN §5.4 places on q."""
+    z = np.asarray(z_p_logits, dtype=np.float64) / T
+    q = np.asarray(q, dtype=np.float64)
+    p = softmax(z)
+    if eta == 0.0:
+        return p
+    # softmax(z + δ) with δ nonzero only on the mask is p·e^δ renormalised: one softmax, and
+    # exponentials only where q is large.
+    shifted = np.flatnonzero(q >= RAPID_MASK_FRACTION * q.max())
+    p_hat = p.copy()
+    p_hat[shifted] *= np.exp(eta * (q[shifted] - p[shifted]))
+    return p_hat / p_hat.sum()
+
+
+def rapid_residual(p: np.ndarray, p_hat: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """norm(max(0, p − q, p − p̂)) (elementwise max of the three), RAPID's rejection residual.
+
+    RAPID eq. (10) with the 0 of DESIGN §5.4; with p̂ = p it is norm(max(0, p − q)) (5.1). Falls
+    back to p when empty (then p ≤ min(q, p̂) everywhere, so p = q = p̂)."""
+    p = np.asarray(p, dtype=np.float64)
+    r = np.maximum(np.maximum(p - np.asarray(q, dtype=np.float64), p - np.asarray(p_hat)), 0.0)
+    mass = r.sum()
+    if not mass > _EMPTY_MASS:
+        return p / p.sum()
+    return r / mass
+
+
+def rapid_verify_one(
+    x: int, p: np.ndarray, p_hat: np.ndarray, q: np.ndarray, rng: np.random.Generator
+) -> tuple[bool, int]:
+    """RAPID verification of draft x ~ q: accept with min(1, p̂(x)/q(x)); on rejection sample
+    norm(max(0, p − q, p − p̂)). Exact (output ~ p) only for η = 0 (p̂ = p); for η > 0 the output
+    deliberately leans toward q and is neither p nor p̂ (DESIGN §5.4, §6).
+
+    RAPID Algorithm 1 with eqs. (5)/(6) (acceptance) and (10) (residual)."""
+    if rng.random() < accept_probability(float(p_hat[x]), float(q[x])):
+        return True, int(x)
+    return False, sample_from(rapid_residual(p, p_hat, q), rng)
+
+
+# ---------------------------------------------------------------------------------------------
+# 5.5 DRAGON distributed output aggregation
+# ---------------------------------------------------------------------------------------------
+
+
+def _logsumexp(a: np.ndarray, axis: int | None = None) -> np.ndarray:
+    """log Σ exp(a), stable, with all −∞ slices giving −∞ (not NaN)."""
+    a = np.asarray(a, dtype=np.float64)
+    m = np.max(a, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore"):
+        out = np.log(np.sum(np.exp(a - m), axis=axis, keepdims=True)) + m
+    return np.squeeze(out, axis=axis) if axis is not None else out.reshape(())
+
+
+def local_mixture(p_per_doc: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """p^s = Σ_{d∈D_s} softmax_{d∈D_s}(R)_d · p(x | d, x_<t): one side's mixture of its
+    per-document next-token distributions, weighted by the softmax of relevance scores.
+
+    DRAGON eq. (2) restricted to D_s (§3); DESIGN §5.5 writes its log form
+    log p^s = logsumexp_d [log softmax(R) + log p(x|d)], the same quantity. The weights are
+    normalised in log space (stable for any scores); the sum itself is a [D]·[D, V] product, not
+    D·|V| exponentials (≈ 20× faster at Qwen's vocabulary). p_per_doc is [D, V]; returns [V]."""
+    p_per_doc = np.asarray(p_per_doc, dtype=np.float64)
+    scores = np.asarray(scores, dtype=np.float64)
+    if p_per_doc.ndim != 2 or scores.shape != (p_per_doc.shape[0],):
+        raise ValueError("need p_per_doc [D, V] and scores [D]")
+    return np.exp(scores - _logsumexp(scores)) @ p_per_doc
+
+
+def side_weight(scores: np.ndarray) -> float:
+    """h^s = logsumexp_{d∈D_s} R(d, x_<t), the side's (log) aggregation weight.
+
+    DRAGON §4.1 (h^s = Σ_d exp R) in the corrected log form of Appendix A.1; DESIGN §5.5."""
+    return float(_logsumexp(np.asarray(scores, dtype=np.float64)))
+
+
+def side_etas(h_l: float, h_r: float) -> tuple[float, float]:
+    """(η^l, η^r) = softmax(h^l, h^r), the interpolation weights of p = η^l p^l + η^r p^r.
+
+    DRAGON eq. (4) weights, computed as Appendix A.1's log softmax; DESIGN §5.5."""
+    m = max(h_l, h_r)
+    el, er = np.exp(h_l - m), np.exp(h_r - m)
+    return float(el / (el + er)), float(er / (el + er))
+
+
+def aggregate_sample(
+    x: int, p_a: np.ndarray, p_b: np.ndarray, eta_b: float, rng: np.random.Generator
+) -> int:
+    """Algorithm 1's Sample(x, p_a, p_b, η_b): keep draft x ~ p_a unless p_a(x) > p_b(x) and
+    u < η_b·(1 − p_b(x)/p_a(x)), in which case draw from norm(max(0, p_b − p_a)). The result is
+    distributed as (1 − η_b)·p_a + η_b·p_b.
+
+    DRAGON Algorithm 1 (function Sample) and §4.2; DESIGN §5.5."""
+    u = rng.random()
+    pa_x, pb_x = float(p_a[x]), float(p_b[x])
+    if pa_x > pb_x and u < eta_b * (1.0 - pb_x / pa_x):
+        return sample_from(residual(p_b, p_a), rng)
+    return int(x)
+
+
+def speculative_aggregation(
+    x_l: int,
+    p_l: np.ndarray,
+    x_r: int,
+    p_r: np.ndarray,
+    eta_l: float,
+    eta_r: float,
+    rng: np.random.Generator,
+) -> tuple[int, bool, bool]:
+    """Speculative Aggregation: x̃^l = Sample(x^l, p^l, p^r, η^r), x̃^r = Sample(x^r, p^r, p^l, η^l),
+    then a fair coin picks x̃^l or x̃^r as the target (required: preferring the accepted draft is
+    biased). A side's draft is accepted iff it equals the target. Target ~ η^l p^l + η^r p^r.
+
+    DRAGON Algorithm 1 (SpeculativeAggregation) and eq. (4); DESIGN §5.5.
+    Returns (target, accepted_l, accepted_r)."""
+    if not (eta_l >= 0.0 and eta_r >= 0.0 and abs(eta_l + eta_r - 1.0) < 1e-9):
+        raise ValueError("η^l and η^r must be ≥ 0 and sum to 1")
+    xt_l = aggregate_sample(x_l, p_l, p_r, eta_r, rng)
+    xt_r = aggregate_sample(x_r, p_r, p_l, eta_l, rng)
+    target = xt_l if rng.random() < 0.5 else xt_r
+    return target, target == x_l, target == x_r
