@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+from pathlib import Path
 
 
 def _cmd_models_prepare(args: argparse.Namespace) -> int:
@@ -87,6 +89,103 @@ def _cmd_ask(args: argparse.Namespace) -> int:
     return 0
 
 
+def _index_paths() -> tuple[Path, Path]:
+    """Where the private index and its embedding model live (under the user data dir)."""
+    from tandem_packaging.store import data_dir
+
+    return data_dir() / "index", data_dir() / "models" / "all-minilm-l6-v2-onnx"
+
+
+def _open_store():
+    """The store alone (no model): enough to list and remove documents."""
+    from personal_index.embedder import DIM
+    from personal_index.store import IndexStore
+
+    return IndexStore(_index_paths()[0], DIM)
+
+
+def _cmd_ingest(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from personal_index.index import PersonalIndex
+
+    with PersonalIndex(*_index_paths()) as index:
+        bar = tqdm(total=0, unit="file", desc="ingest", disable=args.json)
+
+        def on_progress(p) -> None:
+            bar.total, bar.n = p.total, p.done
+            bar.set_postfix_str(Path(p.result.path).name[-40:], refresh=False)
+            bar.refresh()
+
+        results = index.ingest(args.paths, on_progress)
+        bar.close()
+    if args.json:
+        print(json.dumps([r.__dict__ for r in results], indent=2))
+    else:
+        for r in results:
+            detail = f"{r.chunks} chunks" if r.outcome == "indexed" else (r.reason or "")
+            print(f"{r.outcome:9}  {r.path}  {detail}".rstrip())
+        counts = {
+            o: sum(r.outcome == o for r in results)
+            for o in ("indexed", "unchanged", "failed", "skipped", "removed")
+        }
+        print(", ".join(f"{n} {o}" for o, n in counts.items() if n) or "nothing to ingest")
+    return 1 if any(r.outcome == "failed" for r in results) else 0
+
+
+def _cmd_docs_list(args: argparse.Namespace) -> int:
+    with _open_store() as store:
+        rows, stats = store.documents(), store.stats()
+    if args.json:
+        print(json.dumps([r.__dict__ for r in rows], indent=2))
+        return 0
+    for r in rows:
+        detail = f"{r.chunk_count} chunks" if r.status == "indexed" else f"failed: {r.error}"
+        print(f"{r.path}  ({r.kind or '?'}, {detail})")
+    print(
+        f"{stats.documents} documents, {stats.chunks} chunks, {stats.failed} failed;"
+        f" index at {_index_paths()[0]}"
+    )
+    return 0
+
+
+def _cmd_docs_remove(args: argparse.Namespace) -> int:
+    target = os.path.abspath(os.path.expanduser(args.path))
+    with _open_store() as store:
+        removed = store.remove_prefix(target)
+    if not removed:
+        print(f"error: no indexed document at or under {target}", file=sys.stderr)
+        return 2
+    print(f"removed {removed} document{'s' * (removed != 1)}")
+    return 0
+
+
+def _cmd_search(args: argparse.Namespace) -> int:
+    from personal_index.index import PersonalIndex
+
+    with PersonalIndex(*_index_paths()) as index:
+        try:
+            hits = index.search(args.query, args.k, args.min_score)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    if args.json:
+        print(json.dumps([h.__dict__ for h in hits], indent=2, ensure_ascii=False))
+        return 0
+    if not hits:
+        print("no matches")
+    for rank, h in enumerate(hits, 1):
+        where = (
+            f"page {h.page}"
+            if h.page
+            else (f"lines {h.line_start}-{h.line_end}" if h.line_start else f"chunk {h.ordinal}")
+        )
+        excerpt = " ".join(h.text.split())[:160]
+        print(f"[{rank}] {h.score:.3f}  {h.path} ({where}){' · ' + h.title if h.title else ''}")
+        print(f"     {excerpt}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
@@ -119,6 +218,25 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--seed", type=int, default=0)
     ask.add_argument("--json", action="store_true", help="print one JSON object at the end")
     ask.set_defaults(func=_cmd_ask)
+
+    ingest = sub.add_parser("ingest", help="index private files and folders (on this device)")
+    ingest.add_argument("paths", nargs="+")
+    ingest.add_argument("--json", action="store_true")
+    ingest.set_defaults(func=_cmd_ingest)
+    docs = sub.add_parser("docs", help="list or remove indexed documents")
+    dsub = docs.add_subparsers(dest="docs_command", required=True)
+    dlist = dsub.add_parser("list", help="indexed documents and failures")
+    dlist.add_argument("--json", action="store_true")
+    dlist.set_defaults(func=_cmd_docs_list)
+    dremove = dsub.add_parser("remove", help="forget a file, or every document under a folder")
+    dremove.add_argument("path")
+    dremove.set_defaults(func=_cmd_docs_remove)
+    search = sub.add_parser("search", help="search the private index")
+    search.add_argument("query")
+    search.add_argument("-k", type=int, default=5)
+    search.add_argument("--min-score", type=float)
+    search.add_argument("--json", action="store_true")
+    search.set_defaults(func=_cmd_search)
     return parser
 
 

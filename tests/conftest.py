@@ -20,3 +20,16 @@ def tiny_tokenizer(tiny):
     from edge_runtime.tokenizer import load_tokenizer
 
     return load_tokenizer(tiny["tokenizer"])
+
+
+@pytest.fixture(scope="session")
+def embedder_dir(request) -> Path:
+    """all-MiniLM-L6-v2 exported to ONNX once (cached in pytest's cache, keyed by the code)."""
+    import hashlib
+    import inspect
+
+    from personal_index import embedder
+
+    key = hashlib.sha256(inspect.getsource(embedder).encode()).hexdigest()[:12]
+    folder = Path(request.config.cache.mkdir(f"minilm-onnx-{key}")) / "model"
+    return embedder.prepare_onnx_embedder(folder)

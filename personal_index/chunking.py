@@ -1,0 +1,168 @@
+"""Cut parsed documents into overlapping windows of embedding-model tokens (issue 4 item 2).
+
+Chunks are measured in the embedding model's own word pieces, so a chunk always fits the
+model instead of being silently truncated, and cut with the fast tokenizer's character offsets,
+so a chunk's text is an exact slice of the document text (what a citation shows is what was
+embedded). Windows never cross a section (page, heading section), so every chunk has one
+page/heading/line range to cite.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Any
+
+from personal_index.parsers import ParsedDocument, Section
+
+__all__ = [
+    "DEFAULT_CHUNK_TOKENS",
+    "DEFAULT_OVERLAP_TOKENS",
+    "EMBEDDING_MAX_TOKENS",
+    "Chunk",
+    "Chunker",
+    "load_embedding_tokenizer",
+]
+
+# all-MiniLM-L6-v2 reads at most 256 word pieces (sentence_bert_config.json: max_seq_length),
+# and that count includes the [CLS] and [SEP] it adds, so a chunk may hold 254 of its own.
+EMBEDDING_MAX_TOKENS = 256
+DEFAULT_CHUNK_TOKENS = EMBEDDING_MAX_TOKENS - 2
+# ≈ 12.5 % of a chunk: a sentence cut at a boundary is still whole in one of the two chunks.
+DEFAULT_OVERLAP_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One window of a document, with everything a citation needs.
+
+    `ordinal` is 0-based within the document; `line_start`/`line_end` are the 1-based lines of
+    the chunk's first and last characters (txt and md, else None); `char_start`/`char_end`
+    delimit it in `ParsedDocument.text`, so `doc.text[c.char_start:c.char_end] == c.text`.
+    """
+
+    text: str
+    ordinal: int
+    page: int | None
+    title: str | None
+    line_start: int | None
+    line_end: int | None
+    char_start: int
+    char_end: int
+
+
+def load_embedding_tokenizer() -> Any:
+    """The (fast) tokenizer of all-MiniLM-L6-v2, loaded from the local package: no network."""
+    from transformers import AutoTokenizer
+
+    from personal_index.embedder import minilm_source_dir
+
+    return AutoTokenizer.from_pretrained(str(minilm_source_dir()), local_files_only=True)
+
+
+class Chunker:
+    """Splits each section into windows of at most `chunk_tokens` tokens, consecutive windows
+    sharing `overlap_tokens` tokens.
+
+    Window edges are moved back to the nearest word boundary (the pre-tokenizer's words) when
+    they would fall inside a word: a chunk that starts mid-word ("##ing") would be re-tokenised
+    differently by the embedder and could exceed the model's limit. So a chunk never has more
+    than `chunk_tokens` tokens, and the overlap is exactly `overlap_tokens` unless that would
+    split a word, in which case it grows by the rest of that word. A single "word" longer than
+    a window (a long URL, base64) is cut inside it, as there is no better place.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        overlap_tokens: int = DEFAULT_OVERLAP_TOKENS,
+    ) -> None:
+        if not getattr(tokenizer, "is_fast", False):
+            raise ValueError("Chunker needs a fast tokenizer (for character offsets)")
+        if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens <= 0:
+            raise ValueError(f"chunk_tokens must be a positive integer, got {chunk_tokens!r}")
+        if (
+            isinstance(overlap_tokens, bool)
+            or not isinstance(overlap_tokens, int)
+            or overlap_tokens <= 0
+        ):
+            raise ValueError(f"overlap_tokens must be a positive integer, got {overlap_tokens!r}")
+        if overlap_tokens >= chunk_tokens:
+            raise ValueError(
+                f"overlap_tokens ({overlap_tokens}) must be smaller than "
+                f"chunk_tokens ({chunk_tokens})"
+            )
+        self.tokenizer = tokenizer
+        self.chunk_tokens = chunk_tokens
+        self.overlap_tokens = overlap_tokens
+
+    def chunk(self, doc: ParsedDocument) -> list[Chunk]:
+        """All chunks of `doc`, in document order."""
+        chunks: list[Chunk] = []
+        for section in doc.sections:
+            newlines = None
+            if section.line_start is not None:
+                newlines = [i for i, ch in enumerate(section.text) if ch == "\n"]
+            for start, end in self._windows(section.text):
+                chunks.append(_make_chunk(section, start, end, len(chunks), newlines))
+        return chunks
+
+    def _windows(self, text: str) -> list[tuple[int, int]]:
+        """Character spans (within `text`) of the section's windows."""
+        enc = self.tokenizer(
+            text,
+            add_special_tokens=False,
+            return_offsets_mapping=True,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+            verbose=False,  # no "sequence longer than model_max_length" warning: we cut it
+        )
+        offsets: list[tuple[int, int]] = enc["offset_mapping"]
+        n = len(offsets)
+        if n == 0:
+            return []
+        words = enc.word_ids()
+        # word_start[i]: token i begins a word (so a window may start at i or end just before i).
+        word_start = [i == 0 or words[i] is None or words[i] != words[i - 1] for i in range(n)]
+
+        spans: list[tuple[int, int]] = []
+        start = 0
+        while True:
+            end = min(start + self.chunk_tokens, n)
+            if end < n:
+                snapped = end
+                while snapped > start and not word_start[snapped]:
+                    snapped -= 1
+                if snapped > start:
+                    end = snapped  # else one word fills the window: cut inside it
+            spans.append((offsets[start][0], offsets[end - 1][1]))
+            if end >= n:
+                return spans
+            nxt = end - self.overlap_tokens
+            while nxt > start and not word_start[nxt]:
+                nxt -= 1
+            if nxt <= start:  # the overlap would not move forward (very long words)
+                nxt = max(end - self.overlap_tokens, start + 1)
+            start = nxt
+
+
+def _make_chunk(
+    section: Section, start: int, end: int, ordinal: int, newlines: list[int] | None
+) -> Chunk:
+    """The chunk for `section.text[start:end]`, located in the document; `newlines` (offsets of
+    newline in the section, for sections with line numbers) keeps line numbering O(log n)."""
+    line_start = line_end = None
+    if section.line_start is not None and newlines is not None:
+        line_start = section.line_start + bisect.bisect_left(newlines, start)
+        line_end = section.line_start + bisect.bisect_left(newlines, end - 1)
+    return Chunk(
+        text=section.text[start:end],
+        ordinal=ordinal,
+        page=section.page,
+        title=section.title,
+        line_start=line_start,
+        line_end=line_end,
+        char_start=section.char_start + start,
+        char_end=section.char_start + end,
+    )

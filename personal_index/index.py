@@ -1,0 +1,78 @@
+"""The private index as the modes use it: ingest, search with citations, rescore."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from personal_index.chunking import Chunker, load_embedding_tokenizer
+from personal_index.embedder import OnnxEmbedder, prepare_onnx_embedder
+from personal_index.ingest import FileResult, Ingestor, Progress
+from personal_index.store import DocumentRow, Hit, IndexStore, StoreStats
+
+
+class PersonalIndex:
+    """Documents under `root` (SQLite + FAISS), embedded with all-MiniLM-L6-v2 on ONNX Runtime
+    (prepared once into `embedder_dir`). The same class indexes the cloud's public corpus."""
+
+    def __init__(
+        self,
+        root: Path,
+        embedder_dir: Path,
+        *,
+        chunk_tokens: int | None = None,
+        overlap_tokens: int | None = None,
+        hnsw_threshold: int | None = None,
+        threads: int | None = None,
+    ) -> None:
+        self.embedder = OnnxEmbedder(prepare_onnx_embedder(Path(embedder_dir)), threads=threads)
+        self.store = IndexStore(Path(root), self.embedder.dim, hnsw_threshold=hnsw_threshold)
+        sizes = {
+            k: v
+            for k, v in (("chunk_tokens", chunk_tokens), ("overlap_tokens", overlap_tokens))
+            if v is not None
+        }
+        self.chunker = Chunker(load_embedding_tokenizer(), **sizes)
+
+    def __enter__(self) -> PersonalIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.store.close()
+
+    def ingest(
+        self, paths: Sequence[str | Path], progress: Callable[[Progress], None] | None = None
+    ) -> list[FileResult]:
+        return Ingestor(self.store, self.embedder, self.chunker, progress).ingest(paths)
+
+    def search(self, query: str, k: int = 5, min_score: float | None = None) -> list[Hit]:
+        """The k chunks most similar to `query` (cosine), best first, with their locations."""
+        if not query or not query.strip():
+            raise ValueError("empty query: type what you are looking for")
+        if k <= 0:
+            raise ValueError(f"k must be at least 1 (got {k})")
+        return self.store.search(self.embedder.embed([query])[0], k, min_score)
+
+    def rescore(self, hits: Sequence[Hit], text: str) -> np.ndarray:
+        """Cosine of each hit's chunk with `text` (DRAGON's dynamic re-ranking: the query plus
+        the text generated so far), from the stored vectors: nothing is re-embedded but `text`."""
+        if not hits:
+            return np.empty(0, dtype=np.float32)
+        vectors = self.store.get_vectors([h.chunk_id for h in hits])
+        return vectors @ self.embedder.embed([text])[0]
+
+    def remove(self, path: str | Path) -> int:
+        """Forget a file, or every document under a folder; returns how many were removed."""
+        return self.store.remove_prefix(os.path.abspath(os.path.expanduser(os.fspath(path))))
+
+    def documents(self) -> list[DocumentRow]:
+        return self.store.documents()
+
+    def stats(self) -> StoreStats:
+        return self.store.stats()

@@ -1,0 +1,265 @@
+"""Ingesting files and folders into an `IndexStore`: incremental, visible and crash-safe.
+
+The main thread owns the store (every document is written in one SQLite transaction); a
+worker thread parses and chunks the next files while the main thread embeds, so the CPU-heavy
+embedding (ONNX Runtime releases the GIL) overlaps parsing. Progress goes to a callback so the
+CLI can draw a bar and the TUI a per-file table."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol
+
+import numpy as np
+
+from personal_index.chunking import Chunk, Chunker
+from personal_index.parsers import ParseError, is_supported, parse
+from personal_index.store import ChunkRecord, DocumentMeta, IndexStore
+
+log = logging.getLogger(__name__)
+
+Outcome = Literal["indexed", "unchanged", "failed", "skipped", "removed"]
+
+# Write the FAISS file after this many documents (and at the end): a kill in between costs
+# only a rebuild of the derived index at the next open, never data.
+FLUSH_EVERY = 25
+
+
+class Embedder(Protocol):
+    @property
+    def dim(self) -> int: ...
+
+    def embed(self, texts: list[str]) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class FileResult:
+    """What happened to one file: the per-file summary line."""
+
+    path: str
+    outcome: Outcome
+    chunks: int = 0
+    reason: str | None = None
+
+
+@dataclass
+class Progress:
+    """Posted after every file; `result` is that file's outcome."""
+
+    done: int
+    total: int
+    chunks: int
+    result: FileResult
+
+
+@dataclass
+class _Work:
+    path: Path
+    meta: DocumentMeta
+    chunks: list[Chunk] = field(default_factory=list)
+    error: str | None = None
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _walk(target: Path) -> Iterator[Path]:
+    if target.is_file():
+        yield target
+        return
+    for root, dirs, files in os.walk(target):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(files):
+            if not name.startswith("."):
+                yield Path(root) / name
+
+
+class Ingestor:
+    def __init__(
+        self,
+        store: IndexStore,
+        embedder: Embedder,
+        chunker: Chunker,
+        progress: Callable[[Progress], None] | None = None,
+        batch_chunks: int = 64,
+    ) -> None:
+        self.store = store
+        self.embedder = embedder
+        self.chunker = chunker
+        self.progress = progress
+        self.batch_chunks = batch_chunks
+
+    def ingest(self, targets: Sequence[str | Path]) -> list[FileResult]:
+        """Index every supported file under `targets` (files or folders). Unchanged files are
+        skipped; changed ones re-chunked and re-embedded; documents under a given folder whose
+        file is gone (deleted or renamed) are purged."""
+        results: list[FileResult] = []
+        todo: list[_Work] = []
+        seen: set[str] = set()
+        for target in (Path(t).expanduser().resolve() for t in targets):
+            if not target.exists():
+                results.append(FileResult(str(target), "failed", reason="no such file or folder"))
+                continue
+            if target.is_dir():
+                results.extend(self._purge_missing(target))
+            for path in _walk(target):
+                key = str(path)
+                if key in seen:
+                    continue
+                seen.add(key)
+                if not is_supported(path):
+                    results.append(
+                        FileResult(
+                            key, "skipped", reason=f"unsupported type {path.suffix or '(none)'}"
+                        )
+                    )
+                    continue
+                work = self._needs_work(path)
+                if work is None:
+                    results.append(FileResult(key, "unchanged"))
+                else:
+                    todo.append(work)
+        total = len(results) + len(todo)
+        for i, r in enumerate(results):
+            self._post(i + 1, total, 0, r)
+        done = len(results)
+        for result in self._index(todo):
+            results.append(result)
+            done += 1
+            self._post(done, total, result.chunks, result)
+        self.store.flush()
+        return results
+
+    # ---- pipeline ---------------------------------------------------------------------------
+    def _needs_work(self, path: Path) -> _Work | None:
+        """None if the stored version is current: size + mtime first, then the checksum."""
+        stat = path.stat()
+        row = self.store.document(str(path))
+        if (
+            row
+            and row.status == "indexed"
+            and row.size == stat.st_size
+            and row.mtime == stat.st_mtime
+        ):
+            return None
+        sha = sha256_of(path)
+        meta = DocumentMeta(str(path), stat.st_size, stat.st_mtime, sha)
+        if row and row.status == "indexed" and row.sha256 == sha:
+            self.store.touch(str(path), stat.st_size, stat.st_mtime)  # touched, not changed
+            return None
+        return _Work(path, meta)
+
+    def _parse(self, work: _Work) -> _Work:
+        try:
+            doc = parse(work.path)
+            work.meta = DocumentMeta(
+                work.meta.path,
+                work.meta.size,
+                work.meta.mtime,
+                work.meta.sha256,
+                doc.title,
+                doc.kind,
+            )
+            work.chunks = self.chunker.chunk(doc)
+        except ParseError as exc:
+            work.error = exc.reason
+        except Exception as exc:  # a parser library bug must not stop the other files
+            log.exception("unexpected error parsing %s", work.path)
+            work.error = f"unexpected error: {exc}"
+        return work
+
+    def _parsed(self, todo: list[_Work]) -> Iterator[_Work]:
+        """Parse in a worker thread, at most a few files ahead of the embedder."""
+        ready: queue.Queue[_Work | None] = queue.Queue(maxsize=4)
+        stop = threading.Event()
+
+        def produce() -> None:
+            for work in todo:
+                if stop.is_set():
+                    break
+                ready.put(self._parse(work))
+            ready.put(None)
+
+        worker = threading.Thread(target=produce, name="tandem-parse", daemon=True)
+        worker.start()
+        try:
+            while (work := ready.get()) is not None:
+                yield work
+        finally:
+            stop.set()
+            while worker.is_alive():  # unblock a producer waiting on a full queue
+                try:
+                    ready.get_nowait()
+                except queue.Empty:
+                    worker.join(0.05)
+
+    def _index(self, todo: list[_Work]) -> Iterator[FileResult]:
+        pending: list[_Work] = []
+        written = 0
+        for work in self._parsed(todo):
+            if work.error is not None:
+                m = work.meta
+                self.store.mark_failed(m.path, m.size, m.mtime, m.sha256, work.error)
+                yield FileResult(m.path, "failed", reason=work.error)
+                continue
+            pending.append(work)
+            if sum(len(w.chunks) for w in pending) >= self.batch_chunks:
+                yield from self._write(pending)
+                written += len(pending)
+                pending = []
+                if written >= FLUSH_EVERY:
+                    self.store.flush()
+                    written = 0
+        if pending:
+            yield from self._write(pending)
+
+    def _write(self, batch: list[_Work]) -> Iterator[FileResult]:
+        """Embed the chunks of several documents in one call, then store each document."""
+        texts = [c.text for w in batch for c in w.chunks]
+        vectors = self.embedder.embed(texts) if texts else np.empty((0, self.embedder.dim))
+        start = 0
+        for work in batch:
+            n = len(work.chunks)
+            records = [
+                ChunkRecord(
+                    c.ordinal,
+                    c.text,
+                    c.page,
+                    c.title,
+                    c.line_start,
+                    c.line_end,
+                    c.char_start,
+                    c.char_end,
+                )
+                for c in work.chunks
+            ]
+            self.store.replace_document(work.meta, records, vectors[start : start + n])
+            start += n
+            yield FileResult(work.meta.path, "indexed", chunks=n)
+
+    def _purge_missing(self, folder: Path) -> Iterable[FileResult]:
+        prefix = str(folder) + os.sep
+        gone = [
+            d.path
+            for d in self.store.documents()
+            if d.path.startswith(prefix) and not Path(d.path).exists()
+        ]
+        if gone:
+            self.store.remove_paths(gone)
+        return [FileResult(p, "removed", reason="file no longer exists") for p in gone]
+
+    def _post(self, done: int, total: int, chunks: int, result: FileResult) -> None:
+        if self.progress is not None:
+            self.progress(Progress(done, total, chunks, result))

@@ -1,0 +1,406 @@
+"""Turn a user's file into located text sections (DESIGN §2, issue 4 item 1).
+
+Every format ends up as a `ParsedDocument` whose sections carry the location a citation needs
+(page for PDF, line for txt/md, heading title where the format has headings) and their offset
+in the document's extracted text, so chunks can point back at an exact character span.
+
+Well-kept libraries do the parsing (pypdf, python-docx, BeautifulSoup with the stdlib parser);
+this module only maps their output onto sections. A bad file never raises anything but
+`ParseError`, whose reason is short enough to show the user next to the file name.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import docx
+from bs4 import BeautifulSoup, NavigableString, Tag
+from bs4.element import PreformattedString
+from docx.table import Table
+from pypdf import PasswordType, PdfReader
+
+__all__ = [
+    "SUPPORTED_SUFFIXES",
+    "ParseError",
+    "ParsedDocument",
+    "Section",
+    "is_supported",
+    "parse",
+]
+
+# Suffix (lower case) -> document kind.
+_KINDS: dict[str, str] = {
+    ".txt": "txt",
+    ".md": "md",
+    ".markdown": "md",
+    ".pdf": "pdf",
+    ".docx": "docx",
+    ".html": "html",
+    ".htm": "html",
+}
+SUPPORTED_SUFFIXES: frozenset[str] = frozenset(_KINDS)
+
+# Separator between sections of formats whose extracted text we assemble ourselves (pdf, docx,
+# html): a blank line, so `ParsedDocument.text` reads naturally and offsets stay simple.
+_SECTION_SEP = "\n\n"
+
+
+class ParseError(ValueError):
+    """A file could not be parsed; `reason` is plain and user-facing ("password-protected PDF")."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Section:
+    """A contiguous piece of a document that chunks never straddle (a page, a heading section).
+
+    `line_start` is the 1-based line of the section's first character in the source file (txt
+    and md only); `char_start` is its offset in the document's extracted text
+    (`ParsedDocument.text`), so `doc.text[s.char_start:s.char_start + len(s.text)] == s.text`.
+    """
+
+    text: str
+    page: int | None
+    title: str | None
+    line_start: int | None
+    char_start: int
+
+
+@dataclass(frozen=True)
+class ParsedDocument:
+    """A parsed file: `kind` is one of txt, md, pdf, docx, html; `title` is None if it has none."""
+
+    path: Path
+    kind: str
+    title: str | None
+    sections: tuple[Section, ...]
+
+    @cached_property
+    def text(self) -> str:
+        """The document's extracted text, in which every `char_start` is an offset.
+
+        Rebuilt from the sections (gaps between them, whitespace the parser dropped, are
+        filled with newlines of the same length), computed once on first use.
+        For txt and md the offsets are those of the decoded, newline-normalised file.
+        """
+        parts: list[str] = []
+        pos = 0
+        for s in self.sections:
+            if s.char_start > pos:
+                parts.append("\n" * (s.char_start - pos))
+            parts.append(s.text)
+            pos = s.char_start + len(s.text)
+        return "".join(parts)
+
+
+def is_supported(path: Path | str) -> bool:
+    """Whether `parse` handles this file, judged by its suffix (case-insensitive)."""
+    return Path(path).suffix.lower() in _KINDS
+
+
+def parse(path: Path | str) -> ParsedDocument:
+    """Parse one file into sections; empty extracted text gives zero sections, not an error.
+
+    Raises `ParseError` (and nothing else) for an unsupported suffix, an unreadable, corrupt
+    or password-protected file.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    kind = _KINDS.get(suffix)
+    if kind is None:
+        raise ParseError(f"unsupported file type {suffix or '(no suffix)'}")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ParseError(f"cannot read file: {e.strerror or e}") from e
+    parser = {
+        "txt": _parse_txt,
+        "md": _parse_md,
+        "pdf": _parse_pdf,
+        "docx": _parse_docx,
+        "html": _parse_html,
+    }[kind]
+    try:
+        title, sections = parser(path, data)
+    except ParseError:
+        raise
+    except Exception as e:  # a library's failure on a bad file: wrap it, keep its message
+        raise ParseError(_wrap_reason(kind, e)) from e
+    return ParsedDocument(path=path, kind=kind, title=title, sections=tuple(sections))
+
+
+def _wrap_reason(kind: str, e: Exception) -> str:
+    """A user-facing reason for a library exception, keeping the library's own message."""
+    detail = str(e).strip() or type(e).__name__
+    what = {
+        "pdf": "not a valid PDF",
+        "docx": "not a valid .docx file",
+        "html": "could not parse HTML",
+        "txt": "could not read text",
+        "md": "could not read Markdown",
+    }[kind]
+    return f"{what}: {detail}"
+
+
+# --- plain text and Markdown ---------------------------------------------------------------
+
+
+def _decode_text(data: bytes) -> str:
+    """Decode a text file as UTF-8, replacing undecodable bytes with U+FFFD.
+
+    A file in a legacy 8-bit encoding then still indexes (its ASCII words survive) instead of
+    failing; guessing latin-1 would silently garble UTF-8 files with a single bad byte.
+    UTF-16 with a BOM (Windows "Unicode" files) is honoured. Newlines are normalised to "\\n"
+    so line numbers match what an editor shows. NUL bytes mean a binary file: ParseError.
+    """
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        text = data.decode("utf-16", errors="replace")
+    else:
+        if b"\x00" in data:
+            raise ParseError("not a text file (contains NUL bytes)")
+        text = data.decode("utf-8-sig", errors="replace")
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _stripped_section(
+    text: str, start: int, end: int, title: str | None, first_line: int
+) -> Section | None:
+    """The section for `text[start:end]` without surrounding whitespace, or None if blank.
+
+    `first_line` is the 1-based line at `start`; the result's line is that of its first
+    non-blank character.
+    """
+    piece = text[start:end]
+    lead = len(piece) - len(piece.lstrip())
+    body = piece.strip()
+    if not body:
+        return None
+    line = first_line + piece.count("\n", 0, lead)
+    return Section(text=body, page=None, title=title, line_start=line, char_start=start + lead)
+
+
+def _parse_txt(path: Path, data: bytes) -> tuple[str | None, list[Section]]:
+    """One section for the whole file: chunking, not the parser, decides where to cut."""
+    text = _decode_text(data)
+    section = _stripped_section(text, 0, len(text), None, 1)
+    return None, [section] if section else []
+
+
+_ATX = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
+_SETEXT = re.compile(r"^ {0,3}(=+|-+)[ \t]*$")
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+
+
+def _md_headings(lines: list[str]) -> list[tuple[int, int, str]]:
+    """(first line index, level, text) of each heading; ATX (`# x`) and setext (`x` + `===`).
+
+    Lines inside fenced code blocks and a leading YAML front matter block are not headings.
+    """
+    headings: list[tuple[int, int, str]] = []
+    i = 0
+    if lines and lines[0].strip() == "---":  # front matter: skip to its closing line
+        for j in range(1, len(lines)):
+            if lines[j].strip() in ("---", "..."):
+                i = j + 1
+                break
+    fence: str | None = None
+    while i < len(lines):
+        line = lines[i]
+        m = _FENCE.match(line)
+        if fence is not None:
+            if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence):
+                fence = None
+        elif m:
+            fence = m.group(1)
+        elif (h := _ATX.match(line)) is not None:
+            headings.append((i, len(h.group(1)), (h.group(2) or "").strip()))
+        elif (
+            i + 1 < len(lines)
+            and line.strip()
+            and not line.startswith(("    ", "\t"))
+            and (s := _SETEXT.match(lines[i + 1])) is not None
+            and not _is_md_block_start(line)
+        ):
+            headings.append((i, 1 if s.group(1)[0] == "=" else 2, line.strip()))
+            i += 2
+            continue
+        i += 1
+    return headings
+
+
+def _is_md_block_start(line: str) -> bool:
+    """Lines that cannot be a setext heading's text (list items, quotes, rules)."""
+    s = line.lstrip()
+    return s.startswith((">", "- ", "* ", "+ ", "|")) or bool(_SETEXT.match(line))
+
+
+def _parse_md(path: Path, data: bytes) -> tuple[str | None, list[Section]]:
+    """Sections split at headings, each holding its heading line; text before the first heading
+    is an untitled section. Raw Markdown is kept so char and line spans match the file."""
+    text = _decode_text(data)
+    lines = text.split("\n")
+    line_offsets = [0]
+    for line in lines[:-1]:
+        line_offsets.append(line_offsets[-1] + len(line) + 1)
+    headings = _md_headings(lines)
+    bounds: list[tuple[int, str | None]] = [(0, None)]  # (first line index, title)
+    bounds += [(idx, title or None) for idx, _level, title in headings]
+    sections: list[Section] = []
+    for k, (idx, title) in enumerate(bounds):
+        end_idx = bounds[k + 1][0] if k + 1 < len(bounds) else len(lines)
+        start = line_offsets[idx]
+        end = line_offsets[end_idx] if end_idx < len(lines) else len(text)
+        if end <= start:
+            continue
+        section = _stripped_section(text, start, end, title, idx + 1)
+        if section:
+            sections.append(section)
+    h1 = next((t for _i, level, t in headings if level == 1 and t), None)
+    return h1, sections
+
+
+# --- assembled formats (pdf, docx, html) ---------------------------------------------------
+
+
+def _assemble(
+    pieces: list[tuple[str, int | None, str | None]],
+) -> list[Section]:
+    """Sections from (text, page, title) pieces laid out with `_SECTION_SEP` between them;
+    blank pieces are dropped."""
+    sections: list[Section] = []
+    pos = 0
+    for text, page, title in pieces:
+        body = text.strip()
+        if not body:
+            continue
+        if sections:
+            pos += len(_SECTION_SEP)
+        sections.append(Section(text=body, page=page, title=title, line_start=None, char_start=pos))
+        pos += len(body)
+    return sections
+
+
+def _parse_pdf(path: Path, data: bytes) -> tuple[str | None, list[Section]]:
+    """One section per page that has text (page numbers 1-based); no OCR, so a scanned PDF
+    gives zero sections. An empty user password is tried, as PDF viewers do."""
+    reader = PdfReader(io.BytesIO(data))
+    if reader.is_encrypted:
+        try:
+            result = reader.decrypt("")
+        except Exception as e:  # e.g. AES without the `cryptography` package
+            raise ParseError(f"encrypted PDF that cannot be opened: {e}") from e
+        if result == PasswordType.NOT_DECRYPTED:
+            raise ParseError("password-protected PDF")
+    title = None
+    meta = reader.metadata
+    if meta is not None and meta.title:
+        title = str(meta.title).strip() or None
+    pieces = [(page.extract_text() or "", i, None) for i, page in enumerate(reader.pages, start=1)]
+    return title, _assemble(pieces)
+
+
+def _parse_docx(path: Path, data: bytes) -> tuple[str | None, list[Section]]:
+    """Body paragraphs and tables in order; a "Heading n" or "Title" paragraph starts a new
+    section titled by it. The document title is the core property, else the first heading."""
+    document = docx.Document(io.BytesIO(data))
+    pieces: list[tuple[str, int | None, str | None]] = []
+    current: list[str] = []
+    current_title: str | None = None
+    first_heading: str | None = None
+    for block in document.iter_inner_content():
+        if isinstance(block, Table):
+            current.extend(_docx_table_lines(block))
+            continue
+        text = block.text.strip()
+        if not text:
+            continue
+        style = (block.style.name if block.style is not None else "") or ""
+        if style.startswith("Heading") or style == "Title":
+            pieces.append(("\n".join(current), None, current_title))
+            current, current_title = [text], text
+            first_heading = first_heading or text
+        else:
+            current.append(text)
+    pieces.append(("\n".join(current), None, current_title))
+    title = (document.core_properties.title or "").strip() or first_heading
+    return title, _assemble(pieces)
+
+
+def _docx_table_lines(table: Table) -> list[str]:
+    """A table as one line per row, cells separated by " | " (merged cells once)."""
+    lines = []
+    for row in table.rows:
+        cells: list[str] = []
+        for cell in row.cells:
+            t = " ".join(cell.text.split())
+            if t and (not cells or cells[-1] != t):
+                cells.append(t)
+        if cells:
+            lines.append(" | ".join(cells))
+    return lines
+
+
+_HTML_DROP = ("script", "style", "nav", "noscript", "template", "head", "iframe", "svg")
+_HTML_HEADINGS = frozenset({"h1", "h2", "h3", "h4", "h5", "h6"})
+_HTML_BLOCKS = frozenset(
+    {
+        "address", "article", "aside", "blockquote", "br", "dd", "details", "div", "dl", "dt",
+        "figcaption", "figure", "footer", "form", "header", "hr", "li", "main", "ol", "p",
+        "pre", "section", "summary", "table", "td", "th", "tr", "ul",
+    }
+)  # fmt: skip
+
+
+def _parse_html(path: Path, data: bytes) -> tuple[str | None, list[Section]]:
+    """Visible text split at h1–h6 (each section titled by its heading); script, style, nav
+    and the like are dropped. Title: <title>, else the first <h1>."""
+    soup = BeautifulSoup(data, "html.parser")  # bytes: bs4 detects the encoding
+    title_tag = soup.find("title")
+    title = " ".join(title_tag.get_text(" ").split()) if title_tag else ""
+    for tag in soup.find_all(_HTML_DROP):
+        tag.decompose()
+    if not title:
+        h1 = soup.find("h1")
+        title = " ".join(h1.get_text(" ").split()) if h1 else ""
+
+    pieces: list[tuple[str, int | None, str | None]] = []
+    current: list[str] = []
+    current_title: str | None = None
+
+    def walk(node: Tag) -> None:
+        nonlocal current, current_title
+        for child in node.children:
+            if isinstance(child, PreformattedString):  # comments, doctype, CDATA
+                continue
+            if isinstance(child, NavigableString):
+                current.append(str(child))
+            elif isinstance(child, Tag):
+                if child.name in _HTML_HEADINGS:
+                    heading = " ".join(child.get_text(" ").split())
+                    if heading:
+                        pieces.append((_html_lines("".join(current)), None, current_title))
+                        current, current_title = [heading, "\n"], heading
+                    continue
+                block = child.name in _HTML_BLOCKS
+                if block:
+                    current.append("\n")
+                walk(child)
+                if block:
+                    current.append("\n")
+
+    walk(soup)
+    pieces.append((_html_lines("".join(current)), None, current_title))
+    return title or None, _assemble(pieces)
+
+
+def _html_lines(raw: str) -> str:
+    """Collapse runs of whitespace inside lines and drop blank lines."""
+    lines = (" ".join(line.split()) for line in raw.split("\n"))
+    return "\n".join(line for line in lines if line)
