@@ -9,7 +9,7 @@ import sys
 
 def test_cli_never_imports_textual(tmp_path):
     code = (
-        "import sys; from app.cli import main; main(['models', 'list']); "
+        "import sys; from app.cli import main; main(['models', 'list']); main(['docs', 'list']); "
         "assert 'textual' not in sys.modules, 'textual imported'"
     )
     env = {**os.environ, "TANDEM_DATA_DIR": str(tmp_path)}
@@ -17,7 +17,7 @@ def test_cli_never_imports_textual(tmp_path):
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
     )
     assert out.returncode == 0, out.stderr
-    assert "No models prepared" in out.stdout
+    assert "No models prepared" in out.stdout and "0 documents" in out.stdout
 
 
 def test_ask_without_prepared_models_says_what_to_run(tmp_path):
