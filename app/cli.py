@@ -107,7 +107,7 @@ def _open_store():
 def _cmd_ingest(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from personal_index.index import PersonalIndex
+    from personal_index.index import IngestBusyError, PersonalIndex
 
     with PersonalIndex(*_index_paths()) as index:
         bar = tqdm(total=0, unit="file", desc="ingest", disable=args.json)
@@ -117,7 +117,12 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
             bar.set_postfix_str(Path(p.result.path).name[-40:], refresh=False)
             bar.refresh()
 
-        results = index.ingest(args.paths, on_progress)
+        try:
+            results = index.ingest(args.paths, on_progress)
+        except IngestBusyError as exc:
+            bar.close()
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         bar.close()
     if args.json:
         print(json.dumps([r.__dict__ for r in results], indent=2))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -12,6 +13,10 @@ from personal_index.chunking import Chunker, load_embedding_tokenizer
 from personal_index.embedder import OnnxEmbedder, prepare_onnx_embedder
 from personal_index.ingest import FileResult, Ingestor, Progress
 from personal_index.store import DocumentRow, Hit, IndexStore, StoreStats
+
+
+class IngestBusyError(RuntimeError):
+    """Two ingests on one index would embed the same files twice."""
 
 
 class PersonalIndex:
@@ -49,7 +54,14 @@ class PersonalIndex:
     def ingest(
         self, paths: Sequence[str | Path], progress: Callable[[Progress], None] | None = None
     ) -> list[FileResult]:
-        return Ingestor(self.store, self.embedder, self.chunker, progress).ingest(paths)
+        with open(self.store.root / ".ingest.lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError as exc:
+                raise IngestBusyError(
+                    "another ingest is running on this index; wait for it"
+                ) from exc
+            return Ingestor(self.store, self.embedder, self.chunker, progress).ingest(paths)
 
     def search(self, query: str, k: int = 5, min_score: float | None = None) -> list[Hit]:
         """The k chunks most similar to `query` (cosine), best first, with their locations."""

@@ -272,3 +272,17 @@ def test_cli_search_list_remove(tmp_path, embedder_dir):
     assert cli("docs", "remove", str(tmp_path / "docs" / "geology.pdf"), env=env).returncode == 0
     missing = cli("docs", "remove", str(tmp_path / "nowhere"), env=env)
     assert missing.returncode == 2 and "no indexed document" in missing.stderr
+
+
+def test_a_second_ingest_at_the_same_time_is_refused(index, tmp_path):
+    import fcntl
+
+    from personal_index.index import IngestBusyError
+
+    make_corpus(tmp_path / "docs")
+    with open(index.store.root / ".ingest.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(IngestBusyError, match="another ingest"):
+            index.ingest([tmp_path / "docs"])
+    assert index.documents() == []
+    assert len(index.ingest([tmp_path / "docs"])) == 6  # free again
