@@ -1,0 +1,180 @@
+"""An emulated network link: a TCP proxy with per-direction delay, jitter and bandwidth.
+
+This kernel has no netem, so tests and benchmarks put this proxy between the device and the
+cloud on loopback (DESIGN.md §7). Each direction is shaped on its own: bytes leave a token
+bucket at the link's rate (serialisation), then arrive after the one-way delay plus jitter.
+Jitter never reorders bytes (it is a TCP stream): a chunk is never delivered before the one
+read ahead of it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import socket
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class LinkProfile:
+    """One direction of a link. delay and jitter in seconds (jitter: uniform in [0, jitter]
+    added to the delay); bandwidth in bytes per second (None = unlimited); burst in bytes."""
+
+    delay: float = 0.0
+    jitter: float = 0.0
+    bandwidth: float | None = None
+    burst: int = 16_384
+
+    def __post_init__(self) -> None:
+        if self.delay < 0 or self.jitter < 0:
+            raise ValueError("delay and jitter must be ≥ 0")
+        if self.bandwidth is not None and self.bandwidth <= 0:
+            raise ValueError("bandwidth must be > 0 bytes/s (or None for unlimited)")
+        if self.burst <= 0:
+            raise ValueError("burst must be > 0 bytes")
+
+
+@dataclass
+class LinkStats:
+    bytes_up: int = 0
+    bytes_down: int = 0
+    connections: int = 0
+
+
+@dataclass
+class _Shaper:
+    """Token bucket + propagation delay for one direction of one connection."""
+
+    profile: LinkProfile
+    rng: random.Random
+    tokens: float = field(init=False)
+    refilled_at: float = 0.0
+    last_delivery: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.tokens = float(self.profile.burst)
+
+    def delivery_time(self, now: float, size: int) -> float:
+        """When a chunk of `size` bytes read at `now` reaches the other side."""
+        p = self.profile
+        sent = now
+        if p.bandwidth is not None:
+            self.tokens = min(p.burst, self.tokens + (now - self.refilled_at) * p.bandwidth)
+            self.refilled_at = now
+            if self.tokens < size:
+                sent = now + (size - self.tokens) / p.bandwidth
+                self.tokens = 0.0
+                self.refilled_at = sent
+            else:
+                self.tokens -= size
+        arrival = sent + p.delay + (self.rng.uniform(0.0, p.jitter) if p.jitter else 0.0)
+        self.last_delivery = max(arrival, self.last_delivery)  # never overtake earlier bytes
+        return self.last_delivery
+
+
+class LinkEmulator:
+    """Listens on `listen_host:port` (0 = any free port) and forwards each connection to
+    `target`, shaping device→cloud with `up` and cloud→device with `down`."""
+
+    def __init__(
+        self,
+        target_host: str,
+        target_port: int,
+        up: LinkProfile = LinkProfile(),
+        down: LinkProfile = LinkProfile(),
+        listen_host: str = "127.0.0.1",
+        listen_port: int = 0,
+        seed: int | None = None,
+    ) -> None:
+        self.target = (target_host, target_port)
+        self.up, self.down = up, down
+        self.listen = (listen_host, listen_port)
+        self.stats = LinkStats()
+        self._rng = random.Random(seed)
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("the link is not started")
+        return self._server.sockets[0].getsockname()[1]
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._accept, *self.listen)
+        return self.port
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def __aenter__(self) -> LinkEmulator:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        self.stats.connections += 1
+        try:
+            server_r, server_w = await asyncio.open_connection(*self.target)
+        except OSError:
+            client_w.close()
+            return
+        for sock_w in (client_w, server_w):
+            sock = sock_w.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    # Nagle would add delay of its own; the emulator adds exactly what it is told.
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        pipes = [
+            asyncio.create_task(self._pipe(client_r, server_w, _Shaper(self.up, self._rng), "up")),
+            asyncio.create_task(
+                self._pipe(server_r, client_w, _Shaper(self.down, self._rng), "down")
+            ),
+        ]
+        self._tasks.update(pipes)
+        await asyncio.gather(*pipes, return_exceptions=True)
+        self._tasks.difference_update(pipes)
+        for w in (client_w, server_w):
+            w.close()
+
+    async def _pipe(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        shaper: _Shaper,
+        direction: str,
+    ) -> None:
+        """Read as bytes arrive; a second task writes each chunk at its delivery time."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
+
+        async def deliver() -> None:
+            while (item := await queue.get()) is not None:
+                at, data = item
+                await asyncio.sleep(max(0.0, at - loop.time()))
+                writer.write(data)
+                await writer.drain()
+                if direction == "up":
+                    self.stats.bytes_up += len(data)
+                else:
+                    self.stats.bytes_down += len(data)
+            if writer.can_write_eof():
+                writer.write_eof()
+
+        sender = asyncio.create_task(deliver())
+        try:
+            while data := await reader.read(shaper.profile.burst):
+                queue.put_nowait((shaper.delivery_time(loop.time(), len(data)), data))
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            queue.put_nowait(None)
+            with contextlib.suppress(ConnectionError, OSError):
+                await sender
