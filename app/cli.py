@@ -15,7 +15,7 @@ from pathlib import Path
 def _cmd_models_prepare(args: argparse.Namespace) -> int:
     from tandem_packaging.prepare import prepare
 
-    prepare(args.device_model, args.cloud_model, only=args.only)
+    prepare(args.device_model, args.cloud_model, only=args.only, say=print)
     return 0
 
 

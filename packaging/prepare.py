@@ -221,7 +221,7 @@ def prepare(
     device_ref: str | None = None,
     cloud_ref: str | None = None,
     only: str | None = None,
-    say: Callable[[str], None] = print,
+    say: Callable[[str], None] = log.info,
 ) -> bool:
     """Prepare the pair (or `only` one role). Returns True if any work was done."""
     with _exclusive_lock():
