@@ -44,9 +44,9 @@ def _cmd_ask(args: argparse.Namespace) -> int:
     import numpy as np
 
     from collab.sampling import SamplingParams
-    from edge_runtime.generate import Generation, TextStream, generate
-    from edge_runtime.ort_runtime import OrtCausalLM
-    from edge_runtime.tokenizer import chat_prompt_ids, load_tokenizer
+    from model_runtime.generate import Generation, TextStream, generate
+    from model_runtime.ort_runtime import OrtCausalLM
+    from model_runtime.tokenizer import chat_prompt_ids, load_tokenizer
     from tandem_packaging.prepare import model_path
 
     folder = model_path("device", "onnx-quant")
@@ -98,8 +98,8 @@ def _index_paths() -> tuple[Path, Path]:
 
 def _open_store():
     """The store alone (no model): enough to list and remove documents."""
-    from personal_index.embedder import DIM
-    from personal_index.store import IndexStore
+    from retrieval.embedder import DIM
+    from retrieval.store import IndexStore
 
     return IndexStore(_index_paths()[0], DIM)
 

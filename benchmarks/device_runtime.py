@@ -27,10 +27,10 @@ import numpy as np
 import onnx
 import torch
 
-from edge_runtime.ort_runtime import OrtCausalLM
-from edge_runtime.runtime import CausalLM
-from edge_runtime.tokenizer import load_tokenizer
-from edge_runtime.torch_runtime import TorchCausalLM
+from model_runtime.ort_runtime import OrtCausalLM
+from model_runtime.runtime import CausalLM
+from model_runtime.tokenizer import load_tokenizer
+from model_runtime.torch_runtime import TorchCausalLM
 from tandem_packaging.prepare import model_path, plans_for
 from tandem_packaging.steps import SCHEMES, quantize
 

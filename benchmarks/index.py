@@ -61,7 +61,7 @@ def main() -> None:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from personal_index.embedder import (
+    from retrieval.embedder import (
         FP32_FILE,
         OnnxEmbedder,
         TorchEmbedder,
@@ -142,7 +142,7 @@ def pipeline(args: argparse.Namespace, chunks: list[str]) -> None:
 
 
 def search_latency() -> None:
-    from personal_index.store import ChunkRecord, DocumentMeta, IndexStore
+    from retrieval.store import ChunkRecord, DocumentMeta, IndexStore
 
     rng = np.random.default_rng(0)
     print()

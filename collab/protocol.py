@@ -69,6 +69,8 @@ class MsgType(IntEnum):
     ERROR = 13
     CANCEL = 14
     DONE = 15
+    CITATIONS = 16
+    CLOUD_DECODE = 17
 
 
 class Mode(IntEnum):
@@ -101,6 +103,7 @@ class ErrorCode(IntEnum):
     BUSY = 6
     STALE_EPOCH = 7
     INTERNAL = 8
+    EVICTED = 9
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -278,6 +281,7 @@ class Hello(Message):
     variant: str = ""
     auth_token: str = ""
     protocol_version: int = PROTOCOL_VERSION
+    model_name: str = ""
 
     _ST = struct.Struct("<B32sB")
 
@@ -290,14 +294,15 @@ class Hello(Message):
 
     def body(self) -> bytes:
         head = self._ST.pack(self.protocol_version, self.tokenizer_hash, self.mode)
-        return head + _str(self.variant) + _str(self.auth_token)
+        return head + _str(self.variant) + _str(self.auth_token) + _str(self.model_name)
 
     @classmethod
     def parse(cls, r: _Reader, f32: bool, hdr: dict[str, int]) -> Message:
         version, thash, mode = r.unpack(cls._ST)
         variant, auth = r.string("variant"), r.string("auth_token")
+        model = r.string("model_name")
         mode = _enum(Mode, mode, "mode")
-        return cls(thash, mode, variant, auth, version, **hdr)
+        return cls(thash, mode, variant, auth, version, model, **hdr)
 
 
 @_message
@@ -308,6 +313,7 @@ class HelloAck(Message):
     accepted: bool
     limits: Limits = DEFAULT_LIMITS
     reason: str = ""
+    model_name: str = ""
 
     _ST = struct.Struct("<B7I")
 
@@ -319,19 +325,27 @@ class HelloAck(Message):
 
     def body(self) -> bytes:
         lim = [getattr(self.limits, f.name) for f in fields(Limits)]
-        return self._ST.pack(int(bool(self.accepted)), *lim) + _str(self.reason)
+        return (
+            self._ST.pack(int(bool(self.accepted)), *lim)
+            + _str(self.reason)
+            + _str(self.model_name)
+        )
 
     @classmethod
     def parse(cls, r: _Reader, f32: bool, hdr: dict[str, int]) -> Message:
         accepted, *lim = r.unpack(cls._ST)
         if accepted > 1:
             raise ProtocolError("accepted must be 0 or 1")
-        return cls(bool(accepted), Limits(*lim), r.string("reason"), **hdr)
+        reason = r.string("reason")
+        return cls(bool(accepted), Limits(*lim), reason, r.string("model_name"), **hdr)
 
 
 @_message
 class Generate(Message):
-    """Cloud mode: the cloud generates the whole answer and streams TokenChunks."""
+    """Start a request: in cloud mode the cloud generates the whole answer and streams
+    TokenChunks; in split mode it prepares its prompt and waits for drafts. `history` is the
+    earlier conversation as alternating user/assistant texts (only turns the cloud may see);
+    `retrieve` asks the cloud to ground its prompt in the public corpus."""
 
     TYPE = MsgType.GENERATE
     question: str
@@ -340,8 +354,11 @@ class Generate(Message):
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    history: tuple[str, ...] = ()
+    retrieve: bool = True
 
-    _ST = struct.Struct("<IfIfBQ")
+    _ST = struct.Struct("<IfIfBQB")
+    MAX_HISTORY = 256
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -355,21 +372,35 @@ class Generate(Message):
             raise ProtocolError("top_p must be in (0, 1]")
         if self.seed is not None:
             _uint(self.seed, 64, "seed")
+        self._set("history", tuple(self.history))
+        self._set("retrieve", bool(self.retrieve))
+        if len(self.history) % 2 or len(self.history) > self.MAX_HISTORY:
+            raise ProtocolError("history must be user/assistant pairs (at most 128)")
+        if not all(isinstance(h, str) for h in self.history):
+            raise ProtocolError("history entries must be strings")
 
     def body(self) -> bytes:
         has_seed = self.seed is not None
         head = self._ST.pack(
-            self.max_new_tokens, self.temperature, self.top_k, self.top_p, has_seed, self.seed or 0
-        )
-        return head + _str(self.question)
+            self.max_new_tokens, self.temperature, self.top_k, self.top_p, has_seed,
+            self.seed or 0, self.retrieve,
+        )  # fmt: skip
+        turns = struct.pack("<I", len(self.history)) + b"".join(_str(h) for h in self.history)
+        return head + _str(self.question) + turns
 
     @classmethod
     def parse(cls, r: _Reader, f32: bool, hdr: dict[str, int]) -> Message:
-        max_new, temp, top_k, top_p, has_seed, seed = r.unpack(cls._ST)
+        max_new, temp, top_k, top_p, has_seed, seed, retrieve = r.unpack(cls._ST)
         if has_seed > 1 or (not has_seed and seed):
             raise ProtocolError("bad seed presence")
+        if retrieve > 1:
+            raise ProtocolError("retrieve must be 0 or 1")
         q = r.string("question")
-        return cls(q, max_new, temp, top_k, top_p, seed if has_seed else None, **hdr)
+        n = r.u32()
+        _check_count(n, 0, cls.MAX_HISTORY, "history entries")
+        history = tuple(r.string("history") for _ in range(n))
+        seed = seed if has_seed else None
+        return cls(q, max_new, temp, top_k, top_p, seed, history, bool(retrieve), **hdr)
 
 
 @_message
@@ -547,14 +578,18 @@ class Verdict(Message):
     p_ids: np.ndarray | None = None
     p_probs: np.ndarray | None = None
     f32: bool = False
+    compute_s: float = 0.0  # the cloud's compute time for this round: the device's cost model
 
-    _ST = struct.Struct("<HBI")
+    _ST = struct.Struct("<HBIf")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _uint(self.accepted, 16, "accepted")
         if self.token is not None:
             _uint(self.token, 32, "token")
+        self._set("compute_s", _f32(self.compute_s))
+        if not (math.isfinite(self.compute_s) and self.compute_s >= 0):
+            raise ProtocolError("compute_s must be finite and ≥ 0")
         if self.p_probs is None:
             if self.p_ids is not None or self.f32:
                 raise ProtocolError("p_ids or f32 without p_probs")
@@ -572,7 +607,7 @@ class Verdict(Message):
     def body(self) -> bytes:
         pj = 0 if self.p_probs is None else (1 if self.p_ids is None else 2)
         kind = (self.token is not None) | (pj << 1)
-        out = self._ST.pack(self.accepted, kind, self.token or 0)
+        out = self._ST.pack(self.accepted, kind, self.token or 0, self.compute_s)
         if pj:
             out += struct.pack("<I", self.p_probs.size)
             if pj == 2:
@@ -582,7 +617,7 @@ class Verdict(Message):
 
     @classmethod
     def parse(cls, r: _Reader, f32: bool, hdr: dict[str, int]) -> Message:
-        accepted, kind, token = r.unpack(cls._ST)
+        accepted, kind, token, compute_s = r.unpack(cls._ST)
         has_token, pj = kind & 1, kind >> 1
         if pj > 2 or (not has_token and token):
             raise ProtocolError("bad verdict kind")
@@ -595,7 +630,8 @@ class Verdict(Message):
             probs = r.array(_pdtype(f32), n)
         elif f32:
             raise ProtocolError("F32 flag without probabilities")
-        return cls(accepted, token if has_token else None, ids, probs, f32, **hdr)
+        token = token if has_token else None
+        return cls(accepted, token, ids, probs, f32, compute_s, **hdr)
 
     def check(self, limits: Limits = DEFAULT_LIMITS) -> None:
         _check_count(self.accepted, 0, limits.max_draft_tokens, "accepted")
@@ -812,10 +848,80 @@ class Done(Message):
         return cls(_enum(FinishReason, reason, "finish reason"), *rest, **hdr)
 
 
+@dataclass(frozen=True)
+class Source:
+    """One retrieved passage as a citation shows it: where it lives, how relevant, an excerpt."""
+
+    title: str
+    location: str = ""
+    score: float = 0.0
+    excerpt: str = ""
+
+
+@_message
+class Citations(Message):
+    """The cloud's public sources for a request (public text only: private text never
+    travels), numbered in the order given, before the first token."""
+
+    TYPE = MsgType.CITATIONS
+    sources: tuple[Source, ...] = ()
+    MAX_SOURCES = 64
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if len(self.sources) > self.MAX_SOURCES:
+            raise ProtocolError(f"at most {self.MAX_SOURCES} sources")
+        self._set(
+            "sources",
+            tuple(Source(s.title, s.location, _f32(s.score), s.excerpt) for s in self.sources),
+        )
+
+    def body(self) -> bytes:
+        out = [struct.pack("<I", len(self.sources))]
+        for s in self.sources:
+            out += [_str(s.title), _str(s.location), struct.pack("<f", s.score), _str(s.excerpt)]
+        return b"".join(out)
+
+    @classmethod
+    def parse(cls, r: _Reader, f32: bool, hdr: dict[str, int]) -> Message:
+        n = r.u32()
+        _check_count(n, 0, cls.MAX_SOURCES, "sources")
+        sources = []
+        for _ in range(n):
+            title, location = r.string("title"), r.string("location")
+            (score,) = r.unpack(_F32)
+            sources.append(Source(title, location, score, r.string("excerpt")))
+        return cls(tuple(sources), **hdr)
+
+
+_F32 = struct.Struct("<f")
+
+
+@_message
+class CloudDecode(Message):
+    """Split mode, AS² fallback: the cloud decodes the next `n_tokens` itself (0 = to the end)
+    and streams them as TokenChunks, then waits for drafts again."""
+
+    TYPE = MsgType.CLOUD_DECODE
+    n_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _uint(self.n_tokens, 32, "n_tokens")
+
+    def body(self) -> bytes:
+        return struct.pack("<I", self.n_tokens)
+
+    @classmethod
+    def parse(cls, r: _Reader, f32: bool, hdr: dict[str, int]) -> Message:
+        return cls(r.u32(), **hdr)
+
+
 MESSAGE_TYPES: dict[MsgType, type[Message]] = {
     cls.TYPE: cls
     for cls in (Hello, HelloAck, Generate, TokenChunk, DsdDraft, DssdDraft, TopKDraft, Verdict,
-                DragonDraft, DragonTarget, Ping, Pong, Error, Cancel, Done)
+                DragonDraft, DragonTarget, Ping, Pong, Error, Cancel, Done, Citations,
+                CloudDecode)
 }  # fmt: skip
 
 

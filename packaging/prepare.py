@@ -153,7 +153,7 @@ def _check_pair(device: ModelPlan, cloud: ModelPlan) -> None:
         if fp is None and isinstance(plan.source, HubSource):
             from transformers import AutoTokenizer
 
-            from edge_runtime.tokenizer import tokenizer_fingerprint
+            from model_runtime.tokenizer import tokenizer_fingerprint
 
             try:
                 fp = tokenizer_fingerprint(AutoTokenizer.from_pretrained(plan.source.ref))

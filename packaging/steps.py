@@ -88,7 +88,7 @@ def gguf_tokenizer(gguf_path: Path):
 
 def check_tokenizer(saved_dir: Path, reference) -> dict:
     """The saved tokenizer must give the reference's ids and round-trip the probe text."""
-    from edge_runtime.tokenizer import load_tokenizer, tokenizer_fingerprint
+    from model_runtime.tokenizer import load_tokenizer, tokenizer_fingerprint
 
     saved = load_tokenizer(saved_dir)
     ours = saved.encode(TOKENIZER_PROBE, add_special_tokens=False)
@@ -108,7 +108,7 @@ def _fix_generation_config(out_dir: Path, tokenizer) -> None:
     """Stop on <|im_end|> as well as <|endoftext|> (DESIGN.md §3)."""
     from transformers import GenerationConfig
 
-    from edge_runtime.tokenizer import IM_END_ID
+    from model_runtime.tokenizer import IM_END_ID
 
     try:
         cfg = GenerationConfig.from_pretrained(str(out_dir))
@@ -168,7 +168,7 @@ def export_onnx(hf_dir: Path, out_dir: Path) -> dict:
     from optimum.exporters.onnx import onnx_export_from_model
     from transformers import AutoModelForCausalLM
 
-    from edge_runtime.tokenizer import quiet_spurious_regex_warning
+    from model_runtime.tokenizer import quiet_spurious_regex_warning
     from tandem_packaging.grouped_attention import register
 
     warnings.filterwarnings("ignore")  # tracer warnings about Python bools: expected, harmless

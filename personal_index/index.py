@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from personal_index.chunking import Chunker, load_embedding_tokenizer
-from personal_index.embedder import OnnxEmbedder, prepare_onnx_embedder
 from personal_index.ingest import FileResult, Ingestor, Progress
-from personal_index.store import DocumentRow, Hit, IndexStore, StoreStats
+from retrieval.chunking import Chunker, load_embedding_tokenizer
+from retrieval.embedder import OnnxEmbedder, prepare_onnx_embedder
+from retrieval.store import DocumentRow, Hit, IndexStore, StoreStats
 
 
 class IngestBusyError(RuntimeError):

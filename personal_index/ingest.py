@@ -19,9 +19,9 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from personal_index.chunking import Chunk, Chunker
 from personal_index.parsers import ParseError, is_supported, parse
-from personal_index.store import ChunkRecord, DocumentMeta, IndexStore
+from retrieval.chunking import Chunk, Chunker
+from retrieval.store import ChunkRecord, DocumentMeta, IndexStore
 
 log = logging.getLogger(__name__)
 

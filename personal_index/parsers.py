@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import io
 import re
-from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 
 import docx
@@ -22,6 +20,8 @@ from bs4 import BeautifulSoup, NavigableString, Tag
 from bs4.element import PreformattedString
 from docx.table import Table
 from pypdf import PasswordType, PdfReader
+
+from retrieval.document import ParsedDocument, Section
 
 __all__ = [
     "SUPPORTED_SUFFIXES",
@@ -55,49 +55,6 @@ class ParseError(ValueError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-@dataclass(frozen=True)
-class Section:
-    """A contiguous piece of a document that chunks never straddle (a page, a heading section).
-
-    `line_start` is the 1-based line of the section's first character in the source file (txt
-    and md only); `char_start` is its offset in the document's extracted text
-    (`ParsedDocument.text`), so `doc.text[s.char_start:s.char_start + len(s.text)] == s.text`.
-    """
-
-    text: str
-    page: int | None
-    title: str | None
-    line_start: int | None
-    char_start: int
-
-
-@dataclass(frozen=True)
-class ParsedDocument:
-    """A parsed file: `kind` is one of txt, md, pdf, docx, html; `title` is None if it has none."""
-
-    path: Path
-    kind: str
-    title: str | None
-    sections: tuple[Section, ...]
-
-    @cached_property
-    def text(self) -> str:
-        """The document's extracted text, in which every `char_start` is an offset.
-
-        Rebuilt from the sections (gaps between them, whitespace the parser dropped, are
-        filled with newlines of the same length), computed once on first use.
-        For txt and md the offsets are those of the decoded, newline-normalised file.
-        """
-        parts: list[str] = []
-        pos = 0
-        for s in self.sections:
-            if s.char_start > pos:
-                parts.append("\n" * (s.char_start - pos))
-            parts.append(s.text)
-            pos = s.char_start + len(s.text)
-        return "".join(parts)
 
 
 def is_supported(path: Path | str) -> bool:

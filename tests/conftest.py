@@ -17,7 +17,7 @@ def tiny(request) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny):
-    from edge_runtime.tokenizer import load_tokenizer
+    from model_runtime.tokenizer import load_tokenizer
 
     return load_tokenizer(tiny["tokenizer"])
 
@@ -28,7 +28,7 @@ def embedder_dir(request) -> Path:
     import hashlib
     import inspect
 
-    from personal_index import embedder
+    from retrieval import embedder
 
     key = hashlib.sha256(inspect.getsource(embedder).encode()).hexdigest()[:12]
     folder = Path(request.config.cache.mkdir(f"minilm-onnx-{key}")) / "model"

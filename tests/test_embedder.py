@@ -12,7 +12,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from personal_index.embedder import (
+from retrieval.embedder import (
     FP32_FILE,
     INFO_FILE,
     OnnxEmbedder,

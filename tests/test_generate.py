@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from collab.sampling import GREEDY, SamplingParams
-from edge_runtime.generate import Generation, TextStream, generate
-from edge_runtime.ort_runtime import OrtCausalLM
+from model_runtime.generate import Generation, TextStream, generate
+from model_runtime.ort_runtime import OrtCausalLM
 
 
 def test_text_stream_holds_back_split_characters(tiny_tokenizer):

@@ -9,19 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from personal_index.chunking import (
-    DEFAULT_CHUNK_TOKENS,
-    DEFAULT_OVERLAP_TOKENS,
-    Chunk,
-    Chunker,
-    load_embedding_tokenizer,
-)
 from personal_index.parsers import (
     SUPPORTED_SUFFIXES,
     ParsedDocument,
     ParseError,
     is_supported,
     parse,
+)
+from retrieval.chunking import (
+    DEFAULT_CHUNK_TOKENS,
+    DEFAULT_OVERLAP_TOKENS,
+    Chunk,
+    Chunker,
+    load_embedding_tokenizer,
 )
 
 

@@ -243,7 +243,7 @@ def test_sigkilled_ingest_resumes_to_the_same_store(tmp_path, embedder_dir):
     assert counts.count("unchanged") >= len(partial) - 1  # finished documents were kept
     assert snapshot(tmp_path / "killed") == snapshot(tmp_path / "clean")
     check = (
-        "from personal_index.store import IndexStore; import sys;"
+        "from retrieval.store import IndexStore; import sys;"
         "s = IndexStore(__import__('pathlib').Path(sys.argv[1]), 384);"
         "problems = s.check_consistency(deep=True); s.close(); print(problems)"
     )

@@ -162,7 +162,7 @@ def test_prepare_is_resumable_after_sigkill_and_idempotent(local_pair, data_env)
     device_plan.store.write_manifest(manifest)
 
     # The prepared model is the one the runtime loads.
-    from edge_runtime.ort_runtime import OrtCausalLM
+    from model_runtime.ort_runtime import OrtCausalLM
 
     fixed = tandem(*args, env=data_env)
     assert fixed.returncode == 0 and "step 1/1: onnx-quant" in fixed.stdout

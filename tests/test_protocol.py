@@ -50,10 +50,11 @@ def messages(draw, kind: p.MsgType) -> p.Message:
     wide = draw(f32)
     if kind is p.MsgType.HELLO:
         thash = draw(st.binary(min_size=32, max_size=32))
-        return p.Hello(thash, draw(st.sampled_from(p.Mode)), draw(text), draw(text), **hdr)
+        mode = draw(st.sampled_from(p.Mode))
+        return p.Hello(thash, mode, draw(text), draw(text), model_name=draw(text), **hdr)
     if kind is p.MsgType.HELLO_ACK:
         lim = p.Limits(*draw(st.lists(u32, min_size=7, max_size=7)))
-        return p.HelloAck(draw(st.booleans()), lim, draw(text), **hdr)
+        return p.HelloAck(draw(st.booleans()), lim, draw(text), draw(text), **hdr)
     if kind is p.MsgType.GENERATE:
         return p.Generate(
             draw(text),
@@ -62,6 +63,8 @@ def messages(draw, kind: p.MsgType) -> p.Message:
             draw(u32),
             draw(st.floats(0, 1, exclude_min=True, width=32)),
             draw(st.none() | u64),
+            tuple(draw(st.lists(text, max_size=3).map(lambda t: t + t))),
+            draw(st.booleans()),
             **hdr,
         )
     if kind is p.MsgType.TOKEN_CHUNK:
@@ -82,7 +85,7 @@ def messages(draw, kind: p.MsgType) -> p.Message:
         pj = draw(st.sampled_from(["none", "dense", "topk"]))
         accepted = draw(st.integers(0, SMALL.max_draft_tokens))
         if pj == "none":
-            return p.Verdict(accepted, token, **hdr)
+            return p.Verdict(accepted, token, compute_s=draw(st.floats(0, 10, width=32)), **hdr)
         size = draw(st.integers(1, v if pj == "dense" else SMALL.max_top_k))
         ids = None if pj == "dense" else rng.choice(v, size, replace=False)
         return p.Verdict(accepted, token, ids, _probs(rng, size, wide), wide, **hdr)
@@ -104,6 +107,12 @@ def messages(draw, kind: p.MsgType) -> p.Message:
         return p.Error(draw(st.integers(0, 2**16 - 1)), draw(text), **hdr)
     if kind is p.MsgType.CANCEL:
         return p.Cancel(**hdr)
+    if kind is p.MsgType.CITATIONS:
+        score = st.floats(-1, 1, width=32)
+        src = st.builds(p.Source, text, text, score, text)
+        return p.Citations(tuple(draw(st.lists(src, max_size=4))), **hdr)
+    if kind is p.MsgType.CLOUD_DECODE:
+        return p.CloudDecode(draw(u32), **hdr)
     assert kind is p.MsgType.DONE
     counts = draw(st.lists(u32, min_size=4, max_size=4))
     return p.Done(
@@ -223,12 +232,12 @@ def _valid(msg: p.Message) -> bytes:
         (_frame(p.MsgType.DSSD_DRAFT, struct.pack("<Ie", 1, -0.5)), "outside"),
         (_frame(p.MsgType.DSSD_DRAFT, struct.pack("<Ie", 1, 1.5)), "outside"),
         (_frame(p.MsgType.ERROR, struct.pack("<HI", 1, 2) + b"\xff\xfe"), "UTF-8"),
-        (_frame(p.MsgType.HELLO, struct.pack("<B32sB", 1, b"h" * 32, 9) + b"\0" * 8), "mode"),
+        (_frame(p.MsgType.HELLO, struct.pack("<B32sB", 1, b"h" * 32, 9) + b"\0" * 12), "mode"),
         (_frame(p.MsgType.DONE, struct.pack("<BIIIIQQd", 0, 0, 0, 0, 0, 0, 0, -1.0)), "elapsed"),
         (_frame(p.MsgType.DRAGON_TARGET, struct.pack("<IBB", 5, 4, 0)), "flags"),
         (_frame(p.MsgType.DRAGON_TARGET, struct.pack("<IBB", 5, 0, 2)), "side"),
-        (_frame(p.MsgType.VERDICT, struct.pack("<HBI", 1, 0, 5)), "kind"),
-        (_frame(p.MsgType.VERDICT, struct.pack("<HBI", 1, 6, 0)), "kind"),
+        (_frame(p.MsgType.VERDICT, struct.pack("<HBIf", 1, 0, 5, 0)), "kind"),
+        (_frame(p.MsgType.VERDICT, struct.pack("<HBIf", 1, 6, 0, 0)), "kind"),
     ],
 )
 def test_malformed_frames_are_refused_with_a_reason(frame: bytes, reason: str) -> None:
@@ -284,6 +293,10 @@ def _corpus(rng: np.random.Generator) -> list[bytes]:
         p.Hello(thash, p.Mode.SPLIT, "tkslt", "secret-token", request_id=1),
         p.HelloAck(True, SMALL, "welcome"),
         p.Generate("What is DRAGON?", 128, 0.7, 20, 0.9, seed=42),
+        p.Generate("And then?", 64, history=("Hi", "Hello!"), retrieve=False),
+        p.Citations((p.Source("Ada Lovelace", "Wikipedia", 0.71, "Ada was…"),)),
+        p.CloudDecode(16, request_id=3, step=12),
+        p.Verdict(4, 99, compute_s=0.061),
         p.TokenChunk([1, 2, 3], "héllo"),
         p.TokenChunk([7]),
         p.DsdDraft([1, 2], probs, epoch=2, step=5),

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from collab.sampling import GREEDY
-from edge_runtime.generate import generate
-from edge_runtime.ort_runtime import OrtCausalLM
-from edge_runtime.tokenizer import chat_prompt_ids, load_tokenizer, tokenizer_fingerprint
-from edge_runtime.torch_runtime import TorchCausalLM
+from model_runtime.generate import generate
+from model_runtime.ort_runtime import OrtCausalLM
+from model_runtime.tokenizer import chat_prompt_ids, load_tokenizer, tokenizer_fingerprint
+from model_runtime.torch_runtime import TorchCausalLM
 from tandem_packaging.prepare import model_path
 from tandem_packaging.steps import gguf_tokenizer
 from tests.test_tokenizer import TEXTS

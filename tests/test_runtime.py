@@ -9,9 +9,9 @@ import time
 import numpy as np
 import pytest
 
-from edge_runtime.ort_runtime import OrtCausalLM
-from edge_runtime.runtime import Cancelled, CausalLM, RuntimeInputError
-from edge_runtime.torch_runtime import TorchCausalLM
+from model_runtime.ort_runtime import OrtCausalLM
+from model_runtime.runtime import Cancelled, CausalLM, RuntimeInputError
+from model_runtime.torch_runtime import TorchCausalLM
 
 RNG = np.random.default_rng(0)
 PROMPT = [int(t) for t in RNG.integers(0, 151_000, size=23)]
@@ -269,3 +269,24 @@ def test_cancel_mid_sequence_keeps_the_committed_prefix(ort_fp32):
     got = lm.decode([CONTINUATION[0]])
     ref = lm.prefill([PROMPT + [CONTINUATION[0]]])
     np.testing.assert_allclose(got, ref, atol=1e-4)
+
+
+def test_detached_states_interleave_like_separate_runs(lm):
+    """A server swaps one state per session into one loaded model: interleaving two
+    sessions step by step gives each the logits it would get alone."""
+    alone_a, last_a = greedy(lm, PROMPT, 4)
+    alone_b, last_b = greedy(lm, CONTINUATION, 4)
+    lm.prefill([PROMPT])
+    a = lm.detach_state()
+    assert lm.lengths == [0] and a.nbytes > 0 and a.lengths.tolist() == [len(PROMPT)]
+    lm.prefill([CONTINUATION])
+    b = lm.detach_state()
+    for i in range(4):
+        lm.attach_state(a)
+        out_a = lm.decode([alone_a[i]])
+        a = lm.detach_state()
+        lm.attach_state(b)
+        out_b = lm.decode([alone_b[i]])
+        b = lm.detach_state()
+    assert np.allclose(out_a[0], last_a, atol=1e-4) and np.allclose(out_b[0], last_b, atol=1e-4)
+    assert a.nbytes > 0 and a.nbytes % (len(PROMPT) + 4) == 0

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from sqlite_utils import Database
 
-from personal_index.store import (
+from retrieval.store import (
     FAISS_NAME,
     SCHEMA_VERSION,
     ChunkRecord,
@@ -183,7 +183,7 @@ _CHILD = """
 import sys
 import numpy as np
 from pathlib import Path
-from personal_index.store import IndexStore
+from retrieval.store import IndexStore
 from tests.test_store import make_doc
 
 root, seed = Path(sys.argv[1]), int(sys.argv[2])

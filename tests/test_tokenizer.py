@@ -6,7 +6,12 @@ import unicodedata
 
 import pytest
 
-from edge_runtime.tokenizer import IM_END_ID, chat_prompt_ids, load_tokenizer, tokenizer_fingerprint
+from model_runtime.tokenizer import (
+    IM_END_ID,
+    chat_prompt_ids,
+    load_tokenizer,
+    tokenizer_fingerprint,
+)
 from tandem_packaging.steps import TOKENIZER_PROBE, gguf_tokenizer
 from tests.tiny_models import part1_path
 

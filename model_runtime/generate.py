@@ -9,8 +9,8 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from collab.sampling import SamplingParams, sample
-from edge_runtime.runtime import CausalLM
-from edge_runtime.tokenizer import IM_END_ID
+from model_runtime.runtime import CausalLM
+from model_runtime.tokenizer import IM_END_ID
 
 
 @dataclass

@@ -13,7 +13,7 @@ import bisect
 from dataclasses import dataclass
 from typing import Any
 
-from personal_index.parsers import ParsedDocument, Section
+from retrieval.document import ParsedDocument, Section
 
 __all__ = [
     "DEFAULT_CHUNK_TOKENS",
@@ -55,7 +55,7 @@ def load_embedding_tokenizer() -> Any:
     """The (fast) tokenizer of all-MiniLM-L6-v2, loaded from the local package: no network."""
     from transformers import AutoTokenizer
 
-    from personal_index.embedder import minilm_source_dir
+    from retrieval.embedder import minilm_source_dir
 
     return AutoTokenizer.from_pretrained(str(minilm_source_dir()), local_files_only=True)
 

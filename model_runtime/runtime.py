@@ -24,6 +24,8 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +36,18 @@ class Cancelled(Exception):
 
 class RuntimeInputError(ValueError):
     """Invalid tokens, lengths or sequence numbers passed to a runtime."""
+
+
+@dataclass
+class SequenceState:
+    """Everything one user of a `CausalLM` owns: its sequences, masks and KV cache. A server
+    keeps one per session and swaps it in for each step, so one loaded model serves many
+    sessions without copying caches."""
+
+    mask: np.ndarray
+    lengths: np.ndarray
+    cache: Any
+    nbytes: int
 
 
 class CausalLM(ABC):
@@ -73,6 +87,22 @@ class CausalLM(ABC):
         self._mask = np.zeros((batch_size, 0), dtype=bool)
         self._lengths = np.zeros(batch_size, dtype=np.int64)
         self._clear_cache(batch_size)
+
+    @property
+    def cache_bytes(self) -> int:
+        """Memory held by the KV cache (keys and values of every slot and sequence)."""
+        return self.cache_slots * self.batch_size * self._bytes_per_slot()
+
+    def detach_state(self) -> SequenceState:
+        """Hand over the current sequences and cache, leaving the runtime empty."""
+        state = SequenceState(self._mask, self._lengths, self._get_cache(), self.cache_bytes)
+        self.reset(1)
+        return state
+
+    def attach_state(self, state: SequenceState) -> None:
+        """Continue from a state returned by `detach_state` (of this same model)."""
+        self._mask, self._lengths = state.mask, state.lengths
+        self._set_cache(state.cache)
 
     # ---- steps -----------------------------------------------------------------------------
     def prefill(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
@@ -218,6 +248,18 @@ class CausalLM(ABC):
     @abstractmethod
     def _gather_cache(self, index: np.ndarray) -> None:
         """New cache slot j of sequence b = old slot index[b, j]."""
+
+    @abstractmethod
+    def _get_cache(self) -> Any:
+        """The backend's cache object, as `_set_cache` takes it back."""
+
+    @abstractmethod
+    def _set_cache(self, cache: Any) -> None:
+        """Install a cache object from `_get_cache`."""
+
+    @abstractmethod
+    def _bytes_per_slot(self) -> int:
+        """Bytes of keys and values one cache slot of one sequence takes, over all layers."""
 
     @abstractmethod
     def _cancel_in_flight(self) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from edge_runtime.runtime import Cancelled, CausalLM
+from model_runtime.runtime import Cancelled, CausalLM
 
 
 def session_options(threads: int | None = None, allow_spinning: bool = True) -> ort.SessionOptions:
@@ -87,6 +87,20 @@ class OrtCausalLM(CausalLM):
             )
             for v in self._cache
         ]
+
+    def _get_cache(self) -> list:
+        return self._cache
+
+    def _set_cache(self, cache: list) -> None:
+        self._cache = cache
+
+    def _bytes_per_slot(self) -> int:
+        return (
+            len(self._past_names)
+            * self._kv_heads
+            * self._head_dim
+            * np.dtype(self._kv_dtype).itemsize
+        )
 
     def _cancel_in_flight(self) -> None:
         if self._run_options is not None:

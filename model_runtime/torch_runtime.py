@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from edge_runtime.runtime import Cancelled, CausalLM
+from model_runtime.runtime import Cancelled, CausalLM
 
 
 class _Stop(Exception):
@@ -59,6 +59,21 @@ class TorchCausalLM(CausalLM):
         for layer in self._cache_obj.layers:
             layer.keys = layer.keys.transpose(1, 2)[rows, idx].transpose(1, 2).contiguous()
             layer.values = layer.values.transpose(1, 2)[rows, idx].transpose(1, 2).contiguous()
+
+    def _get_cache(self) -> DynamicCache | None:
+        return self._cache_obj
+
+    def _set_cache(self, cache: DynamicCache | None) -> None:
+        self._cache_obj = cache
+
+    def _bytes_per_slot(self) -> int:
+        config = self.model.config
+        heads = config.num_key_value_heads
+        head_dim = (
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        )
+        itemsize = torch.finfo(self.dtype).bits // 8
+        return 2 * config.num_hidden_layers * heads * head_dim * itemsize
 
     def _cancel_in_flight(self) -> None:
         self._stop.set()

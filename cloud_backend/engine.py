@@ -1,0 +1,182 @@
+"""The cloud LLM engine: one loaded model, one KV cache per session, one step at a time.
+
+Sessions do not own a model; each owns a `SequenceState` that is swapped into the shared
+`CausalLM` for its step (no copy). Steps run on one worker thread, so the event loop stays
+free for pings, cancels and other sessions' frames, and two steps never fight for the cores.
+The caches of all sessions share a memory budget: when a step pushes the total over it, the
+least recently used *other* sessions lose their cache and learn it on their next step
+(`Evicted`), which the server turns into a clear error for that session alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+from model_runtime.runtime import CausalLM, SequenceState
+from model_runtime.tokenizer import tokenizer_fingerprint
+
+T = TypeVar("T")
+StepObserver = Callable[[str, int, float], None]  # (kind, positions fed, seconds)
+
+
+class Evicted(RuntimeError):
+    """This session's KV cache was dropped to stay within the engine's memory budget."""
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        lm: CausalLM,
+        tokenizer: PreTrainedTokenizerBase,
+        name: str,
+        kv_budget_bytes: int = 2 * 1024**3,
+        on_step: StepObserver | None = None,
+    ) -> None:
+        self.lm = lm
+        self.tokenizer = tokenizer
+        self.name = name
+        self.kv_budget_bytes = kv_budget_bytes
+        self.tokenizer_hash = bytes.fromhex(tokenizer_fingerprint(tokenizer))
+        self.on_step = on_step
+        self.evictions = 0
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="llm-engine")
+        self._lru: OrderedDict[int, EngineSession] = OrderedDict()
+        self._lock = threading.Lock()  # guards _lru between the loop and the worker
+        self._ids = itertools.count(1)
+        self._current: EngineSession | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.lm.vocab_size
+
+    @property
+    def cache_bytes(self) -> int:
+        """KV cache memory held by all sessions now."""
+        with self._lock:
+            return sum(s.nbytes for s in self._lru.values())
+
+    def open_session(self, on_evict: Callable[[], None] | None = None) -> EngineSession:
+        session = EngineSession(self, next(self._ids), on_evict)
+        with self._lock:
+            self._lru[session.id] = session
+        return session
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # ---- internals -------------------------------------------------------------------------
+    async def _call(self, session: EngineSession, kind: str, n: int, fn: Callable[[], T]) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._step, session, kind, n, fn)
+
+    def _step(self, session: EngineSession, kind: str, n: int, fn: Callable[[], T]) -> T:
+        if session.closed:
+            raise Evicted("session closed")
+        if session.evicted and kind != "prefill":
+            raise Evicted(
+                "this session's cache was evicted to stay within the cloud's memory budget; "
+                "ask again"
+            )
+        if session.state is not None:
+            self.lm.attach_state(session.state)
+        else:
+            self.lm.reset(1)
+        self._current = session
+        start = time.perf_counter()
+        try:
+            result = fn()
+        finally:
+            self._current = None
+            session.state = self.lm.detach_state()
+        seconds = time.perf_counter() - start
+        session.evicted = False
+        session.nbytes = session.state.nbytes
+        session.last_step_s = seconds
+        with self._lock:
+            if session.id in self._lru:
+                self._lru.move_to_end(session.id)
+        self._enforce_budget(keep=session)
+        if self.on_step is not None:
+            self.on_step(kind, n, seconds)
+        return result
+
+    def _enforce_budget(self, keep: EngineSession) -> None:
+        with self._lock:
+            total = sum(s.nbytes for s in self._lru.values())
+            victims = []
+            for other in list(self._lru.values()):
+                if total <= self.kv_budget_bytes:
+                    break
+                if other is keep or other.state is None:
+                    continue
+                total -= other.nbytes
+                other.state, other.nbytes, other.evicted = None, 0, True
+                victims.append(other)
+        for victim in victims:
+            self.evictions += 1
+            if victim.on_evict is not None:
+                victim.on_evict()
+
+    def _cancel(self, session: EngineSession) -> None:
+        if self._current is session:
+            self.lm.cancel()
+
+
+class EngineSession:
+    """One session's view of the engine: its own sequence and KV cache."""
+
+    def __init__(
+        self, engine: LLMEngine, session_id: int, on_evict: Callable[[], None] | None
+    ) -> None:
+        self.engine = engine
+        self.id = session_id
+        self.on_evict = on_evict
+        self.state: SequenceState | None = None
+        self.nbytes = 0
+        self.evicted = False
+        self.closed = False
+        self.last_step_s = 0.0
+
+    @property
+    def length(self) -> int:
+        """Tokens in this session's sequence (its next position)."""
+        return 0 if self.state is None else int(self.state.lengths[0])
+
+    async def prefill(self, ids: Sequence[int]) -> np.ndarray:
+        """Start a fresh sequence; next-token logits [V]."""
+        lm = self.engine.lm
+        return await self.engine._call(self, "prefill", len(ids), lambda: lm.prefill([ids])[0])
+
+    async def forward(self, ids: Sequence[int]) -> np.ndarray:
+        """Feed tokens; logits at every fed position, [T, V] (verification of γ+1 positions)."""
+        lm = self.engine.lm
+        kind = "decode" if len(ids) == 1 else "verify"
+        return await self.engine._call(self, kind, len(ids), lambda: lm.forward([ids])[0])
+
+    async def rollback(self, length: int) -> None:
+        lm = self.engine.lm
+        await self.engine._call(self, "rollback", 0, lambda: lm.rollback(length))
+
+    def cancel(self) -> None:
+        """Stop this session's step if it is running now (from the event loop)."""
+        self.engine._cancel(self)
+
+    def release(self) -> None:
+        """Drop the cache (between requests) but keep the session."""
+        with self.engine._lock:
+            self.state, self.nbytes = None, 0
+
+    def close(self) -> None:
+        with self.engine._lock:
+            self.engine._lru.pop(self.id, None)
+            self.state, self.nbytes, self.closed = None, 0, True

@@ -1,0 +1,1 @@
+"""The language-model runtime both sides load models with (one CausalLM interface)."""
