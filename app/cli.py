@@ -39,54 +39,17 @@ def _cmd_models_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_ask(args: argparse.Namespace) -> int:
-    import time
+    import asyncio
 
-    import numpy as np
+    from app.ask import run_ask
 
-    from collab.sampling import SamplingParams
-    from model_runtime.generate import Generation, TextStream, generate
-    from model_runtime.ort_runtime import OrtCausalLM
-    from model_runtime.tokenizer import chat_prompt_ids, load_tokenizer
-    from tandem_packaging.prepare import model_path
+    return asyncio.run(run_ask(args))
 
-    folder = model_path("device", "onnx-quant")
-    started = time.perf_counter()
-    lm = OrtCausalLM(folder)
-    tokenizer = load_tokenizer(folder)
-    messages = [{"role": "user", "content": args.question}]
-    prompt = chat_prompt_ids(tokenizer, messages)
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p)
-    stream, result = TextStream(tokenizer), Generation()
-    first = None
-    answer = []
-    for token in generate(
-        lm, prompt, params, np.random.default_rng(args.seed), args.max_tokens, result=result
-    ):
-        first = first or time.perf_counter()
-        delta = stream.push(token)
-        answer.append(delta)
-        if not args.json:
-            print(delta, end="", flush=True)
-    done = time.perf_counter()
-    n = len(result.tokens)
-    stats = {
-        "mode": "local",
-        "model": folder.parent.name,
-        "tokens": n,
-        "finish_reason": result.finish_reason,
-        "ttft_s": round((first or done) - started, 3),
-        "tokens_per_s": round((n - 1) / (done - first), 2) if first and n > 1 else None,
-    }
-    if args.json:
-        print(json.dumps({"answer": "".join(answer), **stats}, ensure_ascii=False))
-    else:
-        print(flush=True)
-        print(
-            f"[{stats['mode']} · {stats['model']} · {n} tokens · TTFT {stats['ttft_s']:.2f} s"
-            + (f" · {stats['tokens_per_s']:.1f} tok/s]" if stats["tokens_per_s"] else "]"),
-            file=sys.stderr,
-        )
-    return 0
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from app.serve import run_serve
+
+    return run_serve(args)
 
 
 def _index_paths() -> tuple[Path, Path]:
@@ -221,8 +184,41 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     ask.add_argument("--top-p", type=float, default=1.0)
     ask.add_argument("--seed", type=int, default=0)
+    ask.add_argument("--mode", choices=["local", "cloud", "split"], default="local")
+    ask.add_argument(
+        "--variant",
+        choices=["tk-slt", "dssd", "dssd-topk", "dsd"],
+        default="tk-slt",
+        help="split mode's verification scheme (dssd-topk is approximate)",
+    )
+    ask.add_argument("-k", type=int, default=3, help="private passages to retrieve")
+    ask.add_argument(
+        "--cloud-url", help="ws://host:port/v1/session (default: $TANDEM_CLOUD_URL, else embedded)"
+    )
+    ask.add_argument(
+        "--cloud-engine", choices=["ort", "torch"], default="ort", help="embedded cloud's engine"
+    )
+    ask.add_argument(
+        "--no-finish-locally",
+        action="store_true",
+        help="if the cloud drops mid-answer, stop instead of finishing on the device",
+    )
     ask.add_argument("--json", action="store_true", help="print one JSON object at the end")
     ask.set_defaults(func=_cmd_ask)
+
+    serve = sub.add_parser("serve", help="run the cloud backend")
+    serve.add_argument("--config", type=Path, help="TOML file with a [cloud] table")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--token", help="access token (default: $TANDEM_CLOUD_TOKEN or config)")
+    serve.add_argument("--engine", choices=["ort", "torch"])
+    serve.add_argument("--model-dir", type=Path, help="model folder (default: the prepared one)")
+    serve.add_argument("--dtype", choices=["bfloat16", "float32"], help="torch engine dtype")
+    serve.add_argument("--threads", type=int)
+    serve.add_argument("--no-corpus", action="store_true", help="serve without the public corpus")
+    serve.add_argument("--corpus-limit", type=int, help="index only the first N summaries")
+    serve.add_argument("--announce", action="store_true", help=argparse.SUPPRESS)
+    serve.set_defaults(func=_cmd_serve)
 
     ingest = sub.add_parser("ingest", help="index private files and folders (on this device)")
     ingest.add_argument("paths", nargs="+")

@@ -1,0 +1,58 @@
+"""`tandem serve`: the cloud backend (model, public corpus, websocket sessions)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+
+log = logging.getLogger("tandem.cloud")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from cloud_backend.config import ConfigError, load_config
+    from cloud_backend.server import build_engine, run_server
+
+    try:
+        config = _config(args, load_config)
+        engine = build_engine(config)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    corpus = _open_corpus(config) if config.corpus_enabled else None
+
+    def ready(url: str) -> None:
+        if args.announce:
+            print(f"ready {url}", flush=True)
+        else:
+            print(f"serving {engine.name} at {url}", flush=True)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run_server(config, engine, corpus, ready=ready))
+    return 0
+
+
+def _config(args: argparse.Namespace, load_config):
+    config = load_config(
+        args.config,
+        host=args.host,
+        port=args.port,
+        token=args.token,
+        engine=args.engine,
+        model_dir=args.model_dir,
+        torch_dtype=args.dtype,
+        threads=args.threads,
+        corpus_enabled=False if args.no_corpus else None,
+        corpus_limit=args.corpus_limit,
+    )
+    config.require_token()
+    return config
+
+
+def _open_corpus(config):
+    from cloud_backend.corpus import PublicCorpus, default_corpus_dir, default_embedder_dir
+
+    root = config.data_dir / "corpus" if config.data_dir else default_corpus_dir()
+    return PublicCorpus.open(root, default_embedder_dir(), limit=config.corpus_limit)

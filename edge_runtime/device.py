@@ -1,0 +1,101 @@
+"""The device model and private retrieval, as the mode orchestrators use them.
+
+Model steps run on one worker thread (ONNX Runtime releases the GIL), so the event loop keeps
+streaming, receiving verdicts and answering cancels while the device computes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+from edge_runtime.events import Citation
+from model_runtime.prompting import Passage
+from model_runtime.runtime import CausalLM
+from model_runtime.tokenizer import load_tokenizer, tokenizer_fingerprint
+
+T = TypeVar("T")
+EXCERPT_CHARS = 300
+
+
+class DeviceModel:
+    """A `CausalLM` with its tokenizer, driven from asyncio."""
+
+    def __init__(self, lm: CausalLM, tokenizer: PreTrainedTokenizerBase, name: str) -> None:
+        self.lm = lm
+        self.tokenizer = tokenizer
+        self.name = name
+        self.tokenizer_hash = bytes.fromhex(tokenizer_fingerprint(tokenizer))
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="device-model")
+
+    @classmethod
+    def load(cls, folder: Path, threads: int | None = None) -> DeviceModel:
+        """The prepared ONNX model in `folder` (spinning off: it shares cores with the cloud
+        when the backend is embedded, DESIGN §3)."""
+        from model_runtime.ort_runtime import OrtCausalLM
+
+        lm = OrtCausalLM(folder, threads=threads, allow_spinning=False)
+        return cls(lm, load_tokenizer(folder), folder.parent.name)
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    @property
+    def length(self) -> int:
+        return self.lm.lengths[0]
+
+    async def prefill(self, ids: Sequence[int]) -> np.ndarray:
+        return await self._run(lambda: self.lm.prefill([list(ids)])[0])
+
+    async def forward(self, ids: Sequence[int]) -> np.ndarray:
+        """Logits at every fed position, [T, V]."""
+        return await self._run(lambda: self.lm.forward([list(ids)])[0])
+
+    async def rollback(self, length: int) -> None:
+        await self._run(lambda: self.lm.rollback(length))
+
+    def cancel(self) -> None:
+        self.lm.cancel()
+
+
+class Retriever(Protocol):
+    """The private index as the orchestrators need it (personal_index.PersonalIndex)."""
+
+    def search(self, query: str, k: int = 5, min_score: float | None = None) -> list[Any]: ...
+
+
+def _location(hit: Any) -> str:
+    parts = []
+    if getattr(hit, "page", None):
+        parts.append(f"p. {hit.page}")
+    if getattr(hit, "line_start", None):
+        end = getattr(hit, "line_end", None)
+        parts.append(f"lines {hit.line_start}–{end}" if end and end != hit.line_start else
+                     f"line {hit.line_start}")  # fmt: skip
+    return ", ".join(parts)
+
+
+async def retrieve_private(
+    index: Retriever | None, question: str, k: int, min_score: float | None = None
+) -> tuple[list[Passage], list[Citation]]:
+    """Private passages for the device prompt and their citations (marked device)."""
+    if index is None or k <= 0:
+        return [], []
+    hits = await asyncio.to_thread(index.search, question, k, min_score)
+    passages, citations = [], []
+    for n, hit in enumerate(hits, 1):
+        title = hit.title or os.path.basename(hit.path)
+        location = _location(hit)
+        passages.append(Passage(title, location, hit.text))
+        citations.append(
+            Citation(
+                n, "device", title, location, float(hit.score), hit.text[:EXCERPT_CHARS], hit.path
+            )
+        )
+    return passages, citations

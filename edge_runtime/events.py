@@ -1,0 +1,85 @@
+"""What an answer streams to its caller (CLI, TUI), whatever the mode."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Side = Literal["device", "cloud"]
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """New answer text, safe to append (never a partial character)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Citation:
+    """A numbered source: `side` says where it lives (private "device" text never left)."""
+
+    number: int
+    side: Side
+    title: str
+    location: str
+    score: float
+    excerpt: str
+    path: str | None = None
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Something the user should know that is not an error (e.g. AS² decoding in the cloud)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A plain-language error; `recoverable` if the answer went on (e.g. finished locally)."""
+
+    message: str
+    recoverable: bool = False
+
+
+@dataclass
+class Stats:
+    """Live and final figures of one answer. Byte counts are what crossed the network."""
+
+    mode: str
+    variant: str = ""
+    tokens: int = 0
+    ttft_s: float | None = None
+    elapsed_s: float = 0.0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    gamma: int | None = None
+    cloud_only: bool = False  # AS² chose cloud decoding for (part of) this answer
+    cloud_tokens: int = 0  # tokens the cloud decoded alone (AS² fallback)
+    bytes_up: int = 0
+    bytes_down: int = 0
+    finish: str | None = None
+    per_round: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted)
+    token_ids: list[int] = field(default_factory=list)  # the answer's ids (tests, benchmarks)
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Tokens after the first over the time after the first (decode speed)."""
+        if self.ttft_s is None or self.tokens < 2 or self.elapsed_s <= self.ttft_s:
+            return None
+        return (self.tokens - 1) / (self.elapsed_s - self.ttft_s)
+
+    def as_dict(self) -> dict:
+        out = {k: v for k, v in self.__dict__.items() if k not in ("per_round", "token_ids")}
+        out["acceptance"] = self.acceptance
+        out["tokens_per_s"] = self.tokens_per_s
+        return out
+
+
+Event = TextDelta | Citation | Notice | Failure | Stats

@@ -1,0 +1,76 @@
+"""The measured cost model behind split decoding's draft length γ (DESIGN §5.2).
+
+Fed by every round: device draft time per token, the cloud's compute time for verifying γ+1
+positions (reported in each Verdict), the rest of the round time (the link), the cloud's
+per-token time when it decodes alone, and acceptance. It outlives one answer, so a session
+learns once. Before any measurement it drafts γ = 4 (acceptance ≈ 0.5 measured with this
+pair, DESIGN §3)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from collab.scheduling import GammaChoice, choose_draft_length, ewma_update
+
+INITIAL_GAMMA = 4
+EWMA = 0.3
+
+
+@dataclass
+class SplitCosts:
+    gamma_max: int = 12
+    t_draft: float | None = None  # device seconds per drafted token
+    t_link: float | None = None  # round time not spent computing: RTT + transfer
+    t_cloud_step: float | None = None  # cloud seconds per token when it decodes alone
+    accepted: float = 1.0  # discounted counts for α = accepted / (accepted + rejections)
+    rejected: float = 1.0  # prior α = 0.5
+    verify: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=64))
+
+    @property
+    def alpha(self) -> float:
+        """Per-token acceptance: the truncated-geometric estimate Σn / Σ(n + [n < γ])."""
+        return self.accepted / (self.accepted + self.rejected)
+
+    def observe_round(
+        self, gamma: int, n: int, draft_s: float, round_s: float, compute_s: float
+    ) -> None:
+        self.accepted = 0.97 * self.accepted + n
+        self.rejected = 0.97 * self.rejected + (1 if n < gamma else 0)
+        self.t_draft = ewma_update(self.t_draft, draft_s / max(gamma, 1), EWMA)
+        self.t_link = ewma_update(self.t_link, max(0.0, round_s - draft_s - compute_s), EWMA)
+        self.verify.append((gamma + 1, compute_s))
+
+    def observe_cloud_tokens(self, n: int, seconds: float) -> None:
+        if n > 0:
+            self.t_cloud_step = ewma_update(self.t_cloud_step, seconds / n, EWMA)
+
+    def verify_time(self, rows: int) -> float:
+        """Cloud compute for `rows` positions: least squares a + b·rows over recent rounds;
+        with one γ seen so far, half fixed and half proportional (between the memory-bound
+        and compute-bound regimes)."""
+        if not self.verify:
+            return 0.0
+        x = np.array([r for r, _ in self.verify], dtype=np.float64)
+        y = np.array([t for _, t in self.verify], dtype=np.float64)
+        if np.ptp(x) == 0:
+            per = y.mean() / x[0]
+            return float(0.5 * y.mean() + 0.5 * per * rows)
+        b, a = np.polyfit(x, y, 1)
+        return float(max(a + b * rows, 1e-4))
+
+    def choose(self, remaining: int) -> GammaChoice | None:
+        """γ and whether to let the cloud decode alone (AS²); None until measured."""
+        if self.t_draft is None or not self.verify:
+            return None
+        cloud_step = self.t_cloud_step or self.verify_time(1)
+        return choose_draft_length(
+            min(self.alpha, 0.999),
+            t_draft=self.t_draft,
+            t_rtt=self.t_link or 0.0,
+            t_verify=lambda g: self.verify_time(g + 1),
+            t_cloud_step=cloud_step,
+            gamma_max=max(1, min(self.gamma_max, remaining)),
+        )

@@ -1,0 +1,320 @@
+"""Split speculative decoding, device side: the device drafts, the cloud verifies.
+
+The device model reads the private passages (a RAG drafter); the cloud verifies with a prompt
+built from the question and the cloud-visible history only. Per round the device samples γ
+drafts and sends what its variant needs of Q (DESIGN §5.2):
+
+- tk-slt (default, exact): drafts are sampled from the top-K of Q as sent (float16), so the
+  cloud knows the draft distribution exactly and resamples any rejection itself.
+- dssd: ids + q(x) (float32); on a rejection the cloud sends P_j (dense float16) and the
+  device samples the correction from norm(max(0, P_j − Q_j)) with its own Q_j.
+- dssd-topk: as dssd with the top 64 of P_j: **approximate** (PicoSpec; the bias is
+  `collab.verification.picospec_topk_bias_tv`).
+- dsd: the dense Q_j (float16) for every draft: the baseline, heavy on the uplink.
+
+γ comes from measured costs (`SplitCosts`); when no γ beats the cloud decoding alone (AS²),
+the device asks the cloud to decode the next tokens itself and says so in the stats."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+
+import numpy as np
+
+from collab.protocol import (
+    Citations,
+    CloudDecode,
+    Done,
+    DsdDraft,
+    DssdDraft,
+    Error,
+    ErrorCode,
+    Message,
+    Mode,
+    TokenChunk,
+    TopKDraft,
+    Verdict,
+)
+from collab.sampling import distribution, sample_from
+from collab.split import Transcript, pad_rows, topk_draft_row, wire_probs
+from collab.verification import dssd_device_resample, picospec_residual_topk
+from edge_runtime.device import retrieve_private
+from edge_runtime.events import Event, Failure, Notice, Stats, TextDelta
+from edge_runtime.modes import (
+    STOP_IDS,
+    AnswerOptions,
+    CloudBacked,
+    Turn,
+    _need_device,
+    citations_from,
+    full_history,
+)
+from edge_runtime.split_costs import INITIAL_GAMMA, SplitCosts
+from model_runtime.generate import TextStream
+from model_runtime.prompting import prompt_ids
+
+VARIANTS = ("tk-slt", "dssd", "dssd-topk", "dsd")
+TOPK_MAX = 8  # TK-SLT: at most 8 (id, prob) pairs per drafted position (≤ 56 B)
+CLOUD_CHUNK = 32  # tokens the cloud decodes alone per AS² fallback request
+
+
+class SplitMode(CloudBacked):
+    name = "split"
+    description = "device drafts (with private documents), cloud verifies"
+    protocol_mode = Mode.SPLIT
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        if ctx.variant not in VARIANTS:
+            raise ValueError(f"unknown split variant {ctx.variant!r}; one of {VARIANTS}")
+        self.costs = SplitCosts()
+
+    @property
+    def variant(self) -> str:
+        return self.ctx.variant
+
+    async def answer(
+        self, question: str, history: Sequence[Turn], options: AnswerOptions
+    ) -> AsyncIterator[Event]:
+        from edge_runtime.client import CloudError
+
+        device = _need_device(self.ctx)
+        start = time.perf_counter()
+        stats = Stats(self.name, self.variant)
+        passages, citations = await retrieve_private(
+            self.ctx.index, question, options.k, options.min_score
+        )
+        for c in citations:
+            yield c
+        ids = prompt_ids(device.tokenizer, question, full_history(history), passages)
+        run = _SplitRun(self, device, options, stats, start)
+        client = None
+        up0 = down0 = 0
+        try:
+            client = await self.client()
+            up0, down0 = client.bytes_up, client.bytes_down
+            rid = next(self._request_ids)
+            run.client, run.rid = client, rid
+            await client.send(self.generate_message(
+                rid, question, history, options, self.ctx.split_retrieve_public
+            ))  # fmt: skip
+            async for event in run.decode(ids):
+                yield event
+        except CloudError as exc:
+            run.broken = True
+            yield Failure(
+                f"{exc} (after {len(run.transcript.tokens)} tokens)",
+                recoverable=self.ctx.finish_locally,
+            )
+            if self.ctx.finish_locally:
+                async for event in self.finish_on_device(
+                    question, history, run.transcript, run.stream, options, stats, start
+                ):
+                    yield event
+        finally:
+            if client is not None and not run.finished and not run.broken and client.connected:
+                await self.cancel(client, run.rid)
+        if client is not None:
+            stats.bytes_up = client.bytes_up - up0
+            stats.bytes_down = client.bytes_down - down0
+        stats.elapsed_s = time.perf_counter() - start
+        stats.token_ids = list(run.transcript.tokens)
+        stats.tokens = len(run.transcript.tokens)
+        if stats.finish is None and run.transcript.finish is not None:
+            stats.finish = run.transcript.finish.name.lower()
+        yield stats
+
+
+class _SplitRun:
+    """One answer's state on the device: committed tokens, tokens the device cache has not
+    seen yet, the epoch (rejections so far) and the figures."""
+
+    def __init__(self, mode: SplitMode, device, options: AnswerOptions, stats: Stats,
+                 start: float) -> None:  # fmt: skip
+        self.mode, self.device, self.options, self.stats, self.start = (
+            mode, device, options, stats, start,
+        )  # fmt: skip
+        self.params = options.sampling
+        self.rng = np.random.default_rng(
+            None if options.seed is None else [options.seed, 0x5EED]
+        )  # never the cloud's stream
+        self.transcript = Transcript(options.max_new_tokens, STOP_IDS)
+        self.stream = TextStream(device.tokenizer)
+        self.unfed: list[int] = []
+        self.epoch = 0
+        self.client = None
+        self.rid = 0
+        self.finished = False
+        self.broken = False
+        self.pending_events: list[Event] = []  # cloud citations, yielded between steps
+
+    def _emit(self, kept: list[int]) -> list[Event]:
+        events: list[Event] = []
+        for t in kept:
+            if self.stats.ttft_s is None:
+                self.stats.ttft_s = time.perf_counter() - self.start
+            if text := self.stream.push(t):
+                events.append(TextDelta(text))
+        self.stats.tokens = len(self.transcript.tokens)
+        return events
+
+    async def _recv(self) -> Message:
+        while True:
+            msg = await self.mode.recv(self.client, self.rid)
+            if isinstance(msg, Citations):
+                self.pending_events.extend(citations_from(msg))
+                continue
+            return msg
+
+    async def decode(self, prompt: list[int]) -> AsyncIterator[Event]:
+        logits = await self.device.prefill(prompt)  # overlaps the cloud's own prefill
+        costs = self.mode.costs
+        announced = False
+        while self.transcript.finish is None:
+            choice = costs.choose(self.transcript.remaining)
+            if choice is not None and choice.use_cloud_only:
+                if not announced:
+                    announced = True
+                    yield Notice(
+                        "AS²: no draft length beats the cloud decoding alone "
+                        f"(best {choice.tokens_per_second:.1f} vs "
+                        f"{choice.cloud_only_tokens_per_second:.1f} tokens/s); decoding in "
+                        "the cloud"
+                    )
+                self.stats.cloud_only = True
+                async for event in self._cloud_decode(min(CLOUD_CHUNK, self.transcript.remaining)):
+                    yield event
+                continue
+            gamma = INITIAL_GAMMA if choice is None else choice.gamma
+            gamma = max(1, min(gamma, self.transcript.remaining))
+            self.stats.gamma = gamma
+            if self.unfed:
+                logits = (await self.device.forward(self.unfed))[-1]
+                self.unfed = []
+            async for event in self._round(logits, gamma):
+                yield event
+            while self.pending_events:
+                yield self.pending_events.pop(0)
+        await self._await_done()
+
+    async def _cloud_decode(self, n: int) -> AsyncIterator[Event]:
+        step = len(self.transcript.tokens)
+        t0 = time.perf_counter()
+        await self.client.send(CloudDecode(n, request_id=self.rid, epoch=self.epoch, step=step))
+        got = 0
+        while got < n and self.transcript.finish is None:
+            msg = await self._recv()
+            if isinstance(msg, TokenChunk):
+                kept = self.transcript.commit(msg.token_ids.tolist())
+                got += msg.token_ids.size
+                self.unfed += kept
+                self.stats.cloud_tokens += len(kept)
+                for event in self._emit(kept):
+                    yield event
+            elif isinstance(msg, Done):
+                self._done(msg)
+                return
+            else:
+                self._unexpected(msg)
+        self.mode.costs.observe_cloud_tokens(got, time.perf_counter() - t0)
+
+    async def _round(self, logits: np.ndarray, gamma: int) -> AsyncIterator[Event]:
+        variant = self.mode.variant
+        base = self.device.length
+        step = len(self.transcript.tokens)
+        t0 = time.perf_counter()
+        drafts: list[int] = []
+        qs: list[np.ndarray] = []  # what each draft was sampled from (as the cloud sees it)
+        rows: list[tuple[np.ndarray, np.ndarray]] = []
+        dense: list[np.ndarray] = []
+        for i in range(gamma):
+            q = distribution(logits, self.params)
+            if variant == "tk-slt":
+                ids, probs = topk_draft_row(q, TOPK_MAX)
+                rows.append((ids, probs))
+                x = int(ids[sample_from(probs, self.rng)])
+            elif variant == "dsd":
+                q16 = wire_probs(q, f32=False)  # exactly what the cloud will read
+                dense.append(q16)
+                q = q16 / q16.sum()
+                x = sample_from(q, self.rng)
+            else:
+                x = sample_from(q, self.rng)
+            drafts.append(x)
+            qs.append(q)
+            if x in STOP_IDS:
+                break  # nothing to draft after the end
+            if i < gamma - 1:
+                logits = (await self.device.forward([x]))[-1]
+        draft_s = time.perf_counter() - t0
+        msg = self._draft_message(drafts, qs, rows, dense, step)
+        await self.client.send(msg)
+        verdict = await self._recv()
+        if isinstance(verdict, Done):
+            self._done(verdict)
+            return
+        if not isinstance(verdict, Verdict):
+            self._unexpected(verdict)
+            return
+        round_s = time.perf_counter() - t0
+        n, token = verdict.accepted, verdict.token
+        fed = len(drafts) - 1  # the last draft was never fed to the device model
+        await self.device.rollback(base + min(n, fed))
+        if n < len(drafts):
+            self.epoch += 1
+        kept = self.transcript.commit(drafts[:n])
+        self.unfed = drafts[min(n, fed) : n]
+        if token is None and self.transcript.finish is None:
+            # dssd rejection at n: the device samples the correction and tells the cloud
+            p_j = np.asarray(verdict.p_probs, dtype=np.float64)
+            if verdict.p_ids is None:
+                token = dssd_device_resample(p_j / p_j.sum(), qs[n], self.rng)
+            else:
+                token = sample_from(picospec_residual_topk(verdict.p_ids, p_j, qs[n]), self.rng)
+            await self.client.send(TokenChunk([token], request_id=self.rid, epoch=self.epoch,
+                                              step=step + n))  # fmt: skip
+        if token is not None:
+            kept += self.transcript.commit([token])
+            self.unfed.append(token)
+        self.stats.rounds += 1
+        self.stats.drafted += len(drafts)
+        self.stats.accepted += n
+        self.stats.per_round.append((len(drafts), n))
+        self.mode.costs.observe_round(len(drafts), n, draft_s, round_s, verdict.compute_s)
+        for event in self._emit(kept):
+            yield event
+
+    def _draft_message(self, drafts, qs, rows, dense, step: int) -> Message:
+        hdr = {"request_id": self.rid, "epoch": self.epoch, "step": step}
+        variant = self.mode.variant
+        if variant == "tk-slt":
+            ids, probs = pad_rows(rows, self.device.lm.vocab_size)
+            return TopKDraft(drafts, ids, probs.astype(np.float16), **hdr)
+        if variant == "dsd":
+            return DsdDraft(drafts, np.stack(dense).astype(np.float16), **hdr)
+        q_of = [float(q[x]) for q, x in zip(qs, drafts, strict=True)]
+        return DssdDraft(drafts, np.asarray(q_of, dtype=np.float32), f32=True, **hdr)
+
+    async def _await_done(self) -> None:
+        while not self.finished:
+            msg = await self._recv()
+            if isinstance(msg, Done):
+                self._done(msg)
+            else:
+                self._unexpected(msg)
+
+    def _done(self, msg: Done) -> None:
+        self.finished = True
+        self.stats.finish = msg.reason.name.lower()
+        if self.transcript.finish is None:  # the cloud ended it (context limit, cancel, error)
+            self.transcript.finish = msg.reason
+
+    def _unexpected(self, msg: Message) -> None:
+        from edge_runtime.client import CloudError
+
+        if isinstance(msg, Error):
+            if msg.code == ErrorCode.EVICTED:
+                raise CloudError(f"the cloud dropped this answer's cache: {msg.message}")
+            raise CloudError(f"the cloud refused a frame: {msg.message}")
+        raise CloudError(f"unexpected {type(msg).__name__} from the cloud")

@@ -1,0 +1,329 @@
+"""Every mode end to end over a real aiohttp server on loopback, with tiny models.
+
+The cloud is the tiny model in float32 torch; drafters are its int8 ONNX export (close to it:
+long accepted runs) and a second tiny model with other weights (far from it: many
+rejections, so the residual paths run)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import numpy as np
+import pytest
+from aiohttp.test_utils import TestServer
+from scipy import stats as scipy_stats
+
+from cloud_backend.config import ServerConfig
+from cloud_backend.engine import LLMEngine
+from cloud_backend.server import create_app
+from collab.sampling import SamplingParams, distribution
+from edge_runtime.device import DeviceModel
+from edge_runtime.events import Citation, Failure, Notice, Stats, TextDelta
+from edge_runtime.modes import AnswerOptions, CloudSettings, ModeContext, Turn, build_mode
+from edge_runtime.split_costs import SplitCosts
+from edge_runtime.split_mode import VARIANTS
+from model_runtime.ort_runtime import OrtCausalLM
+from model_runtime.prompting import prompt_ids
+from model_runtime.torch_runtime import TorchCausalLM
+from tests.tiny_models import build_tiny_hf
+
+TOKEN = "test-token-0123456789"
+QUESTIONS = ["What is a tandem bicycle?", "Write a haiku about autumn rain."]
+
+
+@pytest.fixture(scope="module")
+def cloud_engine(tiny, tiny_tokenizer) -> LLMEngine:
+    return LLMEngine(TorchCausalLM(tiny["hf"]), tiny_tokenizer, "tiny-cloud")
+
+
+@pytest.fixture(scope="module")
+def near_drafter(tiny, tiny_tokenizer) -> DeviceModel:
+    """The cloud model's own int8 export: a drafter that agrees most of the time."""
+    return DeviceModel(OrtCausalLM(tiny["onnx-quant"]), tiny_tokenizer, "tiny-device")
+
+
+@pytest.fixture(scope="module")
+def far_drafter(tiny, tiny_tokenizer, tmp_path_factory) -> DeviceModel:
+    """Different weights, same tokenizer: a drafter that is often wrong."""
+    folder = build_tiny_hf(tiny["tokenizer"], tmp_path_factory.mktemp("far") / "hf", seed=1)
+    return DeviceModel(TorchCausalLM(folder), tiny_tokenizer, "tiny-far")
+
+
+@pytest.fixture
+async def cloud_url(cloud_engine):
+    app = create_app(ServerConfig(token=TOKEN, corpus_enabled=False), cloud_engine)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    yield f"ws://127.0.0.1:{server.port}/v1/session"
+    await server.close()
+
+
+async def ask(mode, question, options, history=()):
+    events = [e async for e in mode.answer(question, list(history), options)]
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    stats = [e for e in events if isinstance(e, Stats)]
+    assert len(stats) == 1 and events[-1] is stats[0]
+    return text, stats[0], events
+
+
+def context(device, url, variant="tk-slt", **kw) -> ModeContext:
+    return ModeContext(device=device, cloud=CloudSettings(url, TOKEN), variant=variant, **kw)
+
+
+# ---------------------------------------------------------------------------- greedy
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("drafter", ["near", "far"])
+async def test_greedy_split_equals_cloud_only(variant, drafter, request, cloud_url):
+    device = request.getfixturevalue(f"{drafter}_drafter")
+    cloud = build_mode("cloud", context(device, cloud_url))
+    split = build_mode("split", context(device, cloud_url, variant))
+    options = AnswerOptions(max_new_tokens=40, temperature=0.0)
+    for question in QUESTIONS:
+        want_text, want, _ = await ask(cloud, question, options)
+        split.costs = SplitCosts()  # unmeasured: speculate (a measured far drafter loses: AS²)
+        got_text, got, _ = await ask(split, question, options)
+        assert got.token_ids == want.token_ids and got_text == want_text
+        assert got.finish == want.finish and got.rounds > 0
+        assert got.drafted > 0 and got.accepted <= got.drafted
+        assert got.bytes_up > 0 and got.bytes_down > 0
+    if drafter == "far":
+        assert got.accepted < got.drafted  # rejections happened, so the residual path ran
+    await cloud.close()
+    await split.close()
+
+
+async def test_as2_falls_back_to_cloud_decoding_and_says_so(near_drafter, cloud_url):
+    cloud = build_mode("cloud", context(near_drafter, cloud_url))
+    split = build_mode("split", context(near_drafter, cloud_url))
+    # A device that drafts far slower than the cloud decodes: no γ can win.
+    split.costs.t_draft, split.costs.t_link = 10.0, 0.0
+    split.costs.verify.append((5, 0.01))
+    options = AnswerOptions(max_new_tokens=40, temperature=0.0)
+    _, want, _ = await ask(cloud, QUESTIONS[0], options)
+    _, got, events = await ask(split, QUESTIONS[0], options)
+    assert got.token_ids == want.token_ids
+    assert got.cloud_only and got.cloud_tokens == len(got.token_ids) and got.rounds == 0
+    assert any(isinstance(e, Notice) and "AS²" in e.text for e in events)
+
+
+# ---------------------------------------------------------------------------- sampling
+
+
+def chi_square_p(samples: list[int], probs: np.ndarray) -> float:
+    """p-value of samples against a distribution; support bins with expected < 5 pooled."""
+    support = np.flatnonzero(probs > 0)
+    counts = np.array([samples.count(int(t)) for t in support], dtype=np.float64)
+    outside = len(samples) - counts.sum()
+    expected = probs[support] * len(samples)
+    big = expected >= 5
+    obs = np.append(counts[big], counts[~big].sum() + outside)
+    exp = np.append(expected[big], expected[~big].sum())
+    if outside > 0:
+        return 0.0  # a token the distribution cannot produce
+    keep = exp > 0
+    return float(scipy_stats.chisquare(obs[keep], exp[keep] * obs.sum() / exp[keep].sum()).pvalue)
+
+
+@pytest.mark.parametrize("variant", ["tk-slt", "dssd", "dsd"])
+async def test_sampled_split_first_token_follows_the_cloud_model(
+    variant, far_drafter, cloud_engine, cloud_url, tiny_tokenizer
+):
+    """χ² over many one-round generations: the first token is distributed as the cloud's P,
+    not as the drafter's Q (the negative control shows the test can tell them apart)."""
+    params = SamplingParams(temperature=1.0, top_k=12)
+    question = QUESTIONS[0]
+    ids = prompt_ids(tiny_tokenizer, question)
+    p = distribution(cloud_engine.lm.prefill([ids])[0], params)
+    q = distribution(far_drafter.lm.prefill([ids])[0], params)
+    assert 0.5 * np.abs(p - q).sum() > 0.3  # far apart: a biased sampler would show
+    split = build_mode("split", context(far_drafter, cloud_url, variant))
+    firsts = []
+    for seed in range(1200):
+        options = AnswerOptions(max_new_tokens=1, temperature=1.0, top_k=12, seed=seed)
+        split.costs = SplitCosts()  # always one speculative round, never AS²'s cloud decoding
+        _, stats, _ = await ask(split, question, options)
+        assert stats.rounds == 1 and not stats.cloud_only
+        firsts.append(stats.token_ids[0])
+    await split.close()
+    assert chi_square_p(firsts, p) > 1e-3
+    assert chi_square_p(firsts, q) < 1e-6
+
+
+# ---------------------------------------------------------------------------- privacy
+
+
+class WireTap:
+    """A TCP proxy that keeps every byte the device sends, to read the websocket frames."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.up = bytearray()
+        self.server: asyncio.base_events.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return self.server.sockets[0].getsockname()[1]
+
+    async def _handle(self, reader, writer) -> None:
+        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target_port)
+
+        async def pipe(src, dst, keep: bool) -> None:
+            try:
+                while data := await src.read(65536):
+                    if keep:
+                        self.up += data
+                    dst.write(data)
+                    await dst.drain()
+            except ConnectionError:
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_w, True), pipe(up_r, writer, False))
+
+    def payloads(self) -> list[bytes]:
+        """Unmask the client's websocket frames (RFC 6455 §5.2) after the HTTP upgrade."""
+        data = bytes(self.up)
+        pos = data.index(b"\r\n\r\n") + 4
+        out = []
+        while pos < len(data):
+            b0, b1 = data[pos], data[pos + 1]
+            assert not b0 & 0x70, "compressed or extended frames would hide text from this test"
+            assert b1 & 0x80, "client frames must be masked"
+            n, pos = b1 & 0x7F, pos + 2
+            if n == 126:
+                n, pos = int.from_bytes(data[pos : pos + 2], "big"), pos + 2
+            elif n == 127:
+                n, pos = int.from_bytes(data[pos : pos + 8], "big"), pos + 8
+            mask, pos = data[pos : pos + 4], pos + 4
+            body = bytes(c ^ mask[i % 4] for i, c in enumerate(data[pos : pos + n]))
+            out.append(body)
+            pos += n
+        return out
+
+    async def close(self) -> None:
+        if self.server:
+            self.server.close()
+
+
+@pytest.fixture(scope="module")
+def private_index(tmp_path_factory, embedder_dir):
+    from personal_index.index import PersonalIndex
+
+    docs = tmp_path_factory.mktemp("private")
+    (docs / "diary.md").write_text(
+        "# Private\nMy locker code is 4417 and the spare key hides under the blue flowerpot.\n"
+    )
+    (docs / "salary.txt").write_text("Salary review: Jordan earns 81,250 euros from March on.\n")
+    index = PersonalIndex(tmp_path_factory.mktemp("index"), embedder_dir)
+    index.ingest([docs])
+    return index
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+async def test_split_never_sends_private_text(variant, near_drafter, cloud_url, private_index):
+    port = int(cloud_url.split(":")[2].split("/")[0])
+    tap = WireTap(port)
+    tap_port = await tap.start()
+    url = f"ws://127.0.0.1:{tap_port}/v1/session"
+    split = build_mode("split", context(near_drafter, url, variant, index=private_index))
+    question = "Where is the spare key hidden?"
+    options = AnswerOptions(max_new_tokens=24, temperature=0.7, seed=3, k=2)
+    _, stats, events = await ask(split, question, options)
+    await split.close()
+    await tap.close()
+    cites = [e for e in events if isinstance(e, Citation)]
+    assert cites and all(c.side == "device" for c in cites)
+    frames = tap.payloads()
+    wire = b"".join(frames)
+    assert question.encode() in wire  # the tap does see text the device sends
+    assert stats.rounds > 0
+    for hit in private_index.search(question, k=5):
+        chunk = hit.text.encode()
+        for i in range(max(1, len(chunk) - 31)):
+            assert chunk[i : i + 32] not in wire, (
+                f"private text left the device: {chunk[i : i + 32]}"
+            )
+        assert chunk not in bytes(tap.up)
+
+
+async def test_local_mode_opens_no_socket(near_drafter, private_index, monkeypatch):
+    opened = []
+    real_connect = socket.socket.connect
+
+    def spy(self, address):
+        opened.append(address)
+        return real_connect(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", spy)
+    monkeypatch.setattr(socket.socket, "connect_ex", spy)
+    loop = asyncio.get_running_loop()
+    real_create = loop.create_connection
+
+    async def spy_create(*args, **kwargs):
+        opened.append(args)
+        return await real_create(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "create_connection", spy_create)
+    ctx = ModeContext(near_drafter, private_index, CloudSettings("ws://127.0.0.1:9/x", TOKEN))
+    local = build_mode("local", ctx)
+    text, stats, events = await ask(local, "Where is the spare key?", AnswerOptions(24, k=2))
+    assert text and stats.tokens > 0 and stats.bytes_up == stats.bytes_down == 0
+    assert any(isinstance(e, Citation) and e.side == "device" for e in events)
+    assert opened == []
+
+
+# ---------------------------------------------------------------------------- failures
+
+
+async def test_wrong_token_is_a_plain_failure_and_the_device_answers(near_drafter, cloud_url):
+    ctx = context(near_drafter, cloud_url)
+    ctx.cloud = CloudSettings(cloud_url, "wrong-token", retries=0)
+    cloud = build_mode("cloud", ctx)
+    text, stats, events = await ask(cloud, QUESTIONS[0], AnswerOptions(max_new_tokens=8))
+    failures = [e for e in events if isinstance(e, Failure)]
+    assert failures and "token" in failures[0].message.lower()
+    assert text and stats.tokens > 0  # finished on the device
+
+
+async def test_server_killed_mid_answer_is_reported_and_finished_on_device(
+    tiny, near_drafter, tmp_path, monkeypatch
+):
+    from app.embedded import EmbeddedCloud
+
+    monkeypatch.setenv("TANDEM_DATA_DIR", str(tmp_path))
+    serve = ["--engine", "torch", "--dtype", "float32", "--model-dir", str(tiny["hf"]),
+             "--no-corpus"]  # fmt: skip
+    cloud = await EmbeddedCloud.start(serve, timeout_s=120)
+    try:
+        ctx = ModeContext(near_drafter, None, CloudSettings(cloud.url, cloud.token))
+        split = build_mode("split", ctx)
+        history = [Turn("Hi", "Hello!", "split")]
+        events = []
+        options = AnswerOptions(max_new_tokens=150, temperature=0.0)
+        killed = False
+        async for event in split.answer(QUESTIONS[1], history, options):
+            events.append(event)
+            if isinstance(event, TextDelta) and not killed and len(events) > 3:
+                cloud.proc.kill()
+                killed = True
+        assert killed
+        failure = next(e for e in events if isinstance(e, Failure))
+        assert failure.recoverable and "after" in failure.message
+        assert any(isinstance(e, Notice) and "device" in e.text for e in events)
+        stats = events[-1]
+        assert isinstance(stats, Stats) and stats.finish in ("stop", "length")
+        # the next question still gets an answer (the link is down: finished on the device)
+        text, _, more = await ask(split, "And then?", AnswerOptions(max_new_tokens=8))
+        assert text and any(isinstance(e, Failure) for e in more)
+        await split.close()
+    finally:
+        await cloud.stop()
+
+
+def test_tiny_context_fits(tiny_tokenizer):
+    """The tests above keep prompts + answers within the tiny model's 256-token context."""
+    assert len(prompt_ids(tiny_tokenizer, QUESTIONS[1], ["Hi", "Hello!"])) + 150 < 256
