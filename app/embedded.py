@@ -25,13 +25,21 @@ class EmbeddedCloud:
         self.proc, self.url, self.token = proc, url, token
 
     @classmethod
-    async def start(cls, serve_args: Sequence[str] = (), timeout_s: float = 900.0) -> EmbeddedCloud:
+    async def start(
+        cls,
+        serve_args: Sequence[str] = (),
+        timeout_s: float = 900.0,
+        cores: set[int] | None = None,
+    ) -> EmbeddedCloud:
         """Start `tandem serve` on a free loopback port and wait until it accepts sessions
-        (the first start also builds the public corpus index: minutes, with a progress bar)."""
+        (the first start also builds the public corpus index: minutes, with a progress bar).
+        `cores` pins the backend (`taskset -c`), so it does not steal the device's core."""
         token = secrets.token_urlsafe(32)
         env = {**os.environ, "TANDEM_CLOUD_TOKEN": token}
         cmd = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", "0",
                "--announce", *serve_args]  # fmt: skip
+        if cores:
+            cmd = ["taskset", "-c", ",".join(map(str, sorted(cores))), *cmd]
         proc = await asyncio.create_subprocess_exec(
             *cmd, stdout=asyncio.subprocess.PIPE, env=env, start_new_session=True
         )

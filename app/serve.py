@@ -55,4 +55,6 @@ def _open_corpus(config):
     from cloud_backend.corpus import PublicCorpus, default_corpus_dir, default_embedder_dir
 
     root = config.data_dir / "corpus" if config.data_dir else default_corpus_dir()
-    return PublicCorpus.open(root, default_embedder_dir(), limit=config.corpus_limit)
+    corpus = PublicCorpus.open(root, default_embedder_dir(), limit=config.corpus_limit)
+    corpus.warm_up()  # load the query embedder now, not in the first answer's TTFT
+    return corpus

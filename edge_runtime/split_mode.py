@@ -168,8 +168,8 @@ class _SplitRun:
             return msg
 
     async def decode(self, prompt: list[int]) -> AsyncIterator[Event]:
-        logits = await self.device.prefill(prompt)  # overlaps the cloud's own prefill
         costs = self.mode.costs
+        logits = None  # the device prefills once it drafts (not at all if the cloud decodes)
         announced = False
         while self.transcript.finish is None:
             choice = costs.choose(self.transcript.remaining)
@@ -189,7 +189,10 @@ class _SplitRun:
             gamma = INITIAL_GAMMA if choice is None else choice.gamma
             gamma = max(1, min(gamma, self.transcript.remaining))
             self.stats.gamma = gamma
-            if self.unfed:
+            if logits is None:  # first draft: overlaps the cloud's prefill when it comes first
+                logits = await self.device.prefill(prompt + self.unfed)
+                self.unfed = []
+            elif self.unfed:
                 logits = (await self.device.forward(self.unfed))[-1]
                 self.unfed = []
             async for event in self._round(logits, gamma):

@@ -141,7 +141,7 @@ async def test_sampled_split_first_token_follows_the_cloud_model(
     assert 0.5 * np.abs(p - q).sum() > 0.3  # far apart: a biased sampler would show
     split = build_mode("split", context(far_drafter, cloud_url, variant))
     firsts = []
-    for seed in range(1200):
+    for seed in range(800):
         options = AnswerOptions(max_new_tokens=1, temperature=1.0, top_k=12, seed=seed)
         split.costs = SplitCosts()  # always one speculative round, never AS²'s cloud decoding
         _, stats, _ = await ask(split, question, options)
@@ -327,3 +327,15 @@ async def test_server_killed_mid_answer_is_reported_and_finished_on_device(
 def test_tiny_context_fits(tiny_tokenizer):
     """The tests above keep prompts + answers within the tiny model's 256-token context."""
     assert len(prompt_ids(tiny_tokenizer, QUESTIONS[1], ["Hi", "Hello!"])) + 150 < 256
+
+
+def test_the_cloud_imports_nothing_of_the_device():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, cloud_backend.server, cloud_backend.decoding, cloud_backend.corpus;"
+        "bad = [m for m in sys.modules if m.split('.')[0] in "
+        "('edge_runtime', 'personal_index', 'app', 'textual')]; print(bad); assert not bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -85,7 +85,8 @@ def test_cli_ask_streams_a_sensible_answer():
     )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
-    assert "Paris" in result["answer"] and result["tokens"] > 0 and result["mode"] == "local"
+    stats = result["stats"]
+    assert "Paris" in result["answer"] and stats["tokens"] > 0 and stats["mode"] == "local"
 
 
 def test_second_prepare_does_nothing_and_says_so():
@@ -97,3 +98,24 @@ def test_second_prepare_does_nothing_and_says_so():
     )
     assert out.returncode == 0, out.stderr
     assert "nothing to do" in out.stdout
+
+
+@pytest.mark.parametrize("mode", ["cloud", "split"])
+def test_cli_ask_through_the_embedded_cloud(mode):
+    """The real pair over the embedded backend (started on loopback by `tandem ask`); cloud
+    mode answers from the public corpus and cites it as cloud."""
+    out = subprocess.run(
+        [sys.executable, "-m", "app.cli", "ask", "What is the capital of France?", "--mode",
+         mode, "--max-tokens", "24", "--json"],
+        capture_output=True, text=True, timeout=1200, check=True,
+    )  # fmt: skip
+    result = json.loads(out.stdout)
+    assert "Paris" in result["answer"], result
+    assert not result["errors"]
+    stats = result["stats"]
+    assert stats["mode"] == mode and stats["tokens"] > 0
+    assert stats["bytes_up"] > 0 and stats["bytes_down"] > 0
+    if mode == "cloud":
+        assert result["citations"] and {c["side"] for c in result["citations"]} == {"cloud"}
+    else:
+        assert stats["rounds"] >= 1 and stats["drafted"] >= 1

@@ -1,0 +1,197 @@
+"""Split speculative decoding vs cloud-only decoding, with the real model pair, over an
+emulated link (issue 5; DESIGN §7).
+
+    python -m benchmarks.split                       # the full grid (hours on 2 cores)
+    python -m benchmarks.split --engines torch --rtt-ms 20 50 --mbit 100 --prompts 8 \\
+        --sampling greedy --max-tokens 48            # a shorter run
+
+The cloud (`tandem serve`, no public corpus, 1 thread) runs in its own process pinned to
+core 1 with `taskset`; this process (the device: ONNX Runtime int8-head4, 1 thread, and the
+link emulator, a TCP proxy with per-direction delay and token-bucket bandwidth) is pinned
+to core 0. For every engine × link × sampling × prompt it answers with cloud-only decoding and
+each split variant (same prompt, same link, network cost included) and prints tokens/s,
+TTFT, acceptance, γ, cloud CPU-ms per emitted token (from /proc of the cloud process) and
+bytes per token each way, then the means and the ratios to cloud-only measured in this run.
+Per-prompt acceptance is printed too. Results are also written as JSON (--out)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+METHODS = ("cloud", "dsd", "dssd", "tk-slt")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+async def start_cloud(engine: str, core: int | None) -> tuple[object, str, str]:
+    from app.embedded import EmbeddedCloud
+
+    serve = ["--engine", engine, "--threads", "1", "--no-corpus"]
+    if engine == "torch":
+        serve += ["--dtype", "bfloat16"]
+    cloud = await EmbeddedCloud.start(serve, cores=None if core is None else {core})
+    return cloud, cloud.url, cloud.token
+
+
+async def run(args: argparse.Namespace) -> list[dict]:
+    from benchmarks.prompts import load_prompts
+    from collab.link_emulator import LinkEmulator, LinkProfile
+    from edge_runtime.device import DeviceModel
+    from edge_runtime.events import Stats
+    from edge_runtime.modes import AnswerOptions, CloudSettings, ModeContext, build_mode
+    from tandem_packaging.prepare import model_path
+
+    prompts = load_prompts(n=args.prompts)
+    device = DeviceModel.load(model_path("device", "onnx-quant"), threads=1)
+    rows: list[dict] = []
+    for engine in args.engines:
+        cloud, url, token = await start_cloud(engine, args.cloud_core)
+        host, port = url.split("//")[1].split("/")[0].rsplit(":", 1)
+        try:
+            for rtt in args.rtt_ms:
+                for mbit in args.mbit:
+                    rate = mbit * 1e6 / 8
+                    one_way = LinkProfile(rtt / 2000, 0.0, rate)
+                    link = LinkEmulator(host, int(port), one_way, one_way)
+                    await link.start()
+                    link_url = f"ws://127.0.0.1:{link.port}/v1/session"
+                    modes = {}
+                    for m in args.methods:
+                        ctx = ModeContext(device=device, cloud=CloudSettings(link_url, token),
+                                          variant="tk-slt" if m == "cloud" else m)  # fmt: skip
+                        modes[m] = build_mode("cloud" if m == "cloud" else "split", ctx)
+                        ctx.retrieve_public = False
+                    # warm-up: connect, let each split mode measure its costs once
+                    warm = AnswerOptions(max_new_tokens=16, temperature=0.0, k=0)
+                    for mode in modes.values():
+                        async for _ in mode.answer("Say hello.", [], warm):
+                            pass
+                    for sampling in args.sampling:
+                        temp = 0.0 if sampling == "greedy" else 0.7
+                        for i, prompt in enumerate(prompts):
+                            options = AnswerOptions(args.max_tokens, temperature=temp, seed=i, k=0)
+                            for m, mode in modes.items():
+                                cpu0 = cpu_seconds(cloud.proc.pid)
+                                t0 = time.perf_counter()
+                                stats = None
+                                async for ev in mode.answer(prompt.text, [], options):
+                                    if isinstance(ev, Stats):
+                                        stats = ev
+                                wall = time.perf_counter() - t0
+                                cpu = cpu_seconds(cloud.proc.pid) - cpu0
+                                n = max(stats.tokens, 1)
+                                row = {
+                                    "engine": engine, "rtt_ms": rtt, "mbit": mbit,
+                                    "sampling": sampling, "prompt": prompt.id, "method": m,
+                                    "tokens": stats.tokens, "wall_s": wall,
+                                    "tokens_per_s": stats.tokens / wall,
+                                    "ttft_s": stats.ttft_s, "acceptance": stats.acceptance,
+                                    "gamma": stats.gamma, "rounds": stats.rounds,
+                                    "cloud_only_tokens": stats.cloud_tokens,
+                                    "cloud_cpu_ms_per_token": 1000 * cpu / n,
+                                    "up_bytes_per_token": stats.bytes_up / n,
+                                    "down_bytes_per_token": stats.bytes_down / n,
+                                    "up_bytes_per_drafted": (
+                                        stats.bytes_up / stats.drafted if stats.drafted else None
+                                    ),
+                                }  # fmt: skip
+                                rows.append(row)
+                                print(_line(row), flush=True)
+                    for mode in modes.values():
+                        await mode.close()
+                    await link.close()
+        finally:
+            await cloud.stop()
+    return rows
+
+
+def _fmt(v, spec: str) -> str:
+    return "—" if v is None else format(v, spec)
+
+
+def _line(r: dict) -> str:
+    return (
+        f"{r['engine']:5} rtt {r['rtt_ms']:>3} ms {r['mbit']:>4} Mbit {r['sampling']:7} "
+        f"{r['prompt']:>14} {r['method']:6} {r['tokens_per_s']:6.2f} tok/s "
+        f"TTFT {_fmt(r['ttft_s'], '.2f')} s acc {_fmt(r['acceptance'], '.2f')} "
+        f"γ {_fmt(r['gamma'], 'd')} cloud {r['cloud_cpu_ms_per_token']:6.1f} ms/tok "
+        f"↑ {r['up_bytes_per_token']:7.1f} ↓ {r['down_bytes_per_token']:7.1f} B/tok"
+    )
+
+
+def summarise(rows: list[dict]) -> None:
+    print("\nmeans over prompts (ratios to cloud-only: same engine, link, sampling, prompts)")
+    keys = sorted({(r["engine"], r["rtt_ms"], r["mbit"], r["sampling"]) for r in rows})
+    for key in keys:
+        group = [r for r in rows if (r["engine"], r["rtt_ms"], r["mbit"], r["sampling"]) == key]
+        base = [r for r in group if r["method"] == "cloud"]
+        base_tps = statistics.mean(r["tokens_per_s"] for r in base) if base else None
+        base_cpu = statistics.mean(r["cloud_cpu_ms_per_token"] for r in base) if base else None
+        print(f"\n{key[0]} · RTT {key[1]} ms · {key[2]} Mbit/s · {key[3]}")
+        for m in METHODS:
+            rs = [r for r in group if r["method"] == m]
+            if not rs:
+                continue
+            tps = statistics.mean(r["tokens_per_s"] for r in rs)
+            cpu = statistics.mean(r["cloud_cpu_ms_per_token"] for r in rs)
+            acc = [r["acceptance"] for r in rs if r["acceptance"] is not None]
+            drafted = [r["up_bytes_per_drafted"] for r in rs if r["up_bytes_per_drafted"]]
+            ratio = f"{tps / base_tps:5.2f}×" if base_tps else "  —  "
+            cpu_ratio = f"{cpu / base_cpu:5.0%}" if base_cpu else "—"
+            print(
+                f"  {m:6} {tps:6.2f} tok/s {ratio}  TTFT "
+                f"{statistics.mean(r['ttft_s'] or 0 for r in rs):5.2f} s  acceptance "
+                f"{_fmt(statistics.mean(acc) if acc else None, '.2f')}  cloud CPU "
+                f"{cpu:6.1f} ms/tok ({cpu_ratio} of cloud-only)  ↑ "
+                f"{statistics.mean(r['up_bytes_per_token'] for r in rs):7.1f} B/tok "
+                f"({_fmt(statistics.mean(drafted) if drafted else None, '.1f')} B/drafted) ↓ "
+                f"{statistics.mean(r['down_bytes_per_token'] for r in rs):8.1f} B/tok  "
+                f"AS² tokens {sum(r['cloud_only_tokens'] for r in rs)}"
+            )
+        tk = [r for r in group if r["method"] == "tk-slt"]
+        if tk:
+            per = ", ".join(f"{r['prompt']} {_fmt(r['acceptance'], '.2f')}" for r in tk)
+            print(f"  per-prompt TK-SLT acceptance: {per}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engines", nargs="+", default=["torch", "ort"], choices=["torch", "ort"])
+    parser.add_argument("--rtt-ms", nargs="+", type=float, default=[0, 20, 50, 100])
+    parser.add_argument("--mbit", nargs="+", type=float, default=[100, 10])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--sampling", nargs="+", default=["greedy", "sampled"],
+                        choices=["greedy", "sampled"])  # fmt: skip
+    parser.add_argument("--prompts", type=int, default=20)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--device-core", type=int, default=0)
+    parser.add_argument("--cloud-core", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path("split-results.json"))
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    if os.cpu_count() and os.cpu_count() > 1:
+        os.sched_setaffinity(0, {args.device_core})
+    else:
+        args.cloud_core = None
+    print(f"device on core {args.device_core} (sched_setaffinity), cloud on core "
+          f"{args.cloud_core} (taskset); link: TCP delay proxy", file=sys.stderr)  # fmt: skip
+    rows = asyncio.run(run(args))
+    args.out.write_text(json.dumps(rows, indent=1))
+    summarise(rows)
+
+
+if __name__ == "__main__":
+    main()
