@@ -97,7 +97,8 @@ class LLMEngine:
             result = fn()
         finally:
             self._current = None
-            session.state = self.lm.detach_state()
+            state = self.lm.detach_state()
+            session.state = None if session.closed else state  # closed mid-step: drop it
         seconds = time.perf_counter() - start
         session.evicted = False
         session.nbytes = session.state.nbytes

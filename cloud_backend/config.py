@@ -1,0 +1,174 @@
+"""The cloud server's settings: defaults, a TOML file's `[cloud]` table, the environment, flags.
+
+Precedence, lowest first: the defaults here, the file, `TANDEM_CLOUD_TOKEN` (so the secret need
+not sit in a file), then explicit overrides (command-line flags). A typo in the file is an
+error that names the key, not a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from collab.protocol import DEFAULT_LIMITS, Limits
+
+TOKEN_ENV = "TANDEM_CLOUD_TOKEN"
+ENGINES = ("ort", "torch")
+TORCH_DTYPES = ("bfloat16", "float32")
+
+
+class ConfigError(ValueError):
+    """A setting is missing or wrong; the message says which and how to fix it."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything `run_server` and `build_engine` need; validated on construction."""
+
+    host: str = "127.0.0.1"
+    port: int = 8765
+    token: str | None = None
+    engine: Literal["ort", "torch"] = "ort"
+    torch_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    model_dir: Path | None = None  # None: the prepared cloud model (`tandem models prepare`)
+    model_name: str | None = None  # None: derived from model_dir
+    threads: int | None = None
+    max_sessions: int = 8
+    idle_timeout_s: float = 300.0
+    kv_budget_bytes: int = 2 * 1024**3
+    limits: Limits = field(default=DEFAULT_LIMITS)
+    corpus_enabled: bool = True
+    corpus_limit: int | None = None
+    corpus_k: int = 3
+    data_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
+        if self.torch_dtype not in TORCH_DTYPES:
+            raise ConfigError(
+                f"torch_dtype must be one of {', '.join(TORCH_DTYPES)}, not {self.torch_dtype!r}"
+            )
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in 0..65535, not {self.port}")
+        if self.max_sessions < 1:
+            raise ConfigError("max_sessions must be at least 1")
+        if not self.idle_timeout_s > 0:
+            raise ConfigError("idle_timeout_s must be > 0 seconds")
+        if self.kv_budget_bytes < 0:
+            raise ConfigError("kv_budget_bytes must be ≥ 0")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError("threads must be at least 1 (or unset for all cores)")
+        if self.corpus_k < 1:
+            raise ConfigError("corpus_k must be at least 1")
+        if self.corpus_limit is not None and self.corpus_limit < 1:
+            raise ConfigError("corpus_limit must be at least 1 (or unset for the whole corpus)")
+        for name in ("model_dir", "data_dir"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Path):
+                object.__setattr__(self, name, Path(value).expanduser())
+
+    def require_token(self) -> str:
+        """The access token, or a clear error: the cloud never serves without one."""
+        if not self.token:
+            raise ConfigError(
+                "no access token is set for the cloud server: set the environment variable "
+                f'{TOKEN_ENV}, or `token = "..."` in the [cloud] table of the config file'
+            )
+        return self.token
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Check (and convert where TOML cannot express it: paths) one value from the file."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(key, value, arg)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{key} must be one of {', '.join(map(str, choices))}, not {value!r}")
+        return value
+    if tp is Path:
+        if not isinstance(value, str | Path):
+            raise ConfigError(f"{key} must be a path (a string), not {value!r}")
+        return Path(value).expanduser()
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key} must be a number, not {value!r}")
+        return float(value)
+    if tp is int or tp is bool or tp is str:
+        if type(value) is not tp:
+            raise ConfigError(f"{key} must be of type {_type_name(tp)}, not {value!r}")
+        return value
+    return value
+
+
+def _limits(table: Any) -> Limits:
+    if isinstance(table, Limits):
+        return table
+    if not isinstance(table, dict):
+        raise ConfigError("limits must be a table ([cloud.limits])")
+    known = {f.name for f in fields(Limits)}
+    for key, value in table.items():
+        if key not in known:
+            raise ConfigError(
+                f"unknown setting limits.{key} in [cloud.limits]; known: {', '.join(sorted(known))}"
+            )
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"limits.{key} must be a positive integer, not {value!r}")
+    return replace(DEFAULT_LIMITS, **table)
+
+
+def _from_mapping(values: dict[str, Any], where: str) -> dict[str, Any]:
+    hints = typing.get_type_hints(ServerConfig)
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in hints:
+            known = ", ".join(sorted(hints))
+            raise ConfigError(f"unknown setting {key!r} in {where}; known settings: {known}")
+        out[key] = _limits(value) if key == "limits" else _coerce(key, value, hints[key])
+    return out
+
+
+def load_config(path: Path | None = None, **overrides: Any) -> ServerConfig:
+    """Defaults < the file's `[cloud]` table < TANDEM_CLOUD_TOKEN < `overrides` (None values in
+    `overrides` mean "not given" and are skipped, so CLI flags can be passed straight through)."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path).expanduser()
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        table = data.get("cloud", {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"[cloud] in {path} must be a table")
+        values.update(_from_mapping(table, f"the [cloud] table of {path}"))
+    env_token = os.environ.get(TOKEN_ENV)
+    if env_token:
+        values["token"] = env_token
+    given = {k: v for k, v in overrides.items() if v is not None}
+    values.update(_from_mapping(given, "the overrides"))
+    return ServerConfig(**values)

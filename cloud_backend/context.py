@@ -1,0 +1,45 @@
+"""What the transport hands to a request's decoding loop (cloud_backend.decoding).
+
+A separate module so that the server (which starts requests) and decoding (which serves them)
+both import it without importing each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from cloud_backend.engine import EngineSession, LLMEngine
+from collab.protocol import Limits, Message, Mode
+
+
+class RequestMetrics(Protocol):
+    """Where decoding reports what it did; the server turns it into Prometheus series."""
+
+    def tokens(self, n: int) -> None:
+        """`n` more tokens committed to the answer."""
+
+    def round(self, drafted: int, accepted: int, seconds: float) -> None:
+        """One speculation round: drafts received, drafts accepted, cloud time spent."""
+
+    def ttft(self, seconds: float) -> None:
+        """Time from Generate to the first committed token."""
+
+
+@dataclass
+class RequestContext:
+    """One request's view of its session: the engine, where to send, what arrives for it."""
+
+    engine: LLMEngine
+    session: EngineSession  # this websocket's engine session (one per websocket)
+    corpus: Any | None  # PublicCorpus or None
+    corpus_k: int
+    mode: Mode  # CLOUD or SPLIT
+    variant: str  # for SPLIT: "tk-slt", "dssd", "dssd-topk" or "dsd"
+    limits: Limits
+    send: Callable[[Message], Awaitable[None]]  # encodes, counts bytes, sends one frame
+    inbox: asyncio.Queue[Message]  # drafts, CloudDecode, TokenChunk, Cancel for this request
+    traffic: Callable[[], tuple[int, int]]  # (bytes_up, bytes_down) of this request so far
+    metrics: RequestMetrics

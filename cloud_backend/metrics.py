@@ -1,0 +1,130 @@
+"""Prometheus series for one server app, in a registry of its own.
+
+A per-app `CollectorRegistry` (not the global default) lets several apps live in one process
+(tests, benchmarks) without colliding, and makes /metrics show exactly this app's numbers.
+prometheus_client is thread-safe, so the engine's worker thread may record step times directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+# Step and round times on the cloud: a tiny test model takes ~1 ms, a 1.5B prefill seconds.
+_STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class ServerMetrics:
+    """All series the cloud exports; methods are the only way the server touches them."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.sessions = Gauge("tandem_sessions", "Open websocket sessions", registry=r)
+        self.tokens = Counter("tandem_tokens", "Tokens committed to answers", ["mode"], registry=r)
+        self.rounds = Counter("tandem_rounds", "Split speculation rounds", registry=r)
+        self.drafted = Counter(
+            "tandem_drafted_tokens", "Draft tokens received for verification", registry=r
+        )
+        self.accepted = Counter(
+            "tandem_accepted_tokens", "Draft tokens accepted by verification", registry=r
+        )
+        self.bytes = Counter(
+            "tandem_bytes",
+            "Websocket payload bytes (up: device to cloud, down: cloud to device)",
+            ["direction"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "tandem_errors", "Error frames sent, by protocol error code", ["code"], registry=r
+        )
+        self.refusals = Counter(
+            "tandem_handshake_refusals",
+            "Handshakes refused (version, tokenizer, mode, variant, busy)",
+            ["reason"],
+            registry=r,
+        )
+        self.evictions = Counter(
+            "tandem_evictions", "Sessions whose KV cache was evicted", registry=r
+        )
+        self.kv_cache_bytes = Gauge(
+            "tandem_kv_cache_bytes", "KV cache memory held by all sessions", registry=r
+        )
+        self.step_seconds = Histogram(
+            "tandem_step_seconds",
+            "Engine step time by kind (prefill, decode, verify, rollback)",
+            ["kind"],
+            buckets=_STEP_BUCKETS,
+            registry=r,
+        )
+        self.round_seconds = Histogram(
+            "tandem_round_seconds",
+            "Cloud time per speculation round",
+            buckets=_STEP_BUCKETS,
+            registry=r,
+        )
+        self.ttft_seconds = Histogram(
+            "tandem_ttft_seconds",
+            "Time from Generate to the first committed token",
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        for direction in ("up", "down"):
+            self.bytes.labels(direction=direction)  # show zeros before any traffic
+
+    def watch_kv_cache(self, read: Callable[[], int]) -> None:
+        """Read the cache size at scrape time (always current, no bookkeeping)."""
+        self.kv_cache_bytes.set_function(read)
+
+    def step(self, kind: str, positions: int, seconds: float) -> None:
+        """The engine's `on_step` observer (called from its worker thread)."""
+        self.step_seconds.labels(kind=kind).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class RequestMetrics:
+    """Per-request recorder handed to decoding (cloud_backend.context.RequestMetrics); keeps
+    its own totals too, for the request's log line."""
+
+    def __init__(self, metrics: ServerMetrics, mode: str) -> None:
+        self._m = metrics
+        self._tokens = metrics.tokens.labels(mode=mode)
+        self.n_tokens = 0
+        self.n_rounds = 0
+        self.n_drafted = 0
+        self.n_accepted = 0
+        self.ttft_s: float | None = None
+
+    def tokens(self, n: int) -> None:
+        if n > 0:
+            self.n_tokens += n
+            self._tokens.inc(n)
+
+    def round(self, drafted: int, accepted: int, seconds: float) -> None:
+        self.n_rounds += 1
+        self.n_drafted += drafted
+        self.n_accepted += accepted
+        self._m.rounds.inc()
+        if drafted:
+            self._m.drafted.inc(drafted)
+        if accepted:
+            self._m.accepted.inc(accepted)
+        self._m.round_seconds.observe(seconds)
+
+    def ttft(self, seconds: float) -> None:
+        if self.ttft_s is None:
+            self.ttft_s = seconds
+            self._m.ttft_seconds.observe(seconds)
