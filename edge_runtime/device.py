@@ -71,13 +71,13 @@ class Retriever(Protocol):
 
 
 def _location(hit: Any) -> str:
+    """Where a chunk is in its file, as a citation shows it: page, line range."""
     parts = []
     if getattr(hit, "page", None):
         parts.append(f"p. {hit.page}")
-    if getattr(hit, "line_start", None):
-        end = getattr(hit, "line_end", None)
-        parts.append(f"lines {hit.line_start}–{end}" if end and end != hit.line_start else
-                     f"line {hit.line_start}")  # fmt: skip
+    start, end = getattr(hit, "line_start", None), getattr(hit, "line_end", None)
+    if start:
+        parts.append(f"lines {start}–{end}" if end and end != start else f"line {start}")
     return ", ".join(parts)
 
 
