@@ -28,6 +28,7 @@ class SplitCosts:
     accepted: float = 1.0  # discounted counts for α = accepted / (accepted + rejections)
     rejected: float = 1.0  # prior α = 0.5
     verify: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=64))
+    cloud_tokens_since_round: int = 0  # AS² decoding since the last speculative round
 
     @property
     def alpha(self) -> float:
@@ -42,22 +43,25 @@ class SplitCosts:
         self.t_draft = ewma_update(self.t_draft, draft_s / max(gamma, 1), EWMA)
         self.t_link = ewma_update(self.t_link, max(0.0, round_s - draft_s - compute_s), EWMA)
         self.verify.append((gamma + 1, compute_s))
+        self.cloud_tokens_since_round = 0
 
     def observe_cloud_tokens(self, n: int, seconds: float) -> None:
         if n > 0:
             self.t_cloud_step = ewma_update(self.t_cloud_step, seconds / n, EWMA)
 
     def verify_time(self, rows: int) -> float:
-        """Cloud compute for `rows` positions: least squares a + b·rows over recent rounds;
-        with one γ seen so far, half fixed and half proportional (between the memory-bound
-        and compute-bound regimes)."""
+        """Cloud compute for `rows` positions: a line a + b·rows through the median time of
+        each γ seen recently (medians: a cold first pass must not skew it); with one γ seen so
+        far, half fixed and half proportional (between memory- and compute-bound)."""
         if not self.verify:
             return 0.0
-        x = np.array([r for r, _ in self.verify], dtype=np.float64)
-        y = np.array([t for _, t in self.verify], dtype=np.float64)
-        if np.ptp(x) == 0:
-            per = y.mean() / x[0]
-            return float(0.5 * y.mean() + 0.5 * per * rows)
+        groups: dict[int, list[float]] = {}
+        for r, t in self.verify:
+            groups.setdefault(r, []).append(t)
+        x = np.array(sorted(groups), dtype=np.float64)
+        y = np.array([np.median(groups[int(r)]) for r in x])
+        if x.size == 1:
+            return float(0.5 * y[0] + 0.5 * y[0] / x[0] * rows)
         b, a = np.polyfit(x, y, 1)
         return float(max(a + b * rows, 1e-4))
 

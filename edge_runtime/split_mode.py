@@ -57,6 +57,7 @@ from model_runtime.prompting import prompt_ids
 VARIANTS = ("tk-slt", "dssd", "dssd-topk", "dsd")
 TOPK_MAX = 8  # TK-SLT: at most 8 (id, prob) pairs per drafted position (≤ 56 B)
 CLOUD_CHUNK = 32  # tokens the cloud decodes alone per AS² fallback request
+PROBE_EVERY = 96  # under AS², one speculative round per this many cloud tokens re-measures
 
 
 class SplitMode(CloudBacked):
@@ -173,7 +174,8 @@ class _SplitRun:
         announced = False
         while self.transcript.finish is None:
             choice = costs.choose(self.transcript.remaining)
-            if choice is not None and choice.use_cloud_only:
+            probe = costs.cloud_tokens_since_round >= PROBE_EVERY  # refresh the estimates
+            if choice is not None and choice.use_cloud_only and not probe:
                 if not announced:
                     announced = True
                     yield Notice(
@@ -213,6 +215,7 @@ class _SplitRun:
                 got += msg.token_ids.size
                 self.unfed += kept
                 self.stats.cloud_tokens += len(kept)
+                self.mode.costs.cloud_tokens_since_round += len(kept)
                 for event in self._emit(kept):
                     yield event
             elif isinstance(msg, Done):
