@@ -6,6 +6,7 @@ cloud   device → Generate(question, history, sampling, retrieve)
         cloud  → Citations (public sources, if any) → TokenChunk per token → Done
 split   device → Generate(...)            the cloud builds the same prompt as in cloud mode
                                           (so greedy split == cloud-only) and prefills it
+        cloud  → TokenChunk: the first token, sampled from the prefill (cloud-mode TTFT)
         loop:
           device → draft (step = tokens committed so far, epoch = rejections so far)
                    TopKDraft (tk-slt) | DssdDraft (dssd, dssd-topk) | DsdDraft (dsd)
@@ -200,6 +201,9 @@ class _Request:
     # ---- split verification ----------------------------------------------------------------
     async def _split(self) -> None:
         expected = VARIANT_DRAFTS[self.ctx.variant]
+        # The first token comes straight from the prefill, as in cloud mode (same TTFT); the
+        # device meanwhile prefills its own prompt and drafts from that token on.
+        await self._decode(1)
         while self.transcript.finish is None:
             msg = await self.ctx.inbox.get()
             if isinstance(msg, Cancel):

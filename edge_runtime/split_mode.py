@@ -1,8 +1,10 @@
 """Split speculative decoding, device side: the device drafts, the cloud verifies.
 
 The device model reads the private passages (a RAG drafter); the cloud verifies with a prompt
-built from the question and the cloud-visible history only. Per round the device samples γ
-drafts and sends what its variant needs of Q (DESIGN §5.2):
+built from the question and the cloud-visible history only. The first token comes from the
+cloud's prefill (so the time to first token is cloud mode's) while the device prefills its
+own prompt. Per round the device samples γ drafts and sends what its variant needs of Q
+(DESIGN §5.2):
 
 - tk-slt (default, exact): drafts are sampled from the top-K of Q as sent (float16), so the
   cloud knows the draft distribution exactly and resamples any rejection itself.
@@ -17,6 +19,7 @@ the device asks the cloud to decode the next tokens itself and says so in the st
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 
@@ -169,8 +172,16 @@ class _SplitRun:
             return msg
 
     async def decode(self, prompt: list[int]) -> AsyncIterator[Event]:
+        # The cloud sends the first token from its prefill; the device prefills meanwhile.
+        prefill = asyncio.ensure_future(self.device.prefill(prompt))
+        try:
+            async for event in self._receive_tokens(1):
+                yield event
+            logits = await prefill
+        finally:
+            if not prefill.done():
+                prefill.cancel()
         costs = self.mode.costs
-        logits = None  # the device prefills once it drafts (not at all if the cloud decodes)
         announced = False
         while self.transcript.finish is None:
             choice = costs.choose(self.transcript.remaining)
@@ -185,16 +196,20 @@ class _SplitRun:
                         "the cloud"
                     )
                 self.stats.cloud_only = True
-                async for event in self._cloud_decode(min(CLOUD_CHUNK, self.transcript.remaining)):
+                n = min(CLOUD_CHUNK, self.transcript.remaining)
+                t0 = time.perf_counter()
+                await self.client.send(CloudDecode(n, request_id=self.rid, epoch=self.epoch,
+                                                   step=len(self.transcript.tokens)))  # fmt: skip
+                got = len(self.transcript.tokens)
+                async for event in self._receive_tokens(n, as2=True):
                     yield event
+                costs.observe_cloud_tokens(len(self.transcript.tokens) - got,
+                                           time.perf_counter() - t0)  # fmt: skip
                 continue
             gamma = INITIAL_GAMMA if choice is None else choice.gamma
             gamma = max(1, min(gamma, self.transcript.remaining))
             self.stats.gamma = gamma
-            if logits is None:  # first draft: overlaps the cloud's prefill when it comes first
-                logits = await self.device.prefill(prompt + self.unfed)
-                self.unfed = []
-            elif self.unfed:
+            if self.unfed:
                 logits = (await self.device.forward(self.unfed))[-1]
                 self.unfed = []
             async for event in self._round(logits, gamma):
@@ -203,10 +218,9 @@ class _SplitRun:
                 yield self.pending_events.pop(0)
         await self._await_done()
 
-    async def _cloud_decode(self, n: int) -> AsyncIterator[Event]:
-        step = len(self.transcript.tokens)
-        t0 = time.perf_counter()
-        await self.client.send(CloudDecode(n, request_id=self.rid, epoch=self.epoch, step=step))
+    async def _receive_tokens(self, n: int, as2: bool = False) -> AsyncIterator[Event]:
+        """Tokens the cloud decodes itself (the first one, or n under AS²), to the device's
+        cache later."""
         got = 0
         while got < n and self.transcript.finish is None:
             msg = await self._recv()
@@ -214,8 +228,9 @@ class _SplitRun:
                 kept = self.transcript.commit(msg.token_ids.tolist())
                 got += msg.token_ids.size
                 self.unfed += kept
-                self.stats.cloud_tokens += len(kept)
-                self.mode.costs.cloud_tokens_since_round += len(kept)
+                if as2:
+                    self.stats.cloud_tokens += len(kept)
+                    self.mode.costs.cloud_tokens_since_round += len(kept)
                 for event in self._emit(kept):
                     yield event
             elif isinstance(msg, Done):
@@ -223,7 +238,8 @@ class _SplitRun:
                 return
             else:
                 self._unexpected(msg)
-        self.mode.costs.observe_cloud_tokens(got, time.perf_counter() - t0)
+        while self.pending_events:
+            yield self.pending_events.pop(0)
 
     async def _round(self, logits: np.ndarray, gamma: int) -> AsyncIterator[Event]:
         variant = self.mode.variant

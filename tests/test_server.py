@@ -444,6 +444,8 @@ async def test_streaming_is_activity_but_a_silent_split_request_is_idle(start_cl
     async with raw(cloud, greet=hello(engine, Mode.SPLIT, "tk-slt")) as s:
         assert (await s.recv()).accepted
         await s.send(Generate("hello", request_id=1))  # then no drafts ever come
+        first = await s.recv(timeout=5)  # the first token, straight from the prefill
+        assert isinstance(first, TokenChunk) and first.step == 0
         err = await s.recv(timeout=5)
         assert isinstance(err, Error) and err.code == ErrorCode.LIMIT
         await s.expect_closed()
@@ -515,12 +517,15 @@ async def test_split_session_routes_cloud_decode_to_the_request(start_cloud, eng
     async with raw(cloud, greet=hello(engine, Mode.SPLIT, "tk-slt")) as s:
         assert (await s.recv()).accepted
         await s.send(Generate("hello", max_new_tokens=50, request_id=1))
-        await s.send(CloudDecode(4, request_id=1))
+        first = await s.recv()  # the first token comes from the prefill
+        assert isinstance(first, TokenChunk) and first.step == 0
+        await s.send(CloudDecode(4, request_id=1, step=1))
         chunks = [await s.recv() for _ in range(4)]
         assert all(isinstance(c, TokenChunk) and c.token_ids.size == 1 for c in chunks)
+        assert [c.step for c in chunks] == [1, 2, 3, 4]
         await s.send(Cancel(request_id=1))
         done = (await s.recv_until(Done))[-1]
-        assert done.reason == FinishReason.CANCELLED and done.tokens == 4
+        assert done.reason == FinishReason.CANCELLED and done.tokens == 5
 
 
 async def test_disconnect_mid_request_closes_the_engine_session(cloud):
