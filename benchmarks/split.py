@@ -74,6 +74,8 @@ async def run(args: argparse.Namespace) -> list[dict]:
                                           variant="tk-slt" if m == "cloud" else m)  # fmt: skip
                         modes[m] = build_mode("cloud" if m == "cloud" else "split", ctx)
                         ctx.retrieve_public = False
+                        if m != "cloud" and args.no_as2:
+                            modes[m].costs.as2 = False
                     # warm-up: connect, let each split mode measure its costs once
                     warm = AnswerOptions(max_new_tokens=16, temperature=0.0, k=0)
                     for mode in modes.values():
@@ -105,7 +107,8 @@ async def run(args: argparse.Namespace) -> list[dict]:
                                     "up_bytes_per_token": stats.bytes_up / n,
                                     "down_bytes_per_token": stats.bytes_down / n,
                                     "up_bytes_per_drafted": (
-                                        stats.bytes_up / stats.drafted if stats.drafted else None
+                                        stats.draft_bytes_up / stats.drafted
+                                        if stats.drafted else None
                                     ),
                                 }  # fmt: skip
                                 rows.append(row)
@@ -180,6 +183,9 @@ def main() -> None:
     parser.add_argument("--device-core", type=int, default=0)
     parser.add_argument("--cloud-core", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("split-results.json"))
+    parser.add_argument(
+        "--no-as2", action="store_true", help="always speculate (to measure what AS² saves)"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if os.cpu_count() and os.cpu_count() > 1:

@@ -60,6 +60,7 @@ class Stats:
     cloud_tokens: int = 0  # tokens the cloud decoded alone (AS² fallback)
     bytes_up: int = 0
     bytes_down: int = 0
+    draft_bytes_up: int = 0  # the draft frames alone (split): uplink per drafted token
     finish: str | None = None
     per_round: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted)
     token_ids: list[int] = field(default_factory=list)  # the answer's ids (tests, benchmarks)

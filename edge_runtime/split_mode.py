@@ -60,6 +60,7 @@ from model_runtime.prompting import prompt_ids
 VARIANTS = ("tk-slt", "dssd", "dssd-topk", "dsd")
 TOPK_MAX = 8  # TK-SLT: at most 8 (id, prob) pairs per drafted position (≤ 56 B)
 CLOUD_CHUNK = 32  # tokens the cloud decodes alone per AS² fallback request
+MEASURE_CLOUD = 4  # tokens the cloud decodes alone once per session, to time it
 PROBE_EVERY = 96  # under AS², one speculative round per this many cloud tokens re-measures
 
 
@@ -186,6 +187,13 @@ class _SplitRun:
         while self.transcript.finish is None:
             choice = costs.choose(self.transcript.remaining)
             probe = costs.cloud_tokens_since_round >= PROBE_EVERY  # refresh the estimates
+            if choice is not None and costs.t_cloud_step is None:
+                # AS² compares with the cloud decoding alone: measure that once, too
+                async for event in self._cloud_tokens(
+                    min(MEASURE_CLOUD, self.transcript.remaining)
+                ):
+                    yield event
+                continue
             if choice is not None and choice.use_cloud_only and not probe:
                 if not announced:
                     announced = True
@@ -196,27 +204,29 @@ class _SplitRun:
                         "the cloud"
                     )
                 self.stats.cloud_only = True
-                n = min(CLOUD_CHUNK, self.transcript.remaining)
-                t0 = time.perf_counter()
-                await self.client.send(CloudDecode(n, request_id=self.rid, epoch=self.epoch,
-                                                   step=len(self.transcript.tokens)))  # fmt: skip
-                got = len(self.transcript.tokens)
-                async for event in self._receive_tokens(n, as2=True):
+                async for event in self._cloud_tokens(min(CLOUD_CHUNK, self.transcript.remaining)):
                     yield event
-                costs.observe_cloud_tokens(len(self.transcript.tokens) - got,
-                                           time.perf_counter() - t0)  # fmt: skip
                 continue
             gamma = INITIAL_GAMMA if choice is None else choice.gamma
             gamma = max(1, min(gamma, self.transcript.remaining))
             self.stats.gamma = gamma
-            if self.unfed:
-                logits = (await self.device.forward(self.unfed))[-1]
-                self.unfed = []
             async for event in self._round(logits, gamma):
                 yield event
             while self.pending_events:
                 yield self.pending_events.pop(0)
         await self._await_done()
+
+    async def _cloud_tokens(self, n: int) -> AsyncIterator[Event]:
+        """Ask the cloud to decode the next n tokens itself, and time it (minus the link)."""
+        t0 = time.perf_counter()
+        await self.client.send(CloudDecode(n, request_id=self.rid, epoch=self.epoch,
+                                           step=len(self.transcript.tokens)))  # fmt: skip
+        got = len(self.transcript.tokens)
+        async for event in self._receive_tokens(n, as2=True):
+            yield event
+        costs = self.mode.costs
+        seconds = time.perf_counter() - t0 - (costs.t_link or 0.0)
+        costs.observe_cloud_tokens(len(self.transcript.tokens) - got, max(seconds, 1e-4))
 
     async def _receive_tokens(self, n: int, as2: bool = False) -> AsyncIterator[Event]:
         """Tokens the cloud decodes itself (the first one, or n under AS²), to the device's
@@ -243,9 +253,12 @@ class _SplitRun:
 
     async def _round(self, logits: np.ndarray, gamma: int) -> AsyncIterator[Event]:
         variant = self.mode.variant
-        base = self.device.length
         step = len(self.transcript.tokens)
-        t0 = time.perf_counter()
+        t0 = time.perf_counter()  # device time per round includes catching up on new tokens
+        if self.unfed:
+            logits = (await self.device.forward(self.unfed))[-1]
+            self.unfed = []
+        base = self.device.length
         drafts: list[int] = []
         qs: list[np.ndarray] = []  # what each draft was sampled from (as the cloud sees it)
         rows: list[tuple[np.ndarray, np.ndarray]] = []
@@ -271,7 +284,9 @@ class _SplitRun:
                 logits = (await self.device.forward([x]))[-1]
         draft_s = time.perf_counter() - t0
         msg = self._draft_message(drafts, qs, rows, dense, step)
+        up0 = self.client.bytes_up
         await self.client.send(msg)
+        self.stats.draft_bytes_up += self.client.bytes_up - up0
         verdict = await self._recv()
         if isinstance(verdict, Done):
             self._done(verdict)
