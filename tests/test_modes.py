@@ -241,7 +241,10 @@ async def test_split_never_sends_private_text(variant, near_drafter, cloud_url, 
     split = build_mode("split", context(near_drafter, url, variant, index=private_index))
     question = "Where is the spare key hidden?"
     options = AnswerOptions(max_new_tokens=24, temperature=0.7, seed=3, k=2)
-    _, stats, events = await ask(split, question, options)
+    # an earlier turn answered locally may quote private text: it must not travel either
+    history = [Turn("What is my locker code?", "Your locker code is 4417.", "local"),
+               Turn("Hi", "Hello there!", "cloud")]  # fmt: skip
+    _, stats, events = await ask(split, question, options, history)
     await split.close()
     await tap.close()
     cites = [e for e in events if isinstance(e, Citation)]
@@ -249,6 +252,7 @@ async def test_split_never_sends_private_text(variant, near_drafter, cloud_url, 
     frames = tap.payloads()
     wire = b"".join(frames)
     assert question.encode() in wire  # the tap does see text the device sends
+    assert b"Hello there!" in wire and b"4417" not in wire
     assert stats.rounds > 0
     for hit in private_index.search(question, k=5):
         chunk = hit.text.encode()
