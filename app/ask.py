@@ -15,9 +15,9 @@ CLOUD_TOKEN_ENV = "TANDEM_CLOUD_TOKEN"
 
 def _open_index():
     """The private index, if the user has indexed anything (loading it costs a second)."""
-    from app.cli import _index_paths
+    from app.cli import index_paths
 
-    root, embedder_dir = _index_paths()
+    root, embedder_dir = index_paths()
     if not (root / "index.sqlite").exists() and not any(root.glob("*.sqlite")):
         return None
     from personal_index.index import PersonalIndex

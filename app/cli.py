@@ -1,6 +1,6 @@
 """Tandem: a private assistant in the terminal that works in tandem with a cloud.
 
-The command line is headless: nothing here imports Textual."""
+`tandem` alone starts the TUI; every subcommand is headless (none imports Textual)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return run_serve(args)
 
 
-def _index_paths() -> tuple[Path, Path]:
+def index_paths() -> tuple[Path, Path]:
     """Where the private index and its embedding model live (under the user data dir)."""
     from tandem_packaging.store import data_dir
 
@@ -64,7 +64,7 @@ def _open_store():
     from retrieval.embedder import DIM
     from retrieval.store import IndexStore
 
-    return IndexStore(_index_paths()[0], DIM)
+    return IndexStore(index_paths()[0], DIM)
 
 
 def _cmd_ingest(args: argparse.Namespace) -> int:
@@ -72,7 +72,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 
     from personal_index.index import IngestBusyError, PersonalIndex
 
-    with PersonalIndex(*_index_paths()) as index:
+    with PersonalIndex(*index_paths()) as index:
         bar = tqdm(total=0, unit="file", desc="ingest", disable=args.json)
 
         def on_progress(p) -> None:
@@ -112,7 +112,7 @@ def _cmd_docs_list(args: argparse.Namespace) -> int:
         print(f"{r.path}  ({r.kind or '?'}, {detail})")
     print(
         f"{stats.documents} documents, {stats.chunks} chunks, {stats.failed} failed;"
-        f" index at {_index_paths()[0]}"
+        f" index at {index_paths()[0]}"
     )
     return 0
 
@@ -131,7 +131,7 @@ def _cmd_docs_remove(args: argparse.Namespace) -> int:
 def _cmd_search(args: argparse.Namespace) -> int:
     from personal_index.index import PersonalIndex
 
-    with PersonalIndex(*_index_paths()) as index:
+    with PersonalIndex(*index_paths()) as index:
         try:
             hits = index.search(args.query, args.k, args.min_score)
         except ValueError as exc:
@@ -238,10 +238,46 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--min-score", type=float)
     search.add_argument("--json", action="store_true")
     search.set_defaults(func=_cmd_search)
+    paths = sub.add_parser("paths", help="where Tandem keeps its config, data, index and models")
+    paths.add_argument("--json", action="store_true")
+    paths.set_defaults(func=_cmd_paths)
+    tui = sub.add_parser("tui", help="the terminal app (also what `tandem` alone starts)")
+    tui.set_defaults(func=lambda _args: _run_tui())
     return parser
 
 
+def _cmd_paths(args: argparse.Namespace) -> int:
+    from app.settings import config_path, describe_paths
+
+    paths = {"config": str(config_path()), **describe_paths()}
+    if args.json:
+        print(json.dumps(paths, indent=2))
+    else:
+        for name, path in paths.items():
+            print(f"{name:14} {path}")
+    return 0
+
+
+def _run_tui() -> int:
+    """`tandem` alone: the TUI (the only place Textual is imported). Logs go to a file: a
+    line on stderr would tear the screen."""
+    from tandem_packaging.store import data_dir
+
+    log_file = data_dir() / "tandem.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(
+        filename=log_file, level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )  # fmt: skip
+    from app.tui.app import run
+
+    return run()
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        return _run_tui()
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,

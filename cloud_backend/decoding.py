@@ -69,7 +69,7 @@ VARIANT_DRAFTS: dict[str, type[Message]] = {
     "dsd": DsdDraft,
 }
 DSSD_TOPK = 64  # P_j entries sent back in the approximate PicoSpec-style dssd-topk variant
-EXCERPT_CHARS = 300
+SOURCE_CHARS = 2000  # the public chunk (a Wikipedia lead summary) the user can open
 
 
 class _Stop(Exception):
@@ -148,7 +148,7 @@ class _Request:
             hits = await asyncio.to_thread(corpus.search, self.gen.question, self.ctx.corpus_k)
             passages = [Passage(h.title, h.location, h.text) for h in hits]
             sources = tuple(
-                Source(h.title, h.location, float(h.score), h.text[:EXCERPT_CHARS]) for h in hits
+                Source(h.title, h.location, float(h.score), h.text[:SOURCE_CHARS]) for h in hits
             )
             await self.ctx.send(Citations(sources, request_id=self.gen.request_id))
         tokenizer = self.ctx.engine.tokenizer

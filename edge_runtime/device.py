@@ -95,7 +95,14 @@ async def retrieve_private(
         passages.append(Passage(title, location, hit.text))
         citations.append(
             Citation(
-                n, "device", title, location, float(hit.score), hit.text[:EXCERPT_CHARS], hit.path
+                n,
+                "device",
+                title,
+                location,
+                float(hit.score),
+                hit.text[:EXCERPT_CHARS],
+                hit.path,
+                hit.text,
             )
         )
     return passages, citations

@@ -26,6 +26,7 @@ class Citation:
     score: float
     excerpt: str
     path: str | None = None
+    text: str = ""  # the whole chunk, for "open source" (device chunks never leave the device)
 
 
 @dataclass(frozen=True)

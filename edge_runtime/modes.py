@@ -11,6 +11,7 @@ answered in local mode may rest on private text, so they are never sent."""
 
 from __future__ import annotations
 
+import copy
 import itertools
 import time
 from abc import ABC, abstractmethod
@@ -32,7 +33,7 @@ from collab.protocol import (
 )
 from collab.sampling import SamplingParams, sample
 from collab.split import Transcript
-from edge_runtime.device import DeviceModel, Retriever, retrieve_private
+from edge_runtime.device import EXCERPT_CHARS, DeviceModel, Retriever, retrieve_private
 from edge_runtime.events import Citation, Event, Failure, Notice, Stats, TextDelta
 from model_runtime.generate import TextStream
 from model_runtime.prompting import prompt_ids
@@ -106,6 +107,30 @@ class Orchestrator(ABC):
 
     def __init__(self, ctx: ModeContext) -> None:
         self.ctx = ctx
+        self._live: tuple[Stats, float] | None = None
+        self._live_bytes: tuple[object, int, int] | None = None
+
+    def _track(self, stats: Stats, start: float) -> None:
+        """Make `stats` the answer in progress that `live_stats` reports."""
+        self._live, self._live_bytes = (stats, start), None
+
+    def _track_bytes(self, client, up0: int, down0: int) -> None:
+        self._live_bytes = (client, up0, down0)
+
+    def live_stats(self) -> Stats | None:
+        """A snapshot of the figures of the answer in progress (elapsed time and bytes so
+        far), or of the last answer: the TUI's status bar polls it while text streams."""
+        if self._live is None:
+            return None
+        stats, start = self._live
+        snap = copy.copy(stats)
+        if snap.finish is None:
+            snap.elapsed_s = time.perf_counter() - start
+        if self._live_bytes is not None and snap.finish is None:
+            client, up0, down0 = self._live_bytes
+            snap.bytes_up = client.bytes_up - up0
+            snap.bytes_down = client.bytes_down - down0
+        return snap
 
     @abstractmethod
     def answer(
@@ -163,6 +188,7 @@ class LocalMode(Orchestrator):
         device = _need_device(self.ctx)
         start = time.perf_counter()
         stats = Stats(self.name)
+        self._track(stats, start)
         passages, citations = await retrieve_private(
             self.ctx.index, question, options.k, options.min_score
         )
@@ -298,7 +324,9 @@ class CloudBacked(Orchestrator):
 
 def citations_from(msg: Citations) -> list[Citation]:
     return [
-        Citation(n, "cloud", s.title, s.location, s.score, s.excerpt)
+        Citation(
+            n, "cloud", s.title, s.location, s.score, s.excerpt[:EXCERPT_CHARS], text=s.excerpt
+        )
         for n, s in enumerate(msg.sources, 1)
     ]
 
@@ -318,6 +346,7 @@ class CloudMode(CloudBacked):
 
         start = time.perf_counter()
         stats = Stats(self.name)
+        self._track(stats, start)
         device = self.ctx.device
         tokenizer = device.tokenizer if device else None
         transcript = Transcript(options.max_new_tokens, STOP_IDS)
@@ -329,6 +358,7 @@ class CloudMode(CloudBacked):
         try:
             client = await self.client()
             up0, down0 = client.bytes_up, client.bytes_down
+            self._track_bytes(client, up0, down0)
             await client.send(self.generate_message(rid, question, history, options,
                                                     self.ctx.retrieve_public))  # fmt: skip
             while True:

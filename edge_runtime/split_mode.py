@@ -87,6 +87,7 @@ class SplitMode(CloudBacked):
         device = _need_device(self.ctx)
         start = time.perf_counter()
         stats = Stats(self.name, self.variant)
+        self._track(stats, start)
         passages, citations = await retrieve_private(
             self.ctx.index, question, options.k, options.min_score
         )
@@ -99,6 +100,7 @@ class SplitMode(CloudBacked):
         try:
             client = await self.client()
             up0, down0 = client.bytes_up, client.bytes_down
+            self._track_bytes(client, up0, down0)
             rid = next(self._request_ids)
             run.client, run.rid = client, rid
             await client.send(self.generate_message(

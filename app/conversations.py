@@ -1,0 +1,519 @@
+"""Conversation history in SQLite, with `PRAGMA user_version` migrations.
+
+The schema version lives in the file header (`PRAGMA user_version`); `MIGRATIONS[i]` takes a
+database from version i to i + 1, and all pending steps run in one transaction, so a file is
+either fully migrated or untouched. A file from a newer Tandem is refused, never rewritten.
+
+This uses the standard library's sqlite3 rather than sqlite-utils: importing sqlite-utils also
+imports numpy (and pandas when present), and this module is imported at start-up.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import re
+import sqlite3
+import threading
+import time
+import unicodedata
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TITLE = "New conversation"
+TITLE_CHARS = 48
+ROLES = ("user", "assistant")
+STATUSES = ("complete", "cancelled", "failed", "streaming")
+EXPORT_SCHEMA = 1
+
+
+class ConversationStoreError(RuntimeError):
+    """The history file cannot be used (corrupt, or written by a newer Tandem)."""
+
+
+class SchemaTooNewError(ConversationStoreError):
+    """The file was written by a newer Tandem; reading it could lose what we do not know."""
+
+
+class ConversationNotFound(KeyError):
+    """No conversation with that id (deleted, or never created)."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message plain
+        return str(self.args[0]) if self.args else "conversation not found"
+
+
+class MessageNotFound(KeyError):
+    """No message with that id."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "message not found"
+
+
+def _v1_initial(conn: sqlite3.Connection) -> None:
+    """v0 -> v1: the initial schema."""
+    conn.execute(
+        """
+        CREATE TABLE conversations (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            title TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        )
+        """
+    )
+    conn.execute(
+        """
+        CREATE TABLE messages (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            conversation_id INTEGER NOT NULL
+                REFERENCES conversations(id) ON DELETE CASCADE,
+            role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
+            text TEXT NOT NULL DEFAULT '',
+            mode TEXT NOT NULL DEFAULT '',
+            created_at REAL NOT NULL,
+            citations TEXT NOT NULL DEFAULT '[]',
+            stats TEXT NOT NULL DEFAULT '{}',
+            status TEXT NOT NULL DEFAULT 'complete',
+            error TEXT
+        )
+        """
+    )
+    conn.execute("CREATE INDEX messages_by_conversation ON messages (conversation_id, id)")
+    conn.execute("CREATE INDEX conversations_by_updated ON conversations (updated_at)")
+
+
+# MIGRATIONS[i] takes the schema from version i to i + 1. Add v2 as one more function here.
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial]
+SCHEMA_VERSION = len(MIGRATIONS)  # 1
+
+
+@contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on any error (`conn` is in autocommit mode)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def user_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def migrate(conn: sqlite3.Connection, path: Path | str = "database") -> int:
+    """Bring `conn` to the newest schema in one transaction; return the version it had.
+
+    `conn` must be in autocommit mode (isolation_level=None) so the transaction is ours.
+    """
+    migrations = MIGRATIONS  # read at call time, so tests can add a step
+    target = len(migrations)
+    with _transaction(conn):
+        found = user_version(conn)
+        if found > target:
+            raise SchemaTooNewError(
+                f"{path} has conversation schema version {found}, but this Tandem reads up to "
+                f"{target}. Upgrade Tandem, or move the file aside to start a new history; "
+                "it was not changed."
+            )
+        for version in range(found, target):
+            logger.info("migrating %s: schema %d -> %d", path, version, version + 1)
+            migrations[version](conn)
+        if found != target:
+            conn.execute(f"PRAGMA user_version = {int(target)}")
+    return found
+
+
+@dataclass(frozen=True)
+class ConversationRow:
+    id: int
+    title: str
+    created_at: float
+    updated_at: float
+    messages: int
+
+
+@dataclass(frozen=True)
+class MessageRow:
+    id: int
+    conversation_id: int
+    role: str  # "user" | "assistant"
+    text: str
+    mode: str
+    created_at: float
+    citations: list[dict] = field(default_factory=list)
+    stats: dict = field(default_factory=dict)
+    status: str = "complete"  # complete | cancelled | failed | streaming
+    error: str | None = None
+
+
+_CONVERSATION_SELECT = """
+    SELECT c.id, c.title, c.created_at, c.updated_at,
+           (SELECT COUNT(*) FROM messages m WHERE m.conversation_id = c.id) AS messages
+    FROM conversations c
+"""
+_MESSAGE_COLUMNS = (
+    "id, conversation_id, role, text, mode, created_at, citations, stats, status, error"
+)
+
+
+def _loads(text: str | None, default: Any) -> Any:
+    """Decode a JSON column; a damaged value reads as the default rather than breaking the view."""
+    if not text:
+        return default
+    try:
+        return json.loads(text)
+    except ValueError:
+        logger.warning("ignoring a damaged JSON value in the conversation history")
+        return default
+
+
+def _message(row: tuple) -> MessageRow:
+    citations = _loads(row[6], [])
+    stats = _loads(row[7], {})
+    return MessageRow(
+        id=row[0],
+        conversation_id=row[1],
+        role=row[2],
+        text=row[3],
+        mode=row[4],
+        created_at=row[5],
+        citations=citations if isinstance(citations, list) else [],
+        stats=stats if isinstance(stats, dict) else {},
+        status=row[8],
+        error=row[9],
+    )
+
+
+def _conversation(row: tuple) -> ConversationRow:
+    return ConversationRow(*row)
+
+
+def title_from_question(question: str, limit: int = TITLE_CHARS) -> str:
+    """The first ~`limit` characters of a question on one line, cut at a word when possible."""
+    text = " ".join(question.split())
+    if len(text) <= limit:
+        return text
+    cut = text[:limit]
+    space = cut.rfind(" ")
+    if space >= limit // 2:
+        cut = cut[:space]
+    return cut.rstrip(" ,.;:") + "…"
+
+
+def slugify(title: str, limit: int = 40) -> str:
+    """A file-name-safe, lower-case ASCII slug of a title ("conversation" when nothing is left)."""
+    ascii_text = unicodedata.normalize("NFKD", title).encode("ascii", "ignore").decode()
+    slug = re.sub(r"[^a-z0-9]+", "-", ascii_text.lower()).strip("-")
+    slug = slug[:limit].rstrip("-")
+    return slug or "conversation"
+
+
+def export_paths(folder: Path, conversation: ConversationRow) -> tuple[Path, Path]:
+    """Where a conversation's exports go: `<folder>/<slug>-<id>.md` and `.json` (the id keeps
+    two conversations with the same title apart). Creates nothing."""
+    stem = f"{slugify(conversation.title)}-{conversation.id}"
+    folder = Path(folder)
+    return folder / f"{stem}.md", folder / f"{stem}.json"
+
+
+def _format_score(score: Any) -> str:
+    if isinstance(score, int | float) and not isinstance(score, bool):
+        return f"{score:.2f}"
+    return str(score)
+
+
+def _source_line(index: int, citation: Mapping[str, Any]) -> str:
+    """ "[n] title (location) · side · score" for the Markdown export."""
+    number = citation.get("number", index)
+    title = str(citation.get("title") or citation.get("path") or "untitled")
+    parts = [f"[{number}] {title}"]
+    location = citation.get("location")
+    if location:
+        parts[0] += f" ({location})"
+    if citation.get("side"):
+        parts.append(str(citation["side"]))
+    if citation.get("score") is not None:
+        parts.append(_format_score(citation["score"]))
+    return " · ".join(parts)
+
+
+class ConversationStore:
+    """The conversation history: conversations and their messages, one SQLite file.
+
+    One connection shared across threads behind a lock: the app writes from the event loop and
+    possibly from workers.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        try:
+            self._conn: sqlite3.Connection | None = sqlite3.connect(
+                self.path, check_same_thread=False, isolation_level=None
+            )
+        except sqlite3.Error as exc:
+            raise ConversationStoreError(f"{self.path}: cannot open: {exc}") from exc
+        try:
+            self._conn.execute("PRAGMA foreign_keys = ON")
+            self._conn.execute("PRAGMA busy_timeout = 5000")
+            migrate(self._conn, self.path)
+        except SchemaTooNewError:
+            self._conn.close()
+            raise
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            raise ConversationStoreError(
+                f"{self.path}: not a usable conversation history ({exc}); "
+                "it was not changed. Move it aside to start a new one."
+            ) from exc
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise ConversationStoreError(f"{self.path}: the store is closed")
+        return self._conn
+
+    def _write(self, sql: str, params: Iterable[Any] = ()) -> sqlite3.Cursor:
+        """Run one statement (callers hold the lock; alone, it is its own transaction)."""
+        return self.conn.execute(sql, tuple(params))
+
+    def _get(self, conversation_id: int) -> ConversationRow:
+        row = self.conn.execute(
+            _CONVERSATION_SELECT + " WHERE c.id = ?", (conversation_id,)
+        ).fetchone()
+        if row is None:
+            raise ConversationNotFound(f"no conversation with id {conversation_id}")
+        return _conversation(row)
+
+    def _touch(self, conversation_id: int, now: float | None = None) -> None:
+        self._write(
+            "UPDATE conversations SET updated_at = ? WHERE id = ?",
+            (time.time() if now is None else now, conversation_id),
+        )
+
+    # -- conversations ----------------------------------------------------------------------
+
+    def create(self, title: str = DEFAULT_TITLE) -> ConversationRow:
+        title = title.strip() or DEFAULT_TITLE
+        now = time.time()
+        with self._lock:
+            cursor = self._write(
+                "INSERT INTO conversations (title, created_at, updated_at) VALUES (?, ?, ?)",
+                (title, now, now),
+            )
+            return self._get(int(cursor.lastrowid or 0))
+
+    def list(self) -> list[ConversationRow]:
+        """All conversations, the most recently updated first."""
+        with self._lock:
+            rows = self.conn.execute(
+                _CONVERSATION_SELECT + " ORDER BY c.updated_at DESC, c.id DESC"
+            ).fetchall()
+        return [_conversation(row) for row in rows]
+
+    def get(self, conversation_id: int) -> ConversationRow:
+        with self._lock:
+            return self._get(conversation_id)
+
+    def rename(self, conversation_id: int, title: str) -> None:
+        title = " ".join(title.split())
+        if not title:
+            raise ValueError("a conversation title cannot be empty")
+        with self._lock:
+            cursor = self._write(
+                "UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id)
+            )
+            if cursor.rowcount == 0:
+                raise ConversationNotFound(f"no conversation with id {conversation_id}")
+
+    def set_title_from_question(self, conversation_id: int, question: str) -> None:
+        """Name a conversation after its first question, while it still has the default title."""
+        title = title_from_question(question)
+        if not title:
+            return
+        with self._lock:
+            self._write(
+                "UPDATE conversations SET title = ? WHERE id = ? AND title = ?",
+                (title, conversation_id, DEFAULT_TITLE),
+            )
+
+    def delete(self, conversation_id: int) -> None:
+        """Delete a conversation and its messages (one transaction)."""
+        with self._lock, _transaction(self.conn) as conn:
+            conn.execute("DELETE FROM messages WHERE conversation_id = ?", (conversation_id,))
+            cursor = conn.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+            if cursor.rowcount == 0:
+                raise ConversationNotFound(f"no conversation with id {conversation_id}")
+
+    # -- messages ---------------------------------------------------------------------------
+
+    def add_message(
+        self,
+        conversation_id: int,
+        role: str,
+        text: str,
+        mode: str,
+        *,
+        citations: Iterable[Mapping[str, Any]] = (),
+        stats: Mapping[str, Any] | None = None,
+        status: str = "complete",
+        error: str | None = None,
+    ) -> int:
+        """Append a message; returns its id (the app updates it while an answer streams)."""
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {', '.join(STATUSES)}, not {status!r}")
+        now = time.time()
+        citations_json = json.dumps([dict(c) for c in citations], ensure_ascii=False)
+        stats_json = json.dumps(dict(stats or {}), ensure_ascii=False)
+        with self._lock, _transaction(self.conn):
+            self._get(conversation_id)  # a clear error rather than a foreign-key failure
+            cursor = self._write(
+                "INSERT INTO messages (conversation_id, role, text, mode, created_at, citations,"
+                " stats, status, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (conversation_id, role, text, mode, now, citations_json, stats_json, status, error),
+            )
+            self._touch(conversation_id, now)
+            return int(cursor.lastrowid or 0)
+
+    def update_message(
+        self,
+        message_id: int,
+        *,
+        text: str | None = None,
+        citations: Iterable[Mapping[str, Any]] | None = None,
+        stats: Mapping[str, Any] | None = None,
+        status: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        """Change the given fields of a message: partial answers while streaming, then the final."""
+        if status is not None and status not in STATUSES:
+            raise ValueError(f"status must be one of {', '.join(STATUSES)}, not {status!r}")
+        columns: dict[str, Any] = {}
+        if text is not None:
+            columns["text"] = text
+        if citations is not None:
+            columns["citations"] = json.dumps([dict(c) for c in citations], ensure_ascii=False)
+        if stats is not None:
+            columns["stats"] = json.dumps(dict(stats), ensure_ascii=False)
+        if status is not None:
+            columns["status"] = status
+        if error is not None:
+            columns["error"] = error
+        with self._lock, _transaction(self.conn):
+            row = self.conn.execute(
+                "SELECT conversation_id FROM messages WHERE id = ?", (message_id,)
+            ).fetchone()
+            if row is None:
+                raise MessageNotFound(f"no message with id {message_id}")
+            if columns:
+                assignments = ", ".join(f"{name} = ?" for name in columns)
+                self._write(
+                    f"UPDATE messages SET {assignments} WHERE id = ?",
+                    (*columns.values(), message_id),
+                )
+            self._touch(row[0])
+
+    def messages(self, conversation_id: int) -> list[MessageRow]:
+        """A conversation's messages in the order they were added."""
+        with self._lock:
+            self._get(conversation_id)
+            rows = self.conn.execute(
+                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE conversation_id = ? ORDER BY id",
+                (conversation_id,),
+            ).fetchall()
+        return [_message(row) for row in rows]
+
+    def turns(self, conversation_id: int) -> list[tuple[str, str, str]]:
+        """Finished (question, answer, mode) pairs for the model's history.
+
+        A turn is a user message directly followed by an assistant message with non-empty text:
+        cancelled partial answers count; failed answers with no text do not.
+        """
+        result: list[tuple[str, str, str]] = []
+        rows = self.messages(conversation_id)
+        for question, answer in itertools.pairwise(rows):
+            if question.role == "user" and answer.role == "assistant" and answer.text.strip():
+                result.append((question.text, answer.text, answer.mode))
+        return result
+
+    # -- export -----------------------------------------------------------------------------
+
+    def export_markdown(self, conversation_id: int) -> str:
+        """The conversation as Markdown: answers verbatim, each followed by its sources."""
+        conversation = self.get(conversation_id)
+        lines = [f"# {conversation.title}", ""]
+        for message in self.messages(conversation_id):
+            if message.role == "user":
+                lines += ["**You**", "", message.text, ""]
+                continue
+            heading = f"**Tandem** ({message.mode})" if message.mode else "**Tandem**"
+            if message.status == "cancelled":
+                heading += " (cancelled)"
+            elif message.status == "failed":
+                heading += " (failed)"
+            elif message.status == "streaming":
+                heading += " (incomplete)"
+            lines += [heading, ""]
+            if message.text:
+                lines += [message.text, ""]
+            if message.error:
+                lines += [f"> Error: {message.error}", ""]
+            if message.citations:
+                lines += ["Sources:", ""]
+                lines += [
+                    f"- {_source_line(i, c)}" for i, c in enumerate(message.citations, start=1)
+                ]
+                lines.append("")
+        return "\n".join(lines).rstrip("\n") + "\n"
+
+    def export_json(self, conversation_id: int) -> dict[str, Any]:
+        """The conversation with every message in full (citations and stats included)."""
+        conversation = self.get(conversation_id)
+        return {
+            "schema": EXPORT_SCHEMA,
+            "id": conversation.id,
+            "title": conversation.title,
+            "created_at": conversation.created_at,
+            "updated_at": conversation.updated_at,
+            "messages": [asdict(m) for m in self.messages(conversation_id)],
+        }
+
+    def export_files(self, conversation_id: int, folder: Path) -> tuple[Path, Path]:
+        """Write `<folder>/<slug>-<id>.md` and `.json`; returns both paths."""
+        md_path, json_path = export_paths(folder, self.get(conversation_id))
+        md_path.parent.mkdir(parents=True, exist_ok=True)
+        md_path.write_text(self.export_markdown(conversation_id), encoding="utf-8")
+        json_path.write_text(
+            json.dumps(self.export_json(conversation_id), ensure_ascii=False, indent=2) + "\n",
+            encoding="utf-8",
+        )
+        return md_path, json_path
+
+    # -- lifetime ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> ConversationStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

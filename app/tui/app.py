@@ -1,0 +1,557 @@
+"""The Tandem TUI: chat, sources, modes and live figures in one Textual app.
+
+The window appears at once; the mode registry, the device model, the private index and the
+cloud (the embedded backend when none is configured) load in workers and report to the status
+bar. Answers come from the CLI's orchestrators (`edge_runtime.modes`) through `Assistant`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from textual import on, work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.notifications import SeverityLevel
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from app.assistant import Assistant, CloudStatus
+from app.conversations import ConversationStore
+from app.settings import (
+    Settings,
+    SettingsError,
+    config_path,
+    conversations_path,
+    describe_paths,
+    load_settings,
+    save_settings,
+)
+from app.tui.chat_view import AnswerView, ConversationView, PromptInput
+from app.tui.sources import SourceScreen, SourcesPanel
+from app.tui.status import ModeBar, StatusBar, figures
+
+if TYPE_CHECKING:
+    from edge_runtime.events import Stats
+
+log = logging.getLogger("tandem.tui")
+LIVE_REFRESH_S = 0.25
+
+
+def export_dir() -> Path:
+    """Exports go to the user's documents folder (~/Documents/Tandem), not wherever the app
+    happened to start."""
+    import platformdirs
+
+    return Path(platformdirs.user_documents_dir()) / "Tandem"
+
+
+class DeviceLoaded(Message):
+    def __init__(self, error: str | None = None) -> None:
+        super().__init__()
+        self.error = error
+
+
+class IndexOpened(Message):
+    def __init__(self, error: str | None = None) -> None:
+        super().__init__()
+        self.error = error
+
+
+class TandemApp(App[None]):
+    """`tandem` with no arguments."""
+
+    TITLE = "Tandem"
+    CSS_PATH = "tandem.tcss"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("f1", "help", "Help", id="help"),
+        Binding("escape", "cancel_answer", "Cancel", id="cancel_answer", show=False),
+        Binding("ctrl+o", "cycle_mode", "Mode", id="cycle_mode", priority=True),
+        Binding("ctrl+n", "new_conversation", "New chat", id="new_conversation", priority=True),
+        Binding("f2", "documents", "Documents", id="documents"),
+        Binding("f3", "conversations", "Chats", id="conversations"),
+        Binding("f4", "settings", "Settings", id="settings"),
+        Binding("f5", "toggle_sources", "Sources", id="toggle_sources"),
+        Binding("ctrl+r", "reconnect_cloud", "Reconnect", id="reconnect_cloud", show=False),
+    ]
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        assistant: Assistant | None = None,
+        *,
+        connect_cloud: bool = True,
+    ) -> None:
+        super().__init__()
+        self.settings_error: str | None = None
+        if settings is None:
+            try:
+                settings = load_settings()
+            except SettingsError as exc:  # start on defaults; the file is left as it is
+                self.settings_error = str(exc)
+                settings = Settings()
+        self.settings = settings
+        self.assistant = assistant or Assistant(settings)
+        self.connect_cloud_at_start = connect_cloud
+        if connect_cloud:  # reported as starting until the device model lets it handshake
+            self.assistant.cloud_status = CloudStatus(
+                "starting", "waiting for the device model", embedded=not settings.cloud_url
+            )
+        self.store = ConversationStore(conversations_path())
+        self.conversation_id: int | None = None
+        self.mode_name = settings.default_mode
+        self.sources: list[dict[str, Any]] = []
+        self._live_timer = None
+        self._answer_started = 0.0
+        self._applying_theme = False
+
+    # ------------------------------------------------------------------ layout
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="topbar"):
+            yield Static("Tandem", id="app-title")
+            yield ModeBar(id="modes")
+            yield Static("", id="conversation-title")
+        with Horizontal(id="main"):
+            with Vertical(id="chat"):
+                yield ConversationView(id="conversation")
+                yield PromptInput(placeholder="Ask anything  (F1 help · ctrl+p commands)",
+                                  id="prompt")  # fmt: skip
+            yield SourcesPanel(id="sources")
+        yield StatusBar(id="status")
+        yield Footer()
+
+    @property
+    def status(self) -> StatusBar:
+        return self.query_one(StatusBar)
+
+    @property
+    def conversation(self) -> ConversationView:
+        return self.query_one(ConversationView)
+
+    def on_mount(self) -> None:
+        if self.settings.keymap:
+            self.set_keymap(self.settings.keymap)
+        self._applying_theme = True
+        if self.settings.theme in self.available_themes:
+            self.theme = self.settings.theme
+        self._applying_theme = False
+        self.query_one("#sources").display = self.size.width >= 110
+        self.status.set_state(mode=self.mode_name, cloud=self.assistant.cloud_status)
+        if self.settings_error:
+            self.say(f"{self.settings_error}. Started on defaults.", severity="error",
+                        timeout=10)  # fmt: skip
+        self.open_latest_conversation()
+        self.query_one(PromptInput).focus()
+        self.load_modes()
+
+    def say(self, message: str, severity: SeverityLevel = "information",
+            timeout: float | None = None) -> None:  # fmt: skip
+        """A toast; never markup (messages carry paths and error text)."""
+        self.notify(message, severity=severity, timeout=timeout, markup=False)
+
+    def watch_theme(self, theme: str) -> None:
+        """Themes picked in the palette persist to the config file."""
+        if self._applying_theme or not hasattr(self, "settings") or theme == self.settings.theme:
+            return
+        self.settings.theme = theme
+        self._save_settings(self.settings)
+
+    def _save_settings(self, settings: Settings) -> None:
+        try:
+            save_settings(settings)
+        except OSError as exc:
+            self.say(f"could not save settings: {exc}", severity="error")
+
+    # ------------------------------------------------------------------ start-up workers
+
+    @work(thread=True, group="load", exit_on_error=False)
+    def load_modes(self) -> None:
+        """Import the mode registry, then load the device model and the private index."""
+        import edge_runtime.modes  # noqa: F401 - heavy import, off the event loop
+
+        self.call_from_thread(self.refresh_modes)
+        try:
+            device = self.assistant.load_device()
+            self.post_message(DeviceLoaded())
+            log.info("device model %s loaded", device.name)
+        except Exception as exc:
+            self.post_message(DeviceLoaded(f"{exc}"))
+        try:
+            if self.assistant.index is None:
+                self.assistant.open_index()
+            self.post_message(IndexOpened())
+        except Exception as exc:
+            self.post_message(IndexOpened(f"{exc}"))
+
+    def on_device_loaded(self, message: DeviceLoaded) -> None:
+        if message.error:
+            self.status.set_state(device=f"device model unavailable: {message.error}")
+            self.say(f"the device model could not be loaded: {message.error}",
+                        severity="error", timeout=15)  # fmt: skip
+        else:
+            self.status.set_state(device=f"device {self.assistant.device.name}")
+            if self.connect_cloud_at_start:
+                self.connect_cloud()
+            else:
+                self.assistant.cloud_status = CloudStatus("off", "not connected at start")
+        self.refresh_modes()
+
+    def on_index_opened(self, message: IndexOpened) -> None:
+        if message.error:
+            self.say(f"the private index could not be opened: {message.error}",
+                        severity="error")  # fmt: skip
+
+    @work(group="cloud", exclusive=True, exit_on_error=False)
+    async def connect_cloud(self) -> None:
+        self.assistant.cloud_status = CloudStatus(
+            "starting", "", embedded=not self.settings.cloud_url
+        )
+        self.refresh_modes()
+        status = await self.assistant.connect_cloud()
+        if status.state == "unavailable":
+            self.say(f"{status.label}: {status.detail}. Local mode still works.",
+                        severity="warning", timeout=10)  # fmt: skip
+        self.refresh_modes()
+
+    def refresh_modes(self) -> None:
+        """Mode bar, status bar and the current mode's availability, from the registry."""
+        try:
+            infos = self.assistant.modes()
+        except Exception:  # registry not imported yet
+            return
+        names = [i.name for i in infos]
+        if self.mode_name not in names:
+            self.mode_name = "local" if "local" in names else names[0]
+        self.query_one(ModeBar).show(infos, self.mode_name)
+        self.status.set_state(mode=self.mode_name, cloud=self.assistant.cloud_status)
+
+    # ------------------------------------------------------------------ modes
+
+    def set_mode(self, name: str) -> None:
+        info = {i.name: i for i in self.assistant.modes()}.get(name)
+        if info is None:
+            self.say(f"unknown mode {name!r}", severity="error")
+            return
+        if not info.available:
+            self.say(f"{name} is unavailable: {info.reason}", severity="warning")
+            return
+        self.mode_name = name
+        self.refresh_modes()
+
+    def action_cycle_mode(self) -> None:
+        try:
+            infos = self.assistant.modes()
+        except Exception:
+            return
+        names = [i.name for i in infos]
+        start = names.index(self.mode_name) if self.mode_name in names else -1
+        for step in range(1, len(names) + 1):
+            info = infos[(start + step) % len(names)]
+            if info.available:
+                self.set_mode(info.name)
+                return
+        self.say("no mode is available yet", severity="warning")
+
+    @on(ModeBar.Selected)
+    def _mode_clicked(self, event: ModeBar.Selected) -> None:
+        self.set_mode(event.name)
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        try:
+            infos = self.assistant.modes()
+        except Exception:
+            infos = []
+        for info in infos:
+            help_text = info.description + (f" (unavailable: {info.reason})" if info.reason
+                                            else "")  # fmt: skip
+            yield SystemCommand(f"Mode: {info.name}", help_text,
+                                lambda name=info.name: self.set_mode(name))  # fmt: skip
+        yield SystemCommand("New conversation", "Start a new conversation",
+                            self.action_new_conversation)  # fmt: skip
+        yield SystemCommand("Conversations", "List, open, rename, delete or export conversations",
+                            self.action_conversations)  # fmt: skip
+        yield SystemCommand("Export conversation", "Write this conversation as Markdown and JSON",
+                            self.action_export)  # fmt: skip
+        yield SystemCommand("Documents", "Add, remove and inspect private documents",
+                            self.action_documents)  # fmt: skip
+        yield SystemCommand("Settings", f"Cloud, models, default mode… ({config_path()})",
+                            self.action_settings)  # fmt: skip
+        yield SystemCommand("Sources", "Show or hide the sources panel",
+                            self.action_toggle_sources)  # fmt: skip
+        yield SystemCommand("Reconnect to the cloud", "Try the cloud link again",
+                            self.action_reconnect_cloud)  # fmt: skip
+        yield SystemCommand("Help", "Keys and where data lives", self.action_help)
+
+    # ------------------------------------------------------------------ conversations
+
+    def open_latest_conversation(self) -> None:
+        rows = self.store.list()
+        self.show_conversation(rows[0].id if rows else None)
+
+    def show_conversation(self, conversation_id: int | None) -> None:
+        self.conversation_id = conversation_id
+        view = self.conversation
+        prompt = self.query_one(PromptInput)
+        if conversation_id is None:
+            view.clear()
+            self.query_one("#conversation-title", Static).update("new conversation")
+            self.sources = []
+            self.query_one(SourcesPanel).show([])
+            prompt.set_history([])
+            return
+        row = self.store.get(conversation_id)
+        messages = self.store.messages(conversation_id)
+        view.load(messages)
+        self.query_one("#conversation-title", Static).update(row.title)
+        answers = [m for m in messages if m.role == "assistant"]
+        self.sources = list(answers[-1].citations) if answers else []
+        self.query_one(SourcesPanel).show(self.sources)
+        prompt.set_history([m.text for m in messages if m.role == "user"])
+
+    def action_new_conversation(self) -> None:
+        if self.answering:
+            self.say("an answer is streaming: Esc cancels it first", severity="warning")
+            return
+        self.show_conversation(None)
+
+    def action_conversations(self) -> None:
+        from app.tui.conversations_screen import ConversationsScreen
+
+        def opened(conversation_id: int | None) -> None:
+            ids = {r.id for r in self.store.list()}
+            if conversation_id is not None:
+                self.show_conversation(conversation_id)
+            elif self.conversation_id is not None and self.conversation_id not in ids:
+                self.show_conversation(None)  # the open one was deleted
+
+        if self.answering:
+            self.say("an answer is streaming: Esc cancels it first", severity="warning")
+            return
+        self.push_screen(
+            ConversationsScreen(self.store, self.conversation_id, export_dir=export_dir()), opened
+        )
+
+    def action_export(self) -> None:
+        if self.conversation_id is None:
+            self.say("nothing to export yet", severity="warning")
+            return
+        md, js = self.store.export_files(self.conversation_id, export_dir())
+        self.say(f"exported to {md} and {js.name}")
+
+    # ------------------------------------------------------------------ asking
+
+    @property
+    def answering(self) -> bool:
+        return any(w.group == "answer" and w.is_running for w in self.workers)
+
+    @on(PromptInput.Submitted, "#prompt")
+    def _submitted(self, event: PromptInput.Submitted) -> None:
+        question = event.value.strip()
+        if not question:
+            return
+        if self.answering:
+            self.say("an answer is streaming: Esc cancels it", severity="warning")
+            return
+        info = next((i for i in self._mode_infos() if i.name == self.mode_name), None)
+        if info is None or not info.available:
+            reason = info.reason if info else "the modes are still loading"
+            self.say(f"{self.mode_name} can't answer now: {reason}", severity="warning")
+            return
+        event.input.value = ""
+        self.ask(question, self.mode_name)
+
+    def _mode_infos(self):
+        try:
+            return self.assistant.modes()
+        except Exception:
+            return []
+
+    @work(group="answer", exclusive=True, exit_on_error=False)
+    async def ask(self, question: str, mode: str) -> None:
+        """Stream one answer into the view and the store; Esc cancels (the partial answer is
+        kept and marked)."""
+        from edge_runtime.events import Citation, Failure, Notice, Stats, TextDelta
+        from edge_runtime.modes import Turn
+
+        store = self.store
+        if self.conversation_id is None:
+            self.conversation_id = store.create().id
+        cid = self.conversation_id
+        history = [Turn(q, a, m) for q, a, m in store.turns(cid)]
+        store.add_message(cid, "user", question, mode)
+        store.set_title_from_question(cid, question)
+        self.query_one("#conversation-title", Static).update(store.get(cid).title)
+        message_id = store.add_message(cid, "assistant", "", mode, status="streaming")
+        view = self.conversation
+        view.add_question(question)
+        answer: AnswerView = view.add_answer(mode)
+        self.sources = []
+        self.query_one(SourcesPanel).show([])
+        citations: list[dict[str, Any]] = []
+        status, note, error = "complete", "", None
+        final: Stats | None = None
+        orchestrator = self.assistant.mode(mode)
+        self._start_live(orchestrator)
+        events = self.assistant.answer(question, history, mode, self.assistant.options())
+        try:
+            async for event in events:
+                if isinstance(event, TextDelta):
+                    await answer.append(event.text)
+                elif isinstance(event, Citation):
+                    src = {**event.__dict__}
+                    citations.append(src)
+                    answer.add_citation(**src)
+                    self.sources.append(src)
+                    self.query_one(SourcesPanel).add(src)
+                elif isinstance(event, Notice):
+                    answer.add_notice(event.text)
+                elif isinstance(event, Failure):
+                    self.say(event.message, severity="warning" if event.recoverable
+                                else "error", timeout=8)  # fmt: skip
+                    answer.add_notice(f"⚠ {event.message}")
+                    self._cloud_lost(event.message)
+                    if not event.recoverable:
+                        status, error = "failed", event.message
+                elif isinstance(event, Stats):
+                    final = event
+            note = figures(final) if final else ""
+        except asyncio.CancelledError:
+            status, note = "cancelled", "cancelled — partial answer kept"
+            raise
+        except Exception as exc:  # a bug or a dead model: say it, keep the conversation
+            log.exception("answer failed")
+            status, error = "failed", f"{type(exc).__name__}: {exc}"
+            note = error
+            self.say(f"the answer failed: {error}", severity="error")
+        finally:
+            self._stop_live(final)
+            text = answer.text
+            store.update_message(message_id, text=text, citations=citations,
+                                 stats=final.as_dict() if final else {},
+                                 status=status, error=error)  # fmt: skip
+            if status == "failed" and not text:
+                note = error or "failed"
+            await answer.finish(status, note)
+            await events.aclose()
+
+    def action_cancel_answer(self) -> None:
+        if not self.answering:
+            return
+        self.workers.cancel_group(self, "answer")
+        self.assistant.cancel_device()
+
+    def _cloud_lost(self, message: str) -> None:
+        """A failure with no cloud session left connected: the cloud went away. Mark it
+        unavailable (the answer goes on if it can); ctrl+r reconnects."""
+        if self.assistant.cloud_status.state == "ready" and not self.assistant.link_alive():
+            self.assistant.cloud_status = CloudStatus(
+                "unavailable", message, embedded=self.assistant.cloud_status.embedded
+            )
+            self.refresh_modes()
+
+    def _start_live(self, orchestrator) -> None:
+        self._answer_started = time.perf_counter()
+        self.status.set_state(answering=True, stats=None)
+
+        def tick() -> None:
+            if (stats := orchestrator.live_stats()) is not None:
+                self.status.set_state(stats=stats)
+
+        self._live_timer = self.set_interval(LIVE_REFRESH_S, tick)
+
+    def _stop_live(self, final: Stats | None) -> None:
+        if self._live_timer is not None:
+            self._live_timer.stop()
+            self._live_timer = None
+        self.status.set_state(answering=False, **({"stats": final} if final else {}))
+
+    # ------------------------------------------------------------------ sources
+
+    def action_toggle_sources(self) -> None:
+        panel = self.query_one(SourcesPanel)
+        panel.display = not panel.display
+
+    @on(SourcesPanel.Open)
+    def _open_source(self, event: SourcesPanel.Open) -> None:
+        self.push_screen(SourceScreen(event.src))
+
+    @on(AnswerView.SourceSelected)
+    def _citation_clicked(self, event: AnswerView.SourceSelected) -> None:
+        if event.answer is None:
+            return
+        src = next((s for s in event.answer.sources if s["number"] == event.number), None)
+        if src is not None:
+            self.push_screen(SourceScreen(src))
+
+    # ------------------------------------------------------------------ other screens
+
+    def action_documents(self) -> None:
+        from app.tui.documents import DocumentsScreen
+
+        self.push_screen(DocumentsScreen(self.assistant.open_index, start_path=Path.home()))
+
+    def on_documents_screen_index_changed(self, _message) -> None:
+        self.assistant.context()  # picks up a now non-empty index for retrieval
+
+    def action_settings(self) -> None:
+        from app.tui.settings_screen import SettingsScreen
+
+        names = [i.name for i in self._mode_infos()] or [self.settings.default_mode]
+        self.push_screen(
+            SettingsScreen(self.settings, config_path(), names, sorted(self.available_themes)),
+            self._settings_saved,
+        )
+
+    @work(exclusive=True, group="settings", exit_on_error=False)
+    async def _settings_saved(self, settings: Settings | None) -> None:
+        if settings is None:
+            return
+        self.settings = settings
+        if settings.keymap:
+            self.set_keymap(settings.keymap)
+        if settings.theme in self.available_themes and settings.theme != self.theme:
+            self._applying_theme = True
+            self.theme = settings.theme
+            self._applying_theme = False
+        if await self.assistant.apply_settings(settings):
+            self.connect_cloud()
+        self.say(f"settings saved to {config_path()}")
+
+    def action_reconnect_cloud(self) -> None:
+        if self.assistant.device is None:
+            self.say("the device model is not loaded yet", severity="warning")
+            return
+        self.connect_cloud()
+
+    def action_help(self) -> None:
+        from app.tui.help import HelpScreen
+
+        keymap = self.settings.keymap
+        rows = [
+            (keymap.get(b.id, b.key) if b.id else b.key, b.description or b.action, b.id or "")
+            for b in self.BINDINGS
+            if isinstance(b, Binding)
+        ]
+        rows.append(("ctrl+p", "Command palette", ""))
+        rows.append(("ctrl+q", "Quit", ""))
+        paths = {"config": str(config_path()), **describe_paths()}
+        self.push_screen(HelpScreen(rows, paths))
+
+    async def action_quit(self) -> None:
+        self.workers.cancel_group(self, "answer")
+        await self.assistant.close()
+        self.store.close()
+        self.exit()
+
+
+def run() -> int:
+    TandemApp().run()
+    return 0

@@ -1,0 +1,233 @@
+"""The settings screen: edit config.toml through a form.
+
+A modal that works with any host App: it takes the current settings, the file to save to and the
+choices for mode and theme, saves on Save / ctrl+s and reports the new settings by
+`dismiss(settings)` (None: cancelled, nothing written).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import ClassVar
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Footer, Input, Label, Select, Static
+
+from app.settings import (
+    CLOUD_ENGINES,
+    VARIANTS,
+    Settings,
+    SettingsError,
+    save_settings,
+    settings_problems,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def _options(values: Iterable[str], current: str) -> list[tuple[str, str]]:
+    """Select options from `values`, keeping `current` even when it is not among them (a value
+    from the file must survive a save that did not touch it)."""
+    names = list(dict.fromkeys(values))
+    if current and current not in names:
+        names.append(current)
+    return [(name, name) for name in names]
+
+
+class SettingsScreen(ModalScreen[Settings | None]):
+    """A form over `Settings`; saves to `path` and dismisses with what was saved."""
+
+    CSS_PATH = "settings_screen.tcss"
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("ctrl+s", "save", "Save", id="settings_save"),
+        Binding("escape", "cancel", "Cancel", id="settings_cancel"),
+    ]
+
+    def __init__(
+        self,
+        settings: Settings,
+        path: Path,
+        modes: list[str],
+        themes: list[str],
+        *,
+        name: str | None = None,
+        id: str | None = None,
+        classes: str | None = None,
+    ) -> None:
+        super().__init__(name=name, id=id, classes=classes)
+        self.settings = settings
+        self.path = Path(path)
+        self.modes = list(modes)
+        self.themes = list(themes)
+
+    def compose(self) -> ComposeResult:
+        s = self.settings
+        with Vertical(id="dialog") as dialog:
+            dialog.border_title = "Settings"
+            yield Static(f"Saved to {self.path}", id="path", markup=False)
+            with Vertical(id="below"):  # docked: visible even when the form must scroll
+                yield Static("", id="error", markup=False)
+                with Horizontal(id="buttons"):
+                    yield Button("Save", variant="primary", id="save", compact=True)
+                    yield Button("Cancel", id="cancel", compact=True)
+            with VerticalScroll(id="form"), Grid(id="fields"):
+                yield Label("Cloud URL")
+                yield Input(
+                    s.cloud_url,
+                    placeholder="empty: embedded backend; or ws://host:port",
+                    id="cloud_url",
+                    compact=True,
+                )
+                yield Label("Cloud token")
+                yield Input(
+                    s.cloud_token,
+                    placeholder="for a remote cloud",
+                    password=True,
+                    id="cloud_token",
+                    compact=True,
+                )
+                yield Label("Cloud engine")
+                yield Select(
+                    _options(CLOUD_ENGINES, s.cloud_engine),
+                    value=s.cloud_engine,
+                    allow_blank=False,
+                    id="cloud_engine",
+                    compact=True,
+                )
+                yield Label("Device model")
+                yield Input(
+                    s.device_model,
+                    placeholder="empty: the prepared default; or an ONNX folder",
+                    id="device_model",
+                    compact=True,
+                )
+                yield Label("Cloud model")
+                yield Input(
+                    s.cloud_model,
+                    placeholder="empty: the prepared default; or a folder",
+                    id="cloud_model",
+                    compact=True,
+                )
+                yield Label("Default mode")
+                yield Select(
+                    _options(self.modes, s.default_mode),
+                    value=s.default_mode,
+                    allow_blank=False,
+                    id="default_mode",
+                    compact=True,
+                )
+                yield Label("Split variant")
+                yield Select(
+                    _options(VARIANTS, s.variant),
+                    value=s.variant,
+                    allow_blank=False,
+                    id="variant",
+                    compact=True,
+                )
+                yield Label("Retrieval k")
+                yield Input(str(s.k), type="integer", id="k", compact=True)
+                yield Label("Max tokens")
+                yield Input(str(s.max_tokens), type="integer", id="max_tokens", compact=True)
+                yield Label("Temperature")
+                yield Input(str(s.temperature), type="number", id="temperature", compact=True)
+                yield Label("Theme")
+                yield Select(
+                    _options(self.themes, s.theme),
+                    value=s.theme,
+                    allow_blank=False,
+                    id="theme",
+                    compact=True,
+                )
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#cloud_url", Input).focus()
+
+    def _text(self, field_id: str) -> str:
+        return self.query_one(f"#{field_id}", Input).value.strip()
+
+    def _choice(self, field_id: str) -> str:
+        value = self.query_one(f"#{field_id}", Select).value
+        return value if isinstance(value, str) else ""
+
+    def form_settings(self) -> tuple[Settings | None, list[str]]:
+        """The settings the form describes, or the plain reasons it cannot be used."""
+        problems: list[str] = []
+        numbers: dict[str, int | float] = {}
+        for field_id, label, kind in (
+            ("k", "Retrieval k", int),
+            ("max_tokens", "Max tokens", int),
+            ("temperature", "Temperature", float),
+        ):
+            raw = self._text(field_id)
+            try:
+                numbers[field_id] = kind(raw)
+            except ValueError:
+                noun = "a whole number" if kind is int else "a number"
+                problems.append(f"{label} must be {noun} (got {raw!r})")
+        if problems:
+            return None, problems
+        settings = dataclasses.replace(
+            self.settings,
+            cloud_url=self._text("cloud_url"),
+            cloud_token=self._text("cloud_token"),
+            cloud_engine=self._choice("cloud_engine"),
+            device_model=self._text("device_model"),
+            cloud_model=self._text("cloud_model"),
+            default_mode=self._choice("default_mode"),
+            variant=self._choice("variant"),
+            k=int(numbers["k"]),
+            max_tokens=int(numbers["max_tokens"]),
+            temperature=float(numbers["temperature"]),
+            theme=self._choice("theme"),
+            keymap=dict(self.settings.keymap),
+        )
+        problems = settings_problems(settings)
+        return (None, problems) if problems else (settings, [])
+
+    def show_error(self, text: str) -> None:
+        error = self.query_one("#error", Static)
+        error.update(text)
+        error.set_class(bool(text), "visible")
+
+    def action_save(self) -> None:
+        """Validate, write the file, then dismiss with what was written; on a problem, say so
+        under the form and write nothing."""
+        settings, problems = self.form_settings()
+        if settings is None:
+            self.show_error("Not saved: " + "; ".join(problems) + ".")
+            return
+        try:
+            save_settings(settings, self.path)
+        except (OSError, SettingsError) as exc:
+            logger.warning("could not save settings to %s: %s", self.path, exc)
+            self.show_error(f"Not saved: {exc}")
+            return
+        self.dismiss(settings)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    @on(Button.Pressed, "#save")
+    def _save_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.action_save()
+
+    @on(Input.Submitted)
+    def _field_submitted(self, event: Input.Submitted) -> None:
+        """Enter in any field saves, like a form in a browser."""
+        event.stop()
+        self.action_save()
+
+    @on(Button.Pressed, "#cancel")
+    def _cancel_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.action_cancel()

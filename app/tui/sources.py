@@ -1,0 +1,122 @@
+"""Sources: the panel beside the conversation and the screen that shows one chunk.
+
+A source is a dict as the conversation store keeps it (number, side, title, location, score,
+excerpt, path, text): private ones are marked **device** (they never left), public ones
+**cloud**."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import Label, ListItem, ListView, Static
+
+Source = dict[str, Any]
+
+
+def badge(side: str) -> Text:
+    return Text(f" {side} ", style="bold black on green" if side == "device" else
+                "bold black on cyan")  # fmt: skip
+
+
+def source_line(src: Source) -> Text:
+    """`[1] device · notes.md (lines 3–9) · 0.82`"""
+    text = Text(f"[{src['number']}] ")
+    text.append_text(badge(src["side"]))
+    text.append(f" {src['title']}")
+    if src.get("location"):
+        text.append(f" ({src['location']})", style="dim")
+    text.append(f" · {src['score']:.2f}", style="dim")
+    return text
+
+
+class SourceItem(ListItem):
+    def __init__(self, src: Source) -> None:
+        super().__init__()
+        self.src = src
+
+    def compose(self) -> ComposeResult:
+        yield Label(source_line(self.src), classes="source-title")
+        excerpt = " ".join(str(self.src.get("excerpt", "")).split())
+        yield Label(excerpt[:160] + ("…" if len(excerpt) > 160 else ""), classes="excerpt")
+
+
+class SourcesPanel(VerticalScroll):
+    """The sources of the answer in focus; Enter (or a click) opens one."""
+
+    DEFAULT_CSS = """
+    SourcesPanel { width: 42; border-left: vkey $panel-lighten-2; padding: 0 1; }
+    SourcesPanel > #sources-title { text-style: bold; margin-bottom: 1; }
+    SourcesPanel ListView { height: auto; background: transparent; }
+    SourcesPanel ListItem { padding-bottom: 1; background: transparent; }
+    SourcesPanel .excerpt { color: $text-muted; }
+    SourcesPanel #sources-empty { color: $text-muted; }
+    """
+
+    class Open(Message):
+        def __init__(self, src: Source) -> None:
+            super().__init__()
+            self.src = src
+
+    def compose(self) -> ComposeResult:
+        yield Static("Sources", id="sources-title")
+        yield Static("No sources yet: answers list theirs here.", id="sources-empty")
+        yield ListView(id="sources-list")
+
+    def show(self, sources: list[Source]) -> None:
+        listing = self.query_one("#sources-list", ListView)
+        listing.clear()
+        listing.extend(SourceItem(s) for s in sources)
+        listing.index = 0 if sources else None
+        self.query_one("#sources-empty").display = not sources
+
+    def add(self, src: Source) -> None:
+        listing = self.query_one("#sources-list", ListView)
+        listing.append(SourceItem(src))
+        if listing.index is None:
+            listing.index = 0
+        self.query_one("#sources-empty").display = False
+
+    def on_list_view_selected(self, event: ListView.Selected) -> None:
+        if isinstance(event.item, SourceItem):
+            self.post_message(self.Open(event.item.src))
+
+
+class SourceScreen(ModalScreen[None]):
+    """One source's chunk, in full, with where it lives."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,q", "dismiss", "Close", id="close_source")
+    ]
+    DEFAULT_CSS = """
+    SourceScreen { align: center middle; }
+    SourceScreen > VerticalScroll { width: 90%; max-width: 110; height: 80%;
+        border: round $accent; background: $surface; padding: 0 1; }
+    SourceScreen #source-where { color: $text-muted; margin-bottom: 1; }
+    """
+
+    def __init__(self, src: Source) -> None:
+        super().__init__()
+        self.src = src
+
+    def compose(self) -> ComposeResult:
+        src = self.src
+        device = src["side"] == "device"
+        where = "this device (never sent)" if device else "the cloud's public corpus"
+        detail = " · ".join(
+            p for p in (src.get("path") or "", src.get("location") or "",
+                        f"score {src['score']:.3f}", where) if p
+        )  # fmt: skip
+        with VerticalScroll():
+            yield Static(source_line(src), id="source-title")
+            yield Static(detail, id="source-where")
+            yield Static(str(src.get("text") or src.get("excerpt") or ""), id="source-text",
+                         markup=False)  # fmt: skip
+
+    async def action_dismiss(self, result: None = None) -> None:
+        self.dismiss(result)
