@@ -40,6 +40,8 @@ from textual.widgets import (
 )
 from textual.worker import Worker, WorkerState, get_current_worker
 
+from app.tui.status import human_bytes
+
 if TYPE_CHECKING:
     from textual.app import App
 
@@ -113,15 +115,6 @@ def summarize(results: Sequence[FileResult]) -> str:
     """'3 indexed, 1 unchanged, 1 failed', in the CLI's order and words."""
     counts = Counter(r.outcome for r in results)
     return ", ".join(f"{counts[o]} {o}" for o in OUTCOMES if counts[o]) or "nothing to ingest"
-
-
-def human_bytes(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "KB", "MB", "GB"):
-        if value < 1024 or unit == "GB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GB"  # pragma: no cover - the loop always returns
 
 
 def tilde(path: str | Path) -> str:

@@ -64,12 +64,14 @@ class ModeBar(Horizontal):
                 )
 
 
-def human_bytes(n: int) -> str:
-    for unit in ("B", "kB", "MB"):
-        if n < 1000 or unit == "MB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
+def human_bytes(size: int) -> str:
+    """Sizes and traffic as people read them: 512 B, 1.5 KB, 3.2 MB."""
+    value = float(size)
+    for unit in ("B", "KB", "MB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GB"
 
 
 def figures(stats: Stats) -> str:
