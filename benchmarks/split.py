@@ -50,7 +50,7 @@ async def run(args: argparse.Namespace) -> list[dict]:
     from benchmarks.prompts import load_prompts
     from collab.link_emulator import LinkEmulator, LinkProfile
     from edge_runtime.device import DeviceModel
-    from edge_runtime.events import Stats
+    from edge_runtime.events import Stats, TextDelta
     from edge_runtime.modes import AnswerOptions, CloudSettings, ModeContext, build_mode
     from tandem_packaging.prepare import model_path
 
@@ -88,13 +88,22 @@ async def run(args: argparse.Namespace) -> list[dict]:
                             for m, mode in modes.items():
                                 cpu0 = cpu_seconds(cloud.proc.pid)
                                 t0 = time.perf_counter()
-                                stats = None
+                                stats = cpu_first = None
                                 async for ev in mode.answer(prompt.text, [], options):
                                     if isinstance(ev, Stats):
                                         stats = ev
+                                    elif isinstance(ev, TextDelta) and cpu_first is None:
+                                        cpu_first = cpu_seconds(cloud.proc.pid)
                                 wall = time.perf_counter() - t0
-                                cpu = cpu_seconds(cloud.proc.pid) - cpu0
+                                cpu_end = cpu_seconds(cloud.proc.pid)
+                                cpu = cpu_end - cpu0
                                 n = max(stats.tokens, 1)
+                                # after the first token: the prompt's prefill (the same work in
+                                # every method) is left out, the per-token decode cost remains
+                                decode_ms = (
+                                    1000 * (cpu_end - cpu_first) / (n - 1)
+                                    if cpu_first is not None and n > 1 else None
+                                )  # fmt: skip
                                 row = {
                                     "engine": engine, "rtt_ms": rtt, "mbit": mbit,
                                     "sampling": sampling, "prompt": prompt.id, "method": m,
@@ -104,6 +113,7 @@ async def run(args: argparse.Namespace) -> list[dict]:
                                     "gamma": stats.gamma, "rounds": stats.rounds,
                                     "cloud_only_tokens": stats.cloud_tokens,
                                     "cloud_cpu_ms_per_token": 1000 * cpu / n,
+                                    "cloud_decode_cpu_ms_per_token": decode_ms,
                                     "up_bytes_per_token": stats.bytes_up / n,
                                     "down_bytes_per_token": stats.bytes_down / n,
                                     "up_bytes_per_drafted": (
@@ -131,8 +141,14 @@ def _line(r: dict) -> str:
         f"{r['prompt']:>14} {r['method']:6} {r['tokens_per_s']:6.2f} tok/s "
         f"TTFT {_fmt(r['ttft_s'], '.2f')} s acc {_fmt(r['acceptance'], '.2f')} "
         f"γ {_fmt(r['gamma'], 'd')} cloud {r['cloud_cpu_ms_per_token']:6.1f} ms/tok "
+        f"(decode {_fmt(r.get('cloud_decode_cpu_ms_per_token'), '5.1f')}) "
         f"↑ {r['up_bytes_per_token']:7.1f} ↓ {r['down_bytes_per_token']:7.1f} B/tok"
     )
+
+
+def _mean_of(rows: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.mean(values) if values else None
 
 
 def summarise(rows: list[dict]) -> None:
@@ -143,6 +159,7 @@ def summarise(rows: list[dict]) -> None:
         base = [r for r in group if r["method"] == "cloud"]
         base_tps = statistics.mean(r["tokens_per_s"] for r in base) if base else None
         base_cpu = statistics.mean(r["cloud_cpu_ms_per_token"] for r in base) if base else None
+        base_dec = _mean_of(base, "cloud_decode_cpu_ms_per_token")
         print(f"\n{key[0]} · RTT {key[1]} ms · {key[2]} Mbit/s · {key[3]}")
         for m in METHODS:
             rs = [r for r in group if r["method"] == m]
@@ -154,11 +171,14 @@ def summarise(rows: list[dict]) -> None:
             drafted = [r["up_bytes_per_drafted"] for r in rs if r["up_bytes_per_drafted"]]
             ratio = f"{tps / base_tps:5.2f}×" if base_tps else "  —  "
             cpu_ratio = f"{cpu / base_cpu:5.0%}" if base_cpu else "—"
+            dec = _mean_of(rs, "cloud_decode_cpu_ms_per_token")
+            dec_ratio = f"{dec / base_dec:.0%}" if dec and base_dec else "—"
             print(
                 f"  {m:6} {tps:6.2f} tok/s {ratio}  TTFT "
                 f"{statistics.mean(r['ttft_s'] or 0 for r in rs):5.2f} s  acceptance "
                 f"{_fmt(statistics.mean(acc) if acc else None, '.2f')}  cloud CPU "
-                f"{cpu:6.1f} ms/tok ({cpu_ratio} of cloud-only)  ↑ "
+                f"{cpu:6.1f} ms/tok ({cpu_ratio} of cloud-only; after the first token "
+                f"{_fmt(dec, '.1f')} ms, {dec_ratio})  ↑ "
                 f"{statistics.mean(r['up_bytes_per_token'] for r in rs):7.1f} B/tok "
                 f"({_fmt(statistics.mean(drafted) if drafted else None, '.1f')} B/drafted) ↓ "
                 f"{statistics.mean(r['down_bytes_per_token'] for r in rs):8.1f} B/tok  "
