@@ -166,13 +166,16 @@ class _Request:
         await self.ctx.send(Error(code, message, request_id=self.gen.request_id))
 
     def _check_cancel(self) -> None:
+        """Stop on a Cancel; keep every other frame, in order, for after this decoding (a
+        device under AS² asks for its next tokens before the first one arrives)."""
+        kept = []
         while not self.ctx.inbox.empty():
             msg = self.ctx.inbox.get_nowait()
             if isinstance(msg, Cancel):
                 raise _Stop(FinishReason.CANCELLED)
-            log.info(
-                "request=%d dropped=%s while decoding", self.gen.request_id, type(msg).__name__
-            )
+            kept.append(msg)
+        for msg in kept:
+            self.ctx.inbox.put_nowait(msg)
 
     async def _next_logits(self) -> np.ndarray:
         if self.pending is None:

@@ -15,7 +15,10 @@ own prompt. Per round the device samples γ drafts and sends what its variant ne
 - dsd: the dense Q_j (float16) for every draft: the baseline, heavy on the uplink.
 
 γ comes from measured costs (`SplitCosts`); when no γ beats the cloud decoding alone (AS²),
-the device asks the cloud to decode the next tokens itself and says so in the stats."""
+the device asks the cloud to decode the next tokens itself and says so in the stats. Under
+AS² a request covers every token up to the next probe round, and when an answer starts under
+AS² it goes out right behind Generate: the cloud never waits a round trip for the device, so
+the fallback costs no more than cloud mode."""
 
 from __future__ import annotations
 
@@ -59,7 +62,6 @@ from model_runtime.prompting import prompt_ids
 
 VARIANTS = ("tk-slt", "dssd", "dssd-topk", "dsd")
 TOPK_MAX = 8  # TK-SLT: at most 8 (id, prob) pairs per drafted position (≤ 56 B)
-CLOUD_CHUNK = 32  # tokens the cloud decodes alone per AS² fallback request
 MEASURE_CLOUD = 4  # tokens the cloud decodes alone once per session, to time it
 PROBE_EVERY = 96  # under AS², one speculative round per this many cloud tokens re-measures
 
@@ -155,6 +157,7 @@ class _SplitRun:
         self.finished = False
         self.broken = False
         self.pending_events: list[Event] = []  # cloud citations, yielded between steps
+        self.as2_choice = None  # the cost model's last AS² verdict, for the notice
 
     def _emit(self, kept: list[int]) -> list[Event]:
         events: list[Event] = []
@@ -175,40 +178,42 @@ class _SplitRun:
             return msg
 
     async def decode(self, prompt: list[int]) -> AsyncIterator[Event]:
+        costs = self.mode.costs
+        # Already under AS² (measured on earlier answers): the tokens after the first are
+        # asked for now, so the cloud goes on from its first token without waiting for us.
+        ahead = self._as2_tokens(self.transcript.remaining - 1)
+        if ahead:
+            await self._ask_cloud(ahead, step=1)
         # The cloud sends the first token from its prefill; the device prefills meanwhile.
         prefill = asyncio.ensure_future(self.device.prefill(prompt))
         try:
             async for event in self._receive_tokens(1):
                 yield event
+            if ahead and self.transcript.finish is None:
+                yield self._as2_notice()
+                async for event in self._cloud_tokens(ahead, asked=True):
+                    yield event
             logits = await prefill
         finally:
             if not prefill.done():
                 prefill.cancel()
-        costs = self.mode.costs
-        announced = False
+        announced = bool(ahead)
         while self.transcript.finish is None:
-            choice = costs.choose(self.transcript.remaining)
-            probe = costs.cloud_tokens_since_round >= PROBE_EVERY  # refresh the estimates
-            if choice is not None and costs.t_cloud_step is None:
+            if costs.t_cloud_step is None and costs.choose(self.transcript.remaining):
                 # AS² compares with the cloud decoding alone: measure that once, too
                 async for event in self._cloud_tokens(
                     min(MEASURE_CLOUD, self.transcript.remaining)
                 ):
                     yield event
                 continue
-            if choice is not None and choice.use_cloud_only and not probe:
+            if n := self._as2_tokens(self.transcript.remaining):
                 if not announced:
                     announced = True
-                    yield Notice(
-                        "AS²: no draft length beats the cloud decoding alone "
-                        f"(best {choice.tokens_per_second:.1f} vs "
-                        f"{choice.cloud_only_tokens_per_second:.1f} tokens/s); decoding in "
-                        "the cloud"
-                    )
-                self.stats.cloud_only = True
-                async for event in self._cloud_tokens(min(CLOUD_CHUNK, self.transcript.remaining)):
+                    yield self._as2_notice()
+                async for event in self._cloud_tokens(n):
                     yield event
                 continue
+            choice = costs.choose(self.transcript.remaining)
             gamma = INITIAL_GAMMA if choice is None else choice.gamma
             gamma = max(1, min(gamma, self.transcript.remaining))
             self.stats.gamma = gamma
@@ -218,16 +223,44 @@ class _SplitRun:
                 yield self.pending_events.pop(0)
         await self._await_done()
 
-    async def _cloud_tokens(self, n: int) -> AsyncIterator[Event]:
-        """Ask the cloud to decode the next n tokens itself, and time it (minus the link)."""
-        t0 = time.perf_counter()
-        await self.client.send(CloudDecode(n, request_id=self.rid, epoch=self.epoch,
-                                           step=len(self.transcript.tokens)))  # fmt: skip
+    def _as2_tokens(self, remaining: int) -> int:
+        """How many tokens to hand the cloud now under AS² (all of them up to the next probe
+        round, which re-measures the costs), or 0 to speculate."""
+        costs = self.mode.costs
+        since = costs.cloud_tokens_since_round
+        if remaining <= 0 or costs.t_cloud_step is None or since >= PROBE_EVERY:
+            return 0
+        choice = costs.choose(remaining)
+        if choice is None or not choice.use_cloud_only:
+            return 0
+        self.as2_choice = choice
+        return min(remaining, PROBE_EVERY - since)
+
+    def _as2_notice(self) -> Notice:
+        self.stats.cloud_only = True
+        c = self.as2_choice
+        return Notice(
+            f"AS²: no draft length beats the cloud decoding alone (best "
+            f"{c.tokens_per_second:.1f} vs {c.cloud_only_tokens_per_second:.1f} tokens/s); "
+            "decoding in the cloud"
+        )
+
+    async def _ask_cloud(self, n: int, step: int) -> None:
+        await self.client.send(CloudDecode(n, request_id=self.rid, epoch=self.epoch, step=step))
+
+    async def _cloud_tokens(self, n: int, asked: bool = False) -> AsyncIterator[Event]:
+        """The cloud decodes the next n tokens itself; time it. `asked`: the request went out
+        ahead (behind Generate), so the cloud started on it when its first token arrived."""
+        costs = self.mode.costs
+        if asked:
+            t0, link = self.start + (self.stats.ttft_s or 0.0), 0.0
+        else:
+            t0, link = time.perf_counter(), costs.t_link or 0.0
+            await self._ask_cloud(n, step=len(self.transcript.tokens))
         got = len(self.transcript.tokens)
         async for event in self._receive_tokens(n, as2=True):
             yield event
-        costs = self.mode.costs
-        seconds = time.perf_counter() - t0 - (costs.t_link or 0.0)
+        seconds = time.perf_counter() - t0 - link
         costs.observe_cloud_tokens(len(self.transcript.tokens) - got, max(seconds, 1e-4))
 
     async def _receive_tokens(self, n: int, as2: bool = False) -> AsyncIterator[Event]:

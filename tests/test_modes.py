@@ -17,6 +17,7 @@ from scipy import stats as scipy_stats
 from cloud_backend.config import ServerConfig
 from cloud_backend.engine import LLMEngine
 from cloud_backend.server import create_app
+from collab.protocol import Ping, Pong, decode
 from collab.sampling import SamplingParams, distribution
 from edge_runtime.device import DeviceModel
 from edge_runtime.events import Citation, Failure, Notice, Stats, TextDelta
@@ -108,6 +109,40 @@ async def test_as2_falls_back_to_cloud_decoding_and_says_so(near_drafter, cloud_
     # all but the first token (which always comes from the cloud's prefill)
     assert got.cloud_only and got.cloud_tokens == len(got.token_ids) - 1 and got.rounds == 0
     assert any(isinstance(e, Notice) and "AS²" in e.text for e in events)
+
+
+async def test_as2_asks_for_its_tokens_before_the_first_one_arrives(near_drafter, cloud_url):
+    """Once a session knows AS² wins, an answer's tokens after the first are asked for right
+    behind Generate (one CloudDecode, sent before the first token arrives), so the cloud never
+    waits a round trip for the device. The cloud keeps that frame while it samples the first
+    token: the answer still equals cloud mode's, token for token."""
+    cloud = build_mode("cloud", context(near_drafter, cloud_url))
+    split = build_mode("split", context(near_drafter, cloud_url))
+    split.costs.t_draft, split.costs.t_link, split.costs.t_cloud_step = 10.0, 0.0, 0.001
+    split.costs.verify.append((5, 0.01))
+    options = AnswerOptions(max_new_tokens=40, temperature=0.0)
+    _, want, _ = await ask(cloud, QUESTIONS[0], options)
+    client = await split.client()
+    timeline: list[str] = []
+
+    def sent(frame: bytes) -> None:
+        if not isinstance(msg := decode(frame), Ping | Pong):
+            timeline.append(f"sent {type(msg).__name__}")
+
+    client.on_frame_sent = sent
+    events = []
+    async with asyncio.timeout(60):  # a cloud that dropped the early CloudDecode would hang
+        async for event in split.answer(QUESTIONS[0], [], options):
+            if isinstance(event, TextDelta) and "first token" not in timeline:
+                timeline.append("first token")
+            events.append(event)
+    got = events[-1]
+    assert got.token_ids == want.token_ids and got.rounds == 0 and got.cloud_only
+    assert got.cloud_tokens == len(got.token_ids) - 1
+    assert timeline == ["sent Generate", "sent CloudDecode", "first token"]
+    assert any(isinstance(e, Notice) and "AS²" in e.text for e in events)
+    await cloud.close()
+    await split.close()
 
 
 # ---------------------------------------------------------------------------- sampling
