@@ -4,6 +4,7 @@ emulated link (issue 5; DESIGN §7).
     python -m benchmarks.split                       # the full grid (hours on 2 cores)
     python -m benchmarks.split --engines torch --rtt-ms 20 50 --mbit 100 --prompts 8 \\
         --sampling greedy --max-tokens 48            # a shorter run
+    python -m benchmarks.split --report benchmarks/results/split/*.json   # means of saved runs
 
 The cloud (`tandem serve`, no public corpus, 1 thread) runs in its own process pinned to
 core 1 with `taskset`; this process (the device: ONNX Runtime int8-head4, 1 thread, and the
@@ -120,6 +121,7 @@ async def run(args: argparse.Namespace) -> list[dict]:
                                         stats.draft_bytes_up / stats.drafted
                                         if stats.drafted else None
                                     ),
+                                    "cost_model": _cost_model(getattr(mode, "costs", None)),
                                 }  # fmt: skip
                                 rows.append(row)
                                 print(_line(row), flush=True)
@@ -129,6 +131,18 @@ async def run(args: argparse.Namespace) -> list[dict]:
         finally:
             await cloud.stop()
     return rows
+
+
+def _cost_model(costs) -> dict | None:
+    """What split's cost model believes after this answer (ms): why it chose γ or AS²."""
+    if costs is None or costs.t_draft is None:
+        return None
+    ms = lambda v: None if v is None else 1000 * v  # noqa: E731
+    return {
+        "draft_ms_per_token": ms(costs.t_draft), "link_ms": ms(costs.t_link),
+        "cloud_ms_per_token": ms(costs.t_cloud_step), "alpha": costs.alpha,
+        "verify_ms": {r: ms(costs.verify_time(r)) for r in (2, 3, 5)},
+    }  # fmt: skip
 
 
 def _fmt(v, spec: str) -> str:
@@ -184,6 +198,17 @@ def summarise(rows: list[dict]) -> None:
                 f"{statistics.mean(r['down_bytes_per_token'] for r in rs):8.1f} B/tok  "
                 f"AS² tokens {sum(r['cloud_only_tokens'] for r in rs)}"
             )
+        for m in METHODS:
+            last = [r["cost_model"] for r in group if r["method"] == m and r.get("cost_model")]
+            if last:
+                c = last[-1]
+                verify = ", ".join(f"{r} rows {_fmt(v, '.0f')}" for r, v in c["verify_ms"].items())
+                print(
+                    f"  {m} cost model at the end: draft {_fmt(c['draft_ms_per_token'], '.1f')} "
+                    f"ms/token, cloud alone {_fmt(c['cloud_ms_per_token'], '.1f')} ms/token, "
+                    f"verify {verify} ms, link {_fmt(c['link_ms'], '.1f')} ms, α "
+                    f"{c['alpha']:.2f}"
+                )
         tk = [r for r in group if r["method"] == "tk-slt"]
         if tk:
             per = ", ".join(f"{r['prompt']} {_fmt(r['acceptance'], '.2f')}" for r in tk)
@@ -206,7 +231,14 @@ def main() -> None:
     parser.add_argument(
         "--no-as2", action="store_true", help="always speculate (to measure what AS² saves)"
     )
+    parser.add_argument(
+        "--report", nargs="+", type=Path, metavar="JSON",
+        help="print the means of earlier runs' --out files (run nothing)",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.report:
+        summarise([row for path in args.report for row in json.loads(path.read_text())])
+        return
     logging.basicConfig(level=logging.WARNING)
     if os.cpu_count() and os.cpu_count() > 1:
         os.sched_setaffinity(0, {args.device_core})
