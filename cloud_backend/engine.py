@@ -52,6 +52,7 @@ class LLMEngine:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="llm-engine")
         self._lru: OrderedDict[int, EngineSession] = OrderedDict()
         self._lock = threading.Lock()  # guards _lru between the loop and the worker
+        self._current_lock = threading.Lock()  # a cancel reaches only the step it was meant for
         self._ids = itertools.count(1)
         self._current: EngineSession | None = None
 
@@ -91,12 +92,14 @@ class LLMEngine:
             self.lm.attach_state(session.state)
         else:
             self.lm.reset(1)
-        self._current = session
+        with self._current_lock:
+            self._current = session
         start = time.perf_counter()
         try:
             result = fn()
         finally:
-            self._current = None
+            with self._current_lock:
+                self._current = None
             state = self.lm.detach_state()
             session.state = None if session.closed else state  # closed mid-step: drop it
         seconds = time.perf_counter() - start
@@ -129,8 +132,11 @@ class LLMEngine:
                 victim.on_evict()
 
     def _cancel(self, session: EngineSession) -> None:
-        if self._current is session:
-            self.lm.cancel()
+        # Under the lock the worker cannot move on to another session's step between the
+        # check and the cancel (the runtime forgets a cancel when its run ends).
+        with self._current_lock:
+            if self._current is session:
+                self.lm.cancel()
 
 
 class EngineSession:

@@ -405,6 +405,8 @@ class _Session:
         req = self.request
         if req is not None and not req.finished and msg.request_id == req.id:
             req.inbox.put_nowait(msg)
+            if isinstance(msg, Cancel) and self.engine_session is not None:
+                self.engine_session.cancel()  # a long prefill stops now, not at its end
             return True
         if msg.request_id <= self.last_request_id:
             log.debug(

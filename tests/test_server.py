@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -510,6 +511,31 @@ async def test_ping_answered_while_a_request_runs_and_busy_and_cancel(cloud):
         await s.send(Generate("again", request_id=5))
         err = await s.recv()
         assert isinstance(err, Error) and "not newer" in err.message
+
+
+async def test_cancel_stops_a_long_prefill_at_once(start_cloud, tiny):
+    """A Cancel interrupts the engine step in flight (here a prefill made slow by sleeping in
+    each layer: 1 s) instead of waiting for it; the session then answers the next request."""
+    lm = TorchCausalLM(tiny["hf"])
+    slow = LLMEngine(lm, load_tokenizer(tiny["hf"]), ENGINE_NAME)
+    for layer in lm.model.model.layers:  # after the runtime's own stop checks
+        layer.register_forward_pre_hook(lambda module, args: time.sleep(0.5))
+    cloud = await start_cloud(engine=slow)
+    try:
+        async with raw(cloud) as s:
+            await s.send(Generate("Tell me a story.", max_new_tokens=2, request_id=1))
+            await asyncio.sleep(0.15)
+            cancelled_at = time.perf_counter()
+            await s.send(Cancel(request_id=1))
+            done = (await s.recv_until(Done))[-1]
+            waited = time.perf_counter() - cancelled_at
+            assert done.reason == FinishReason.CANCELLED and done.tokens == 0
+            assert waited < 0.6, f"the prefill ran on for {waited:.2f} s after the Cancel"
+            await s.send(Generate("hi", max_new_tokens=1, request_id=2))
+            done = (await s.recv_until(Done, timeout=30))[-1]
+            assert done.reason in (FinishReason.STOP, FinishReason.LENGTH) and done.tokens == 1
+    finally:
+        slow.close()
 
 
 async def test_split_session_routes_cloud_decode_to_the_request(start_cloud, engine):
