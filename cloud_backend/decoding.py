@@ -53,7 +53,7 @@ from collab.protocol import (
 from collab.sampling import SamplingParams, distribution, sample, top_candidates
 from collab.split import Transcript
 from collab.verification import dsd_round, dssd_cloud_verify, tkslt_cloud_verify
-from model_runtime.prompting import Passage, prompt_ids
+from model_runtime.prompting import Passage, fit_prompt, prompt_budget
 from model_runtime.runtime import Cancelled
 from model_runtime.tokenizer import IM_END_ID
 
@@ -151,8 +151,13 @@ class _Request:
                 Source(h.title, h.location, float(h.score), h.text[:SOURCE_CHARS]) for h in hits
             )
             await self.ctx.send(Citations(sources, request_id=self.gen.request_id))
-        tokenizer = self.ctx.engine.tokenizer
-        return prompt_ids(tokenizer, self.gen.question, self.gen.history, passages)
+        budget = prompt_budget(self.ctx.engine.lm.max_context, self.gen.max_new_tokens)
+        ids, dropped = fit_prompt(
+            self.ctx.engine.tokenizer, self.gen.question, self.gen.history, passages, budget
+        )
+        if dropped:
+            log.info("request=%d history_pairs_left_out=%d", self.gen.request_id, dropped)
+        return ids
 
     def _commit(self, tokens: list[int]) -> list[int]:
         kept = self.transcript.commit(tokens)

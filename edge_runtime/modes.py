@@ -36,7 +36,7 @@ from collab.split import Transcript
 from edge_runtime.device import EXCERPT_CHARS, DeviceModel, Retriever, retrieve_private
 from edge_runtime.events import Citation, Event, Failure, Notice, Stats, TextDelta
 from model_runtime.generate import TextStream
-from model_runtime.prompting import prompt_ids
+from model_runtime.prompting import Passage, fit_prompt, prompt_budget
 from model_runtime.tokenizer import IM_END_ID
 
 STOP_IDS = frozenset({IM_END_ID})
@@ -92,6 +92,24 @@ class ModeContext:
 
 def full_history(history: Sequence[Turn]) -> list[str]:
     return [text for turn in history for text in (turn.question, turn.answer)]
+
+
+def device_prompt(
+    device: DeviceModel, question: str, history: Sequence[Turn], passages: Sequence[Passage],
+    options: AnswerOptions,
+) -> tuple[list[int], list[Notice]]:  # fmt: skip
+    """The device model's prompt, the oldest exchanges left out if the conversation outgrew
+    its context (and a notice saying so)."""
+    budget = prompt_budget(device.lm.max_context, options.max_new_tokens)
+    ids, dropped = fit_prompt(device.tokenizer, question, full_history(history), passages, budget)
+    if not dropped:
+        return ids, []
+    what = "exchange" if dropped == 1 else "exchanges"
+    notice = Notice(
+        f"the {dropped} oldest {what} left out: the conversation is longer than the device "
+        f"model's context ({device.lm.max_context} tokens)"
+    )
+    return ids, [notice]
 
 
 def cloud_history(history: Sequence[Turn]) -> list[str]:
@@ -194,7 +212,9 @@ class LocalMode(Orchestrator):
         )
         for c in citations:
             yield c
-        ids = prompt_ids(device.tokenizer, question, full_history(history), passages)
+        ids, notices = device_prompt(device, question, history, passages, options)
+        for notice in notices:
+            yield notice
         transcript = Transcript(options.max_new_tokens, STOP_IDS)
         async for event in device_generate(
             device, ids, transcript, TextStream(device.tokenizer), options, stats, start
@@ -317,7 +337,8 @@ class CloudBacked(Orchestrator):
         """After the cloud dropped: the device continues the same answer from its tokens."""
         device = _need_device(self.ctx)
         yield Notice(f"finishing the answer on the device ({device.name})")
-        ids = prompt_ids(device.tokenizer, question, full_history(history)) + transcript.tokens
+        ids, _ = device_prompt(device, question, history, (), options)
+        ids += transcript.tokens
         async for event in device_generate(device, ids, transcript, stream, options, stats, start):
             yield event
 

@@ -54,11 +54,10 @@ from edge_runtime.modes import (
     Turn,
     _need_device,
     citations_from,
-    full_history,
+    device_prompt,
 )
 from edge_runtime.split_costs import INITIAL_GAMMA, SplitCosts
 from model_runtime.generate import TextStream
-from model_runtime.prompting import prompt_ids
 
 VARIANTS = ("tk-slt", "dssd", "dssd-topk", "dsd")
 TOPK_MAX = 8  # TK-SLT: at most 8 (id, prob) pairs per drafted position (≤ 56 B)
@@ -95,7 +94,9 @@ class SplitMode(CloudBacked):
         )
         for c in citations:
             yield c
-        ids = prompt_ids(device.tokenizer, question, full_history(history), passages)
+        ids, notices = device_prompt(device, question, history, passages, options)
+        for notice in notices:
+            yield notice
         run = _SplitRun(self, device, options, stats, start)
         client = None
         up0 = down0 = 0

@@ -52,6 +52,42 @@ def prompt_ids(
     question: str,
     history: Sequence[str] = (),
     passages: Sequence[Passage] = (),
+    budget: int | None = None,
 ) -> list[int]:
-    """Token ids of the whole prompt, ending with the assistant's turn opened."""
-    return chat_prompt_ids(tokenizer, build_messages(question, history, passages))
+    """Token ids of the whole prompt, ending with the assistant's turn opened (within
+    `budget` tokens if given: see `fit_prompt`)."""
+    return fit_prompt(tokenizer, question, history, passages, budget)[0]
+
+
+def fit_prompt(
+    tokenizer: PreTrainedTokenizerBase,
+    question: str,
+    history: Sequence[str] = (),
+    passages: Sequence[Passage] = (),
+    budget: int | None = None,
+) -> tuple[list[int], int]:
+    """(prompt ids, earlier exchanges left out). A long conversation must not end the chat:
+    the oldest user/assistant pairs are left out until the prompt fits `budget` tokens. The
+    system turn, the passages and the question always stay; if they alone overflow, the
+    runtime refuses the prompt with a plain error."""
+    ids = chat_prompt_ids(tokenizer, build_messages(question, history, passages))
+    pairs = len(history) // 2
+    if budget is None or len(ids) <= budget or pairs == 0:
+        return ids, 0
+    # The prompt only shrinks as pairs are dropped: binary search the fewest to drop.
+    best = (chat_prompt_ids(tokenizer, build_messages(question, (), passages)), pairs)
+    lo, hi = 1, pairs - 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        trial = chat_prompt_ids(tokenizer, build_messages(question, history[2 * mid :], passages))
+        if len(trial) <= budget:
+            best, hi = (trial, mid), mid - 1
+        else:
+            lo = mid + 1
+    return best
+
+
+def prompt_budget(max_context: int, max_new_tokens: int) -> int:
+    """Tokens a prompt may take: the context less room for the answer, but never less than
+    half the context (an answer longer than that is cut at the context's end anyway)."""
+    return max(max_context - max_new_tokens, max_context // 2)

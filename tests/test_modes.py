@@ -27,7 +27,7 @@ from edge_runtime.split_mode import VARIANTS
 from model_runtime.ort_runtime import OrtCausalLM
 from model_runtime.prompting import prompt_ids
 from model_runtime.torch_runtime import TorchCausalLM
-from tests.tiny_models import build_tiny_hf
+from tests.tiny_models import TINY_CONTEXT, build_tiny_hf
 
 TOKEN = "test-token-0123456789"
 QUESTIONS = ["What is a tandem bicycle?", "Write a haiku about autumn rain."]
@@ -143,6 +143,39 @@ async def test_as2_asks_for_its_tokens_before_the_first_one_arrives(near_drafter
     assert any(isinstance(e, Notice) and "AS²" in e.text for e in events)
     await cloud.close()
     await split.close()
+
+
+async def test_a_conversation_longer_than_the_context_still_gets_answers(
+    near_drafter, cloud_url, tiny_tokenizer
+):
+    """Both sides leave the oldest exchanges out rather than refuse the prompt; the device
+    says so. Greedy split still equals cloud mode (the cloud trims the same way in both)."""
+    history = [
+        Turn(
+            f"Question {i} about tandem bicycles?", "They are " + "bicycles for two, " * 8, "cloud"
+        )
+        for i in range(8)
+    ]
+    question = QUESTIONS[0]
+    whole = prompt_ids(
+        tiny_tokenizer, question, [t for u in history for t in (u.question, u.answer)]
+    )
+    assert len(whole) > TINY_CONTEXT  # would not even fit the context
+    options = AnswerOptions(max_new_tokens=24, temperature=0.0)
+    answers = {}
+    for name in ("local", "cloud", "split"):
+        mode = build_mode(name, context(near_drafter, cloud_url))
+        if name == "split":
+            mode.costs = SplitCosts()  # unmeasured: speculate
+        text, stats, events = await ask(mode, question, options, history)
+        assert not any(isinstance(e, Failure) for e in events), name
+        assert stats.tokens > 0 and text, name
+        if name != "cloud":
+            notices = [e.text for e in events if isinstance(e, Notice)]
+            assert any("oldest exchanges left out" in n for n in notices), (name, notices)
+        answers[name] = stats.token_ids
+        await mode.close()
+    assert answers["split"] == answers["cloud"]
 
 
 # ---------------------------------------------------------------------------- sampling

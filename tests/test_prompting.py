@@ -1,0 +1,54 @@
+"""The one prompt builder both sides use, and how it keeps a long conversation answerable."""
+
+from __future__ import annotations
+
+from model_runtime.prompting import Passage, fit_prompt, prompt_budget, prompt_ids
+
+HISTORY = [
+    text
+    for i in range(12)
+    for text in (
+        f"Question number {i} about tandem bicycles?",
+        f"Answer number {i}: " + "pedal " * 20,
+    )
+]
+PASSAGE = Passage("garage.txt", "lines 1-2", "The spare key is under the blue flower pot.")
+
+
+def test_without_a_budget_or_within_it_nothing_is_left_out(tiny_tokenizer):
+    whole = prompt_ids(tiny_tokenizer, "Where is the key?", HISTORY, [PASSAGE])
+    assert fit_prompt(tiny_tokenizer, "Where is the key?", HISTORY, [PASSAGE]) == (whole, 0)
+    assert fit_prompt(tiny_tokenizer, "Where is the key?", HISTORY, [PASSAGE], len(whole)) == (
+        whole,
+        0,
+    )
+
+
+def test_the_oldest_exchanges_go_first_and_no_more_than_needed(tiny_tokenizer):
+    whole = prompt_ids(tiny_tokenizer, "Where is the key?", HISTORY, [PASSAGE])
+    for budget in (len(whole) - 1, len(whole) // 2, 120):
+        ids, dropped = fit_prompt(tiny_tokenizer, "Where is the key?", HISTORY, [PASSAGE], budget)
+        assert 0 < dropped < len(HISTORY) // 2 and len(ids) <= budget
+        # exactly the newest pairs remain, and one more pair would not have fitted
+        assert ids == prompt_ids(
+            tiny_tokenizer, "Where is the key?", HISTORY[2 * dropped :], [PASSAGE]
+        )
+        longer = prompt_ids(
+            tiny_tokenizer, "Where is the key?", HISTORY[2 * dropped - 2 :], [PASSAGE]
+        )
+        assert len(longer) > budget
+        text = tiny_tokenizer.decode(ids)
+        assert "Question number 11" in text and "blue flower pot" in text
+        assert f"Question number {dropped - 1} " not in text
+
+
+def test_question_and_passages_always_stay(tiny_tokenizer):
+    bare = prompt_ids(tiny_tokenizer, "Where is the key?", (), [PASSAGE])
+    ids, dropped = fit_prompt(tiny_tokenizer, "Where is the key?", HISTORY, [PASSAGE], 10)
+    assert (ids, dropped) == (bare, len(HISTORY) // 2)  # too long even so: the runtime says so
+
+
+def test_prompt_budget_leaves_room_for_the_answer_but_not_all_the_context():
+    assert prompt_budget(32768, 512) == 32256
+    assert prompt_budget(256, 100) == 156
+    assert prompt_budget(256, 512) == 128
