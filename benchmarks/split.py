@@ -233,11 +233,13 @@ def main() -> None:
     )
     parser.add_argument(
         "--report", nargs="+", type=Path, metavar="JSON",
-        help="print the means of earlier runs' --out files (run nothing)",
+        help="print the means of earlier runs' --out files, file by file (run nothing)",
     )  # fmt: skip
     args = parser.parse_args()
-    if args.report:
-        summarise([row for path in args.report for row in json.loads(path.read_text())])
+    if args.report:  # each file on its own: a cell re-run in another file stays apart
+        for path in args.report:
+            print(f"\n=== {path}")
+            summarise(json.loads(path.read_text()))
         return
     logging.basicConfig(level=logging.WARNING)
     if os.cpu_count() and os.cpu_count() > 1:
