@@ -41,6 +41,13 @@ def _options(values: Iterable[str], current: str) -> list[tuple[str, str]]:
     return [(name, name) for name in names]
 
 
+def _select(values: Iterable[str], current: str, field: str) -> Select[str]:
+    """A compact, never-blank Select for one setting."""
+    return Select(
+        _options(values, current), value=current, allow_blank=False, id=field, compact=True
+    )
+
+
 class SettingsScreen(ModalScreen[Settings | None]):
     """A form over `Settings`; saves to `path` and dismisses with what was saved."""
 
@@ -95,13 +102,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
                     compact=True,
                 )
                 yield Label("Cloud engine")
-                yield Select(
-                    _options(CLOUD_ENGINES, s.cloud_engine),
-                    value=s.cloud_engine,
-                    allow_blank=False,
-                    id="cloud_engine",
-                    compact=True,
-                )
+                yield _select(CLOUD_ENGINES, s.cloud_engine, "cloud_engine")
                 yield Label("Device model")
                 yield Input(
                     s.device_model,
@@ -117,21 +118,9 @@ class SettingsScreen(ModalScreen[Settings | None]):
                     compact=True,
                 )
                 yield Label("Default mode")
-                yield Select(
-                    _options(self.modes, s.default_mode),
-                    value=s.default_mode,
-                    allow_blank=False,
-                    id="default_mode",
-                    compact=True,
-                )
+                yield _select(self.modes, s.default_mode, "default_mode")
                 yield Label("Split variant")
-                yield Select(
-                    _options(VARIANTS, s.variant),
-                    value=s.variant,
-                    allow_blank=False,
-                    id="variant",
-                    compact=True,
-                )
+                yield _select(VARIANTS, s.variant, "variant")
                 yield Label("Retrieval k")
                 yield Input(str(s.k), type="integer", id="k", compact=True)
                 yield Label("Max tokens")
@@ -139,13 +128,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 yield Label("Temperature")
                 yield Input(str(s.temperature), type="number", id="temperature", compact=True)
                 yield Label("Theme")
-                yield Select(
-                    _options(self.themes, s.theme),
-                    value=s.theme,
-                    allow_blank=False,
-                    id="theme",
-                    compact=True,
-                )
+                yield _select(self.themes, s.theme, "theme")
         yield Footer()
 
     def on_mount(self) -> None:
