@@ -1,27 +1,30 @@
-"""What the TUI drives: the device model, the private index, the cloud link and the modes.
+"""The one composition root both front ends drive (the TUI and `tandem ask`): it builds the
+device model, the private index, the cloud link and the modes from the settings, streams an
+answer's events, and persists the conversation.
 
-No Textual here: the app runs these loaders in its workers and renders what they report, and
-tests can drive the same object without a screen. The modes themselves are the CLI's
-orchestrators (`edge_runtime.modes`); this class only builds and holds them."""
+No Textual here: the app runs the loaders in its workers and renders what they report; tests
+and the CLI drive the same object without a screen."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from app.cli import index_paths
-from app.settings import Settings, effective_cloud
+from app.settings import Settings, conversations_path, effective_cloud
 
 if TYPE_CHECKING:
+    from app.conversations import ConversationStore
     from app.embedded import EmbeddedCloud
     from edge_runtime.device import DeviceModel
-    from edge_runtime.events import Event
-    from edge_runtime.modes import AnswerOptions, ModeContext, Orchestrator, Turn
+    from edge_runtime.events import Event, Stats
+    from edge_runtime.modes import ModeContext, Orchestrator
+    from edge_runtime.options import AnswerOptions
     from personal_index.index import PersonalIndex
 
 log = logging.getLogger("tandem.assistant")
@@ -57,9 +60,61 @@ class ModeInfo:
     reason: str = ""
 
 
+@dataclass
+class Exchange:
+    """One question and its answer as they happen: the events to render, and what is kept of
+    it (text, sources, figures, how it ended), written to the conversation as it ends."""
+
+    question: str
+    mode: str
+    conversation_id: int | None
+    title: str
+    orchestrator: Orchestrator
+    text: str = ""
+    citations: list[dict[str, Any]] = field(default_factory=list)
+    stats: Stats | None = None
+    status: str = "complete"  # complete | cancelled | failed
+    error: str | None = None
+    _events: AsyncIterator[Event] | None = None
+    _on_end: Callable[[Exchange], None] | None = None
+
+    async def events(self) -> AsyncIterator[Event]:
+        """The answer's events; the exchange is saved when they end, however they end (a
+        cancel or a crash keeps the partial answer, marked)."""
+        from edge_runtime.events import Citation, Failure, Stats, TextDelta
+
+        assert self._events is not None
+        try:
+            async for event in self._events:
+                if isinstance(event, TextDelta):
+                    self.text += event.text
+                elif isinstance(event, Citation):
+                    self.citations.append(dataclasses.asdict(event))
+                elif isinstance(event, Failure) and not event.recoverable:
+                    self.status, self.error = "failed", event.message
+                elif isinstance(event, Stats):
+                    self.stats = event
+                yield event
+        except (asyncio.CancelledError, GeneratorExit):
+            self.status = "cancelled"
+            raise
+        except Exception as exc:  # a bug or a dead model: saved as failed, then raised
+            self.status, self.error = "failed", f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            with contextlib.suppress(BaseException):
+                await self._events.aclose()  # type: ignore[attr-defined]
+            if self._on_end is not None:
+                self._on_end(self)
+
+    def live_stats(self) -> Stats | None:
+        """The figures so far (elapsed time, bytes), for a status bar that polls."""
+        return self.orchestrator.live_stats()
+
+
 class Assistant:
-    """Models, index, cloud and modes for one app run. Loaders are idempotent; pass ready
-    parts (tests: tiny models, an index in a temp dir) to skip them."""
+    """Models, index, cloud, modes and conversations for one run. Loaders are idempotent;
+    pass ready parts (tests: tiny models, an index in a temp dir) to skip them."""
 
     def __init__(
         self,
@@ -67,19 +122,21 @@ class Assistant:
         *,
         device: DeviceModel | None = None,
         index: PersonalIndex | None = None,
+        finish_locally: bool = True,
     ) -> None:
         self.settings = settings
         self.device = device
         self.index = index
+        self.finish_locally = finish_locally
         self.cloud_status = CloudStatus("off", "no cloud configured")
         self._embedded: EmbeddedCloud | None = None
         self._ctx: ModeContext | None = None
         self._modes: dict[str, Orchestrator] = {}
-        self._index_lock = asyncio.Lock()
+        self._conversations: ConversationStore | None = None
 
     # ------------------------------------------------------------------ loading
 
-    def load_device(self) -> DeviceModel:
+    def load_device(self, threads: int | None = None) -> DeviceModel:
         """The device model (blocking: seconds for the real one; run it in a worker)."""
         if self.device is None:
             from edge_runtime.device import DeviceModel
@@ -92,45 +149,82 @@ class Assistant:
             )
             if not (folder / "model.onnx").exists() and not any(folder.glob("*.onnx")):
                 raise FileNotFoundError(f"no ONNX device model in {folder}")
-            self.device = DeviceModel.load(folder)
-            if self._ctx is not None:
-                self._ctx.device = self.device
+            self.device = DeviceModel.load(folder, threads=threads)
         return self.device
 
-    def open_index(self) -> PersonalIndex:
-        """The private index, created empty on first use (loads the embedder: a second)."""
+    def open_index(self, create: bool = True) -> PersonalIndex | None:
+        """The private index (loads the embedder: a second). `create=False`: only one that
+        exists and holds documents (a one-shot question need not create an empty index)."""
         if self.index is None:
+            from collab.paths import index_paths
             from personal_index.index import PersonalIndex
 
             root, embedder_dir = index_paths()
+            if not create and not any(root.glob("*.sqlite")):
+                return None
             self.index = PersonalIndex(root, embedder_dir)
+        if not create and not self.index_has_documents():
+            return None
         return self.index
 
     def index_has_documents(self) -> bool:
         return self.index is not None and self.index.stats().chunks > 0
 
-    async def connect_cloud(self) -> CloudStatus:
+    def index_changed(self) -> None:
+        """Documents were added or removed: retrieval starts or stops using the index."""
+        if self._ctx is not None:
+            self._ctx.index = self.index if self.index_has_documents() else None
+
+    @property
+    def conversations(self) -> ConversationStore:
+        """The conversation history (opened on first use)."""
+        if self._conversations is None:
+            from app.conversations import ConversationStore
+
+            self._conversations = ConversationStore(conversations_path())
+        return self._conversations
+
+    # ------------------------------------------------------------------ cloud
+
+    def _set_cloud(self, status: CloudStatus, on_status: Callable[[CloudStatus], None] | None):
+        self.cloud_status = status
+        if on_status is not None:
+            on_status(status)
+
+    def cloud_expected(self) -> None:
+        """The cloud will be connected once the device model is loaded: say so meanwhile."""
+        url, _ = effective_cloud(self.settings)
+        self.cloud_status = CloudStatus("starting", "waiting for the device model",
+                                        embedded=not url)  # fmt: skip
+
+    def cloud_skipped(self) -> None:
+        self.cloud_status = CloudStatus("off", "not connected at start")
+
+    async def connect_cloud(
+        self, on_status: Callable[[CloudStatus], None] | None = None
+    ) -> CloudStatus:
         """Reach the configured cloud, or start the embedded backend when none is configured;
-        then open a session once (token, tokenizer and version are checked at handshake)."""
+        then open a session once (token, tokenizer and version are checked at handshake).
+        `on_status` hears every change of `cloud_status` on the way."""
+        from edge_runtime.modes import CloudSettings
+
         url, token = effective_cloud(self.settings)
         embedded = not url
         try:
+            self._set_cloud(CloudStatus("starting", "" if embedded else url, embedded=embedded),
+                            on_status)  # fmt: skip
             if embedded:
-                self.cloud_status = CloudStatus("starting", "first start indexes the corpus",
-                                                embedded=True)  # fmt: skip
+                self._set_cloud(CloudStatus("starting", "first start indexes the corpus",
+                                            embedded=True), on_status)  # fmt: skip
                 url, token = await self._start_embedded()
-            else:
-                self.cloud_status = CloudStatus("starting", url)
-            from edge_runtime.modes import CloudSettings
-
             ctx = self.context()
             ctx.cloud = CloudSettings(url, token, retries=1)
             if self.device is not None:
                 await self._probe()
-            self.cloud_status = CloudStatus("ready", url, embedded=embedded)
+            self._set_cloud(CloudStatus("ready", url, embedded=embedded), on_status)
         except Exception as exc:  # any failure: say why, local mode still works
             log.info("cloud unavailable: %s", exc)
-            self.cloud_status = CloudStatus("unavailable", _plain(exc), embedded=embedded)
+            self._set_cloud(CloudStatus("unavailable", _plain(exc), embedded=embedded), on_status)
         return self.cloud_status
 
     async def _start_embedded(self) -> tuple[str, str]:
@@ -148,15 +242,29 @@ class Assistant:
         mode = self.mode("cloud")
         await mode.client()  # type: ignore[attr-defined]
 
+    def link_alive(self) -> bool:
+        """Whether any open cloud session is still connected (a refusal keeps it; a dropped
+        server does not)."""
+        ctx = self._ctx
+        return ctx is not None and any(c.connected for c in ctx.clients.values())
+
+    def cloud_lost(self, reason: str) -> bool:
+        """After a failure: if no cloud session is left connected, the cloud went away; mark
+        it unavailable (True) so the cloud modes show why until it is reconnected."""
+        if self.cloud_status.state == "ready" and not self.link_alive():
+            self.cloud_status = CloudStatus("unavailable", reason,
+                                            embedded=self.cloud_status.embedded)  # fmt: skip
+            return True
+        return False
+
     # ------------------------------------------------------------------ modes
 
     def context(self) -> ModeContext:
         if self._ctx is None:
             from edge_runtime.modes import ModeContext
 
-            self._ctx = ModeContext(
-                device=self.device, index=self.index, variant=self.settings.variant
-            )
+            self._ctx = ModeContext(variant=self.settings.variant,
+                                    finish_locally=self.finish_locally)  # fmt: skip
         self._ctx.device = self.device
         self._ctx.index = self.index if self.index_has_documents() else None
         return self._ctx
@@ -187,22 +295,49 @@ class Assistant:
             out.append(ModeInfo(name, cls.description, cls.needs_cloud, available, reason))
         return out
 
-    def answer(
-        self, question: str, history: Sequence[Turn], mode: str, options: AnswerOptions
-    ) -> AsyncIterator[Event]:
-        return self.mode(mode).answer(question, history, options)
-
-    def options(self) -> AnswerOptions:
-        from edge_runtime.modes import AnswerOptions
+    def options(self, **overrides: Any) -> AnswerOptions:
+        """Answer options from the settings, with per-question overrides (CLI flags)."""
+        from edge_runtime.options import AnswerOptions
 
         s = self.settings
-        return AnswerOptions(max_new_tokens=s.max_tokens, temperature=s.temperature, k=s.k)
+        base = AnswerOptions(max_new_tokens=s.max_tokens, temperature=s.temperature, k=s.k)
+        return dataclasses.replace(base, **overrides)
 
-    def link_alive(self) -> bool:
-        """Whether any open cloud session is still connected (a refusal keeps it; a dropped
-        server does not)."""
-        ctx = self._ctx
-        return ctx is not None and any(c.connected for c in ctx.clients.values())
+    def exchange(
+        self,
+        question: str,
+        mode: str,
+        *,
+        conversation_id: int | None = None,
+        options: AnswerOptions | None = None,
+        save: bool = True,
+    ) -> Exchange:
+        """Ask `question` in `mode` within a conversation (a new one if None). With `save`,
+        the question and the answer as it ends are written to the conversation history."""
+        from edge_runtime.modes import Turn
+
+        orchestrator = self.mode(mode)
+        history: list[Turn] = []
+        title, on_end = "", None
+        if save:
+            store = self.conversations
+            if conversation_id is None:
+                conversation_id = store.create().id
+            cid = conversation_id
+            history = [Turn(q, a, m) for q, a, m in store.turns(cid)]
+            store.add_message(cid, "user", question, mode)
+            store.set_title_from_question(cid, question)
+            title = store.get(cid).title
+            message_id = store.add_message(cid, "assistant", "", mode, status="streaming")
+
+            def on_end(ex: Exchange) -> None:
+                store.update_message(message_id, text=ex.text, citations=ex.citations,
+                                     stats=ex.stats.as_dict() if ex.stats else {},
+                                     status=ex.status, error=ex.error)  # fmt: skip
+
+        events = orchestrator.answer(question, history, options or self.options())
+        return Exchange(question, mode, conversation_id, title, orchestrator,
+                        _events=events, _on_end=on_end)  # fmt: skip
 
     def cancel_device(self) -> None:
         """Interrupt a device model step in flight (the answer task is cancelled separately)."""
@@ -238,6 +373,8 @@ class Assistant:
             self._embedded = None
         if self.index is not None:
             self.index.close()
+        if self._conversations is not None:
+            self._conversations.close()
 
 
 def _plain(exc: BaseException) -> str:

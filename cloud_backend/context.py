@@ -1,6 +1,6 @@
-"""What the transport hands to a request's decoding loop (cloud_backend.decoding).
+"""What the transport hands to a request's decoding loop (cloud_backend.modes).
 
-A separate module so that the server (which starts requests) and decoding (which serves them)
+A separate module so that the server (which starts requests) and the modes (which serve them)
 both import it without importing each other.
 """
 
@@ -37,7 +37,7 @@ class RequestContext:
     corpus: Any | None  # PublicCorpus or None
     corpus_k: int
     mode: Mode  # CLOUD or SPLIT
-    variant: str  # for SPLIT: "tk-slt", "dssd", "dssd-topk" or "dsd"
+    variant: str  # for SPLIT: a name in collab.variants.VARIANTS
     limits: Limits
     send: Callable[[Message], Awaitable[None]]  # encodes, counts bytes, sends one frame
     inbox: asyncio.Queue[Message]  # drafts, CloudDecode, TokenChunk, Cancel for this request

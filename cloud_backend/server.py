@@ -28,9 +28,9 @@ from aiohttp import WSCloseCode, WSMsgType, hdrs, web
 
 from cloud_backend.config import ConfigError, ServerConfig
 from cloud_backend.context import RequestContext
-from cloud_backend.decoding import serve_request
 from cloud_backend.engine import EngineSession, LLMEngine
 from cloud_backend.metrics import CONTENT_TYPE, RequestMetrics, ServerMetrics
+from cloud_backend.modes import REQUESTS, serve_request
 from collab.protocol import (
     HEADER_SIZE,
     MAGIC,
@@ -57,12 +57,10 @@ from collab.protocol import (
     decode,
     encode,
 )
+from collab.variants import DEFAULT_VARIANT, variant_names
 
 log = logging.getLogger("tandem.cloud")
 
-SUPPORTED_MODES = (Mode.CLOUD, Mode.SPLIT)
-SPLIT_VARIANTS = ("tk-slt", "dssd", "dssd-topk", "dsd")
-DEFAULT_VARIANT = "tk-slt"
 SESSION_PATH = "/v1/session"
 # Frames that belong to the running request and go to its inbox.
 _REQUEST_FRAMES = (Cancel, DsdDraft, DssdDraft, TopKDraft, CloudDecode, TokenChunk)
@@ -287,8 +285,8 @@ class _Session:
                 "do not share a vocabulary; pick a device model with the cloud model's "
                 "tokenizer",
             )
-        if hello.mode not in SUPPORTED_MODES:
-            supported = " and ".join(m.name.lower() for m in SUPPORTED_MODES)
+        if hello.mode not in REQUESTS:
+            supported = " and ".join(m.name.lower() for m in REQUESTS)
             extra = " (local mode needs no cloud)" if hello.mode == Mode.LOCAL else ""
             return await self._refuse(
                 "mode",
@@ -297,11 +295,11 @@ class _Session:
         variant = ""
         if hello.mode == Mode.SPLIT:
             variant = hello.variant or DEFAULT_VARIANT
-            if variant not in SPLIT_VARIANTS:
+            if variant not in variant_names():
                 return await self._refuse(
                     "variant",
                     f"unknown split variant {variant!r}; this cloud serves "
-                    + ", ".join(SPLIT_VARIANTS),
+                    + ", ".join(variant_names()),
                 )
         if len(self.state.sessions) >= self.state.config.max_sessions:
             return await self._refuse(

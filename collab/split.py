@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from collab.protocol import FinishReason
-from collab.sampling import top_candidates
 
 
 @dataclass
@@ -51,34 +50,3 @@ def wire_probs(probs: np.ndarray, f32: bool) -> np.ndarray:
     """Probabilities exactly as the receiver will read them (float16 unless f32), as float64.
     A sender samples from *these* numbers, so the receiver's q is the draft distribution."""
     return np.asarray(probs, dtype=np.float32 if f32 else np.float16).astype(np.float64)
-
-
-def topk_draft_row(
-    q: np.ndarray, k_max: int, mass: float = 0.999, f32: bool = False
-) -> tuple[np.ndarray, np.ndarray]:
-    """TK-SLT's transmitted draft distribution for one position: the fewest most likely tokens
-    that cover `mass` of q, at most `k_max`, renormalised and rounded for the wire. Sampling
-    the draft from the returned probabilities (not from q) keeps verification exact
-    (DESIGN §5.1); fewer pairs where q is peaked keeps the uplink small."""
-    q = np.asarray(q, dtype=np.float64)
-    cand = top_candidates(q, need=1, mass=mass)
-    order = cand[np.argsort(-q[cand], kind="stable")]
-    cum = np.cumsum(q[order])
-    k = min(int(np.searchsorted(cum, mass * cum[-1])) + 1, k_max, order.size)
-    ids = order[:k]
-    return ids, wire_probs(q[ids] / q[ids].sum(), f32)
-
-
-def pad_rows(
-    rows: list[tuple[np.ndarray, np.ndarray]], vocab_size: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Stack per-position (ids, probs) of different lengths into [γ, K] arrays by padding with
-    unused ids at probability 0 (never sampled, so the distributions are unchanged)."""
-    k = max(ids.size for ids, _ in rows)
-    out_ids = np.zeros((len(rows), k), dtype=np.int64)
-    out_probs = np.zeros((len(rows), k), dtype=np.float64)
-    for i, (ids, probs) in enumerate(rows):
-        out_ids[i, : ids.size], out_probs[i, : ids.size] = ids, probs
-        free = np.setdiff1d(np.arange(k + ids.size), ids)[: k - ids.size]
-        out_ids[i, ids.size :] = free
-    return out_ids, out_probs

@@ -19,11 +19,11 @@ from cloud_backend.engine import LLMEngine
 from cloud_backend.server import create_app
 from collab.protocol import Ping, Pong, decode
 from collab.sampling import SamplingParams, distribution
+from collab.variants import variant_names
 from edge_runtime.device import DeviceModel
 from edge_runtime.events import Citation, Failure, Notice, Stats, TextDelta
 from edge_runtime.modes import AnswerOptions, CloudSettings, ModeContext, Turn, build_mode
 from edge_runtime.split_costs import SplitCosts
-from edge_runtime.split_mode import VARIANTS
 from model_runtime.ort_runtime import OrtCausalLM
 from model_runtime.prompting import prompt_ids
 from model_runtime.torch_runtime import TorchCausalLM
@@ -75,7 +75,7 @@ def context(device, url, variant="tk-slt", **kw) -> ModeContext:
 # ---------------------------------------------------------------------------- greedy
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", variant_names())
 @pytest.mark.parametrize("drafter", ["near", "far"])
 async def test_greedy_split_equals_cloud_only(variant, drafter, request, cloud_url):
     device = request.getfixturevalue(f"{drafter}_drafter")
@@ -300,7 +300,7 @@ def private_index(tmp_path_factory, embedder_dir):
     return index
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", variant_names())
 async def test_split_never_sends_private_text(variant, near_drafter, cloud_url, private_index):
     port = int(cloud_url.split(":")[2].split("/")[0])
     tap = WireTap(port)
@@ -415,7 +415,7 @@ def test_the_cloud_imports_nothing_of_the_device():
     import sys
 
     code = (
-        "import sys, cloud_backend.server, cloud_backend.decoding, cloud_backend.corpus;"
+        "import sys, cloud_backend.server, cloud_backend.modes, cloud_backend.corpus;"
         "bad = [m for m in sys.modules if m.split('.')[0] in "
         "('edge_runtime', 'personal_index', 'app', 'textual')]; print(bad); assert not bad"
     )

@@ -1,0 +1,186 @@
+"""The cloud side of a request, whatever the mode: the prompt (public retrieval, history),
+the prefill, committing tokens, plain decoding (cloud mode, and split's AS² fallback), cancel.
+Each mode's request is a `Request` subclass in its own module, registered in
+`cloud_backend.modes`.
+
+Session flow (after the Hello/HelloAck handshake; every frame carries request id, epoch, step):
+
+cloud   device → Generate(question, history, sampling, retrieve)
+        cloud  → Citations (public sources, if any) → TokenChunk per token → Done
+split   see cloud_backend/modes/split.py
+any     device → Cancel: the cloud stops and answers Done(CANCELLED)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from cloud_backend.engine import Evicted
+from collab.protocol import (
+    Cancel,
+    Citations,
+    Done,
+    Error,
+    ErrorCode,
+    FinishReason,
+    Generate,
+    Source,
+    TokenChunk,
+)
+from collab.sampling import SamplingParams, sample
+from collab.split import Transcript
+from model_runtime.prompting import Passage, fit_prompt, prompt_budget
+from model_runtime.runtime import Cancelled
+from model_runtime.tokenizer import IM_END_ID
+
+if TYPE_CHECKING:
+    from cloud_backend.context import RequestContext
+
+log = logging.getLogger("tandem.cloud")
+
+SOURCE_CHARS = 2000  # the public chunk (a Wikipedia lead summary) the user can open
+
+
+class Stop(Exception):
+    """Ends a request early with this reason (a cancel, an error already reported)."""
+
+    def __init__(self, reason: FinishReason) -> None:
+        self.reason = reason
+
+
+async def serve(req: Request) -> Done:
+    """Run one request to its end; send every frame (Done included) and return the Done."""
+    gen, ctx, start = req.gen, req.ctx, req.start
+    try:
+        await req.run()
+        reason = req.transcript.finish or FinishReason.STOP
+    except Stop as stop:
+        reason = stop.reason
+    except Evicted as exc:
+        await ctx.send(Error(ErrorCode.EVICTED, str(exc), request_id=gen.request_id))
+        reason = FinishReason.ERROR
+    except Cancelled:
+        reason = FinishReason.CANCELLED
+    up, down = ctx.traffic()
+    done = Done(
+        reason,
+        tokens=len(req.transcript.tokens),
+        rounds=req.rounds,
+        drafted=req.drafted,
+        accepted=req.accepted,
+        bytes_up=up,
+        bytes_down=down,
+        elapsed_s=time.perf_counter() - start,
+        request_id=gen.request_id,
+        epoch=req.epoch,
+        step=len(req.transcript.tokens),
+    )
+    ctx.session.release()
+    await ctx.send(done)
+    return done
+
+
+class Request(ABC):
+    """One Generate being served. Subclasses implement `decode_answer` (after the prefill)."""
+
+    def __init__(self, gen: Generate, ctx: RequestContext, start: float) -> None:
+        self.gen, self.ctx, self.start = gen, ctx, start
+        self.params = SamplingParams(gen.temperature, gen.top_k, gen.top_p)
+        self.rng = np.random.default_rng(gen.seed)
+        self.transcript = Transcript(gen.max_new_tokens, frozenset({IM_END_ID}))
+        self.rounds = self.drafted = self.accepted = 0
+        self.epoch = 0
+        self.pending: int | None = None  # newest committed token, not yet in the cache
+        self.next_logits: np.ndarray | None = None  # valid while pending is None
+        self.first_token_seen = False
+
+    async def run(self) -> None:
+        ids = await self.prompt()
+        lm = self.ctx.engine.lm
+        room = lm.max_context - len(ids)
+        if room <= 0:
+            await self.error(ErrorCode.LIMIT, f"prompt of {len(ids)} tokens fills the context")
+            raise Stop(FinishReason.ERROR)
+        self.transcript.max_new_tokens = min(self.transcript.max_new_tokens, room)
+        self.next_logits = await self.ctx.session.prefill(ids)
+        if self.transcript.max_new_tokens == 0:
+            self.transcript.commit([])
+            return
+        await self.decode_answer()
+
+    @abstractmethod
+    async def decode_answer(self) -> None:
+        """Produce the answer's tokens after the prefill (the mode's own loop)."""
+
+    async def prompt(self) -> list[int]:
+        passages: list[Passage] = []
+        corpus = self.ctx.corpus
+        if self.gen.retrieve and corpus is not None:
+            hits = await asyncio.to_thread(corpus.search, self.gen.question, self.ctx.corpus_k)
+            passages = [Passage(h.title, h.location, h.text) for h in hits]
+            sources = tuple(
+                Source(h.title, h.location, float(h.score), h.text[:SOURCE_CHARS]) for h in hits
+            )
+            await self.ctx.send(Citations(sources, request_id=self.gen.request_id))
+        budget = prompt_budget(self.ctx.engine.lm.max_context, self.gen.max_new_tokens)
+        ids, dropped = fit_prompt(
+            self.ctx.engine.tokenizer, self.gen.question, self.gen.history, passages, budget
+        )
+        if dropped:
+            log.info("request=%d history_pairs_left_out=%d", self.gen.request_id, dropped)
+        return ids
+
+    def commit(self, tokens: list[int]) -> list[int]:
+        kept = self.transcript.commit(tokens)
+        if kept and not self.first_token_seen:
+            self.first_token_seen = True
+            self.ctx.metrics.ttft(time.perf_counter() - self.start)
+        self.ctx.metrics.tokens(len(kept))
+        return kept
+
+    async def error(self, code: ErrorCode, message: str) -> None:
+        await self.ctx.send(Error(code, message, request_id=self.gen.request_id))
+
+    def check_cancel(self) -> None:
+        """Stop on a Cancel; keep every other frame, in order, for after this decoding (a
+        device under AS² asks for its next tokens before the first one arrives)."""
+        kept = []
+        while not self.ctx.inbox.empty():
+            msg = self.ctx.inbox.get_nowait()
+            if isinstance(msg, Cancel):
+                raise Stop(FinishReason.CANCELLED)
+            kept.append(msg)
+        for msg in kept:
+            self.ctx.inbox.put_nowait(msg)
+
+    async def current_logits(self) -> np.ndarray:
+        """Logits for the next token: the pending token goes through the model first."""
+        if self.pending is None:
+            assert self.next_logits is not None
+            return self.next_logits
+        logits = (await self.ctx.session.forward([self.pending]))[-1]
+        self.pending, self.next_logits = None, logits
+        return logits
+
+    async def decode(self, n: int) -> None:
+        """The cloud samples the next n tokens itself and streams them (cloud mode; split's
+        first token and its AS² fallback)."""
+        for _ in range(n):
+            if self.transcript.finish is not None:
+                return
+            self.check_cancel()
+            logits = await self.current_logits()
+            token, _ = sample(logits, self.rng, self.params)
+            step = len(self.transcript.tokens)
+            kept = self.commit([token])
+            self.pending = token
+            if kept:
+                await self.ctx.send(
+                    TokenChunk(kept, request_id=self.gen.request_id, epoch=self.epoch, step=step)
+                )

@@ -1,0 +1,70 @@
+"""What a split variant is: how the device drafts and encodes, how the cloud judges, how a
+rejection is corrected (DESIGN §5.2). One subclass per variant, one module each; both sides
+read them from the registry in `collab.variants`, so a variant is one file and one line."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
+
+import numpy as np
+
+from collab.protocol import Message, Verdict
+
+
+@dataclass(frozen=True)
+class DraftToken:
+    """One drafted position on the device: the token, the distribution it was sampled from
+    exactly as the cloud will read it (kept for a device-side correction), and what this
+    position adds to the draft frame."""
+
+    token: int
+    q: np.ndarray
+    row: Any
+
+
+class Judgement(NamedTuple):
+    """The cloud's verdict on one draft frame: drafts accepted, the token that follows them
+    (None when the device must sample the correction itself) and P_j for that correction."""
+
+    accepted: int
+    token: int | None
+    p_ids: np.ndarray | None = None
+    p_probs: np.ndarray | None = None
+
+
+class SplitVariant(ABC):
+    """A split speculative-decoding scheme, both sides of it."""
+
+    name: ClassVar[str]
+    exact: ClassVar[bool]  # the output follows the cloud's P exactly (up to float16 noted)
+    summary: ClassVar[str]  # one line for help texts and the settings screen
+    frame: ClassVar[type[Message]]  # the draft frame the cloud expects
+
+    # ---- device ---------------------------------------------------------------------------
+    @abstractmethod
+    def draft(self, q: np.ndarray, rng: np.random.Generator) -> DraftToken:
+        """Sample one draft from the device's distribution q (over the vocabulary)."""
+
+    @abstractmethod
+    def draft_frame(
+        self, drafts: Sequence[DraftToken], vocab_size: int, *, request_id: int, epoch: int,
+        step: int,
+    ) -> Message:  # fmt: skip
+        """The frame that carries a round's drafts to the cloud."""
+
+    def correct(self, verdict: Verdict, q: np.ndarray, rng: np.random.Generator) -> int:
+        """The token after a rejection, when the cloud left it to the device (`verdict.token`
+        is None): only variants whose cloud cannot resample (it does not know Q) do."""
+        raise ValueError(f"{self.name}: the cloud resamples rejections itself")
+
+    # ---- cloud ----------------------------------------------------------------------------
+    @abstractmethod
+    def judge(self, frame: Message, P: np.ndarray, rng: np.random.Generator) -> Judgement:
+        """Verify a draft frame against the cloud's P (γ+1 rows). Raises ValueError for a
+        frame that cannot have been sampled as it claims."""
+
+    def __repr__(self) -> str:
+        return f"<split variant {self.name}>"

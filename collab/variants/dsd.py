@@ -1,0 +1,52 @@
+"""DSD (DESIGN §5.2, the baseline): the device sends every draft's dense Q row (float16) and
+samples the draft from exactly those rounded numbers; the cloud runs a standard speculative
+round (5.1) and resamples any rejection itself. Exact, and heavy on the uplink."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from collab.protocol import DsdDraft, Message
+from collab.sampling import sample_from
+from collab.split import wire_probs
+from collab.variants.base import DraftToken, Judgement, SplitVariant
+from collab.verification import dsd_round
+
+
+class Dsd(SplitVariant):
+    name = "dsd"
+    exact = True
+    summary = "ids + the dense Q row of every draft (float16, ~300 KB each): the baseline"
+    frame = DsdDraft
+
+    def draft(self, q: np.ndarray, rng: np.random.Generator) -> DraftToken:
+        q16 = wire_probs(q, f32=False)  # exactly what the cloud will read
+        q = q16 / q16.sum()
+        return DraftToken(sample_from(q, rng), q, q16)
+
+    def draft_frame(
+        self, drafts: Sequence[DraftToken], vocab_size: int, *, request_id: int, epoch: int,
+        step: int,
+    ) -> Message:  # fmt: skip
+        return DsdDraft(
+            [d.token for d in drafts], np.stack([d.row for d in drafts]).astype(np.float16),
+            request_id=request_id, epoch=epoch, step=step,
+        )  # fmt: skip
+
+    def judge(self, frame: Message, P: np.ndarray, rng: np.random.Generator) -> Judgement:
+        """DSD's round, after checking the rows could have produced the drafts."""
+        assert isinstance(frame, DsdDraft)
+        drafts = np.asarray(frame.token_ids, dtype=np.int64)
+        Q = np.asarray(frame.probs, dtype=np.float64)
+        if Q.shape[1] != P.shape[1]:
+            raise ValueError(f"dense drafts must cover the {P.shape[1]}-token vocabulary")
+        total = Q.sum(axis=1, keepdims=True)
+        if not np.all(total > 0):
+            raise ValueError("a dense draft distribution is all zeros")
+        Q = Q / total
+        if not np.all(Q[np.arange(drafts.size), drafts] > 0):
+            raise ValueError("a draft has probability 0 in its own distribution")
+        n, token = dsd_round(drafts, P, Q, rng)
+        return Judgement(n, token)

@@ -1,0 +1,74 @@
+"""DSSD (DESIGN §5.2; DSSD paper, with its p/q swap corrected): the device sends ids and
+q(x) only. The cloud accepts while r < min(1, p(x)/q(x)); at the first rejection j it sends
+P_j and the device resamples the correction from norm(max(0, P_j − Q_j)) with its own Q_j.
+
+`dssd-topk` sends only the top 64 of P_j (PicoSpec's downlink): **approximate**, its bias is
+`collab.verification.picospec_topk_bias_tv`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from collab.protocol import DssdDraft, Message, Verdict
+from collab.sampling import sample_from, top_candidates
+from collab.variants.base import DraftToken, Judgement, SplitVariant
+from collab.verification import dssd_cloud_verify, dssd_device_resample, picospec_residual_topk
+
+P_TOPK = 64  # P_j entries sent back by dssd-topk
+
+
+class Dssd(SplitVariant):
+    name = "dssd"
+    exact = True  # up to the float16 rounding of P_j (relative 2^-11)
+    summary = "ids + q(x); on a rejection the cloud sends dense P_j, the device resamples"
+    frame = DssdDraft
+
+    def draft(self, q: np.ndarray, rng: np.random.Generator) -> DraftToken:
+        x = sample_from(q, rng)
+        return DraftToken(x, q, float(q[x]))
+
+    def draft_frame(
+        self, drafts: Sequence[DraftToken], vocab_size: int, *, request_id: int, epoch: int,
+        step: int,
+    ) -> Message:  # fmt: skip
+        q_of = np.asarray([d.row for d in drafts], dtype=np.float32)
+        return DssdDraft(
+            [d.token for d in drafts], q_of, f32=True,
+            request_id=request_id, epoch=epoch, step=step,
+        )  # fmt: skip
+
+    def judge(self, frame: Message, P: np.ndarray, rng: np.random.Generator) -> Judgement:
+        assert isinstance(frame, DssdDraft)
+        drafts = np.asarray(frame.token_ids, dtype=np.int64)
+        q = np.asarray(frame.q, dtype=np.float64)
+        n, bonus, rejected = dssd_cloud_verify(drafts, q, P, rng)
+        if rejected is None:
+            return Judgement(n, bonus)
+        return self.rejection(n, P[n])
+
+    def rejection(self, n: int, p_j: np.ndarray) -> Judgement:
+        """What the cloud sends back at a rejection: dense P_j in float16."""
+        return Judgement(n, None, None, p_j.astype(np.float16))
+
+    def correct(self, verdict: Verdict, q: np.ndarray, rng: np.random.Generator) -> int:
+        """DSSD's resample: norm(max(0, P_j − Q_j)) on the device."""
+        p_j = np.asarray(verdict.p_probs, dtype=np.float64)
+        return dssd_device_resample(p_j / p_j.sum(), q, rng)
+
+
+class DssdTopK(Dssd):
+    name = "dssd-topk"
+    exact = False
+    summary = "as dssd with only the top 64 of P_j sent back: approximate (PicoSpec)"
+
+    def rejection(self, n: int, p_j: np.ndarray) -> Judgement:
+        cand = top_candidates(p_j, need=min(P_TOPK, p_j.size))
+        ids = cand[np.argsort(-p_j[cand], kind="stable")[:P_TOPK]]
+        return Judgement(n, None, ids, p_j[ids].astype(np.float16))
+
+    def correct(self, verdict: Verdict, q: np.ndarray, rng: np.random.Generator) -> int:
+        assert verdict.p_ids is not None
+        p_j = np.asarray(verdict.p_probs, dtype=np.float64)
+        return sample_from(picospec_residual_topk(verdict.p_ids, p_j, q), rng)

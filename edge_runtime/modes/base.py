@@ -1,0 +1,237 @@
+"""What every mode shares: the conversation types, the history policy, the device prompt, and
+the answer skeleton (options → `generate` → final `Stats`) written once for all modes.
+
+What each mode sends (DESIGN §1, the invariant): local sends nothing; cloud sends the question
+and the cloud-visible history; split sends the question, that history, drafted token ids and
+draft probabilities. Private passages only ever enter the device model's prompt. Earlier turns
+answered in local mode may rest on private text, so they are never sent."""
+
+from __future__ import annotations
+
+import copy
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from collab.protocol import FinishReason
+from collab.sampling import sample
+from collab.split import Transcript
+from edge_runtime.device import DeviceModel, Retriever, retrieve_private
+from edge_runtime.events import Event, Notice, Stats, TextDelta
+from edge_runtime.options import AnswerOptions
+from model_runtime.generate import TextStream
+from model_runtime.prompting import Passage, fit_prompt, prompt_budget
+from model_runtime.tokenizer import IM_END_ID
+
+if TYPE_CHECKING:
+    from edge_runtime.client import CloudClient
+
+STOP_IDS = frozenset({IM_END_ID})
+
+__all__ = ["STOP_IDS", "Answer", "AnswerOptions", "CloudSettings", "ModeContext", "Orchestrator",
+           "Turn", "cloud_history", "device_generate", "device_prompt", "need_device"]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One finished exchange and the mode that answered it."""
+
+    question: str
+    answer: str
+    mode: str
+
+
+@dataclass
+class CloudSettings:
+    """Where the cloud is and how to reach it."""
+
+    url: str
+    token: str
+    connect_timeout_s: float = 10.0
+    retries: int = 2
+
+
+@dataclass
+class ModeContext:
+    """What the modes share: the device model, the private index, the cloud link."""
+
+    device: DeviceModel | None = None
+    index: Retriever | None = None
+    cloud: CloudSettings | None = None
+    variant: str = "tk-slt"  # split: a name in collab.variants.VARIANTS
+    finish_locally: bool = True  # if the cloud drops mid-answer, the device finishes it
+    retrieve_public: bool = True  # cloud mode grounds the cloud in its public corpus
+    split_retrieve_public: bool = False  # split: the cloud verifies with the bare question
+    clients: dict[tuple[Any, str], CloudClient] = field(default_factory=dict)
+
+
+def need_device(ctx: ModeContext) -> DeviceModel:
+    if ctx.device is None:
+        raise RuntimeError("the device model is not loaded")
+    return ctx.device
+
+
+# ---------------------------------------------------------------------------- history policy
+
+
+def full_history(history: Sequence[Turn]) -> list[str]:
+    return [text for turn in history for text in (turn.question, turn.answer)]
+
+
+def cloud_history(history: Sequence[Turn]) -> list[str]:
+    """The turns the cloud may see: never those answered locally (they may quote private
+    documents)."""
+    return full_history([t for t in history if t.mode != "local"])
+
+
+def device_prompt(
+    device: DeviceModel, question: str, history: Sequence[Turn], passages: Sequence[Passage],
+    options: AnswerOptions,
+) -> tuple[list[int], list[Notice]]:  # fmt: skip
+    """The device model's prompt, the oldest exchanges left out if the conversation outgrew
+    its context (and a notice saying so)."""
+    budget = prompt_budget(device.lm.max_context, options.max_new_tokens)
+    ids, dropped = fit_prompt(device.tokenizer, question, full_history(history), passages, budget)
+    if not dropped:
+        return ids, []
+    what = "exchange" if dropped == 1 else "exchanges"
+    notice = Notice(
+        f"the {dropped} oldest {what} left out: the conversation is longer than the device "
+        f"model's context ({device.lm.max_context} tokens)"
+    )
+    return ids, [notice]
+
+
+# ---------------------------------------------------------------------------- one answer
+
+
+@dataclass
+class Answer:
+    """One answer in progress: its figures, committed tokens and text stream, and how its
+    cloud request ended (a Done arrived; the link broke)."""
+
+    stats: Stats
+    start: float
+    transcript: Transcript
+    stream: TextStream | None
+    prompt: list[int] = field(default_factory=list)  # the device prompt, where one is built
+    finished: bool = False
+    broken: bool = False
+
+    def emit(self, kept: Sequence[int]) -> list[TextDelta]:
+        """Text for newly committed tokens; the first one sets the time to first token."""
+        events: list[TextDelta] = []
+        for t in kept:
+            if self.stats.ttft_s is None:
+                self.stats.ttft_s = time.perf_counter() - self.start
+            if self.stream is not None and (text := self.stream.push(t)):
+                events.append(TextDelta(text))
+        self.stats.tokens = len(self.transcript.tokens)
+        return events
+
+
+async def device_generate(
+    device: DeviceModel, ids: list[int], answer: Answer, options: AnswerOptions
+) -> AsyncIterator[Event]:
+    """Plain decoding on the device from a fresh prefill of `ids` until the transcript ends
+    (stop token, length, or the context limit)."""
+    rng = np.random.default_rng(options.seed)
+    transcript = answer.transcript
+    logits = await device.prefill(ids)
+    room = device.lm.max_context - device.length
+    while transcript.finish is None:
+        token, _ = sample(logits, rng, options.sampling)
+        for event in answer.emit(transcript.commit([token])):
+            yield event
+        if transcript.finish is None:
+            if room <= 1:
+                transcript.finish = FinishReason.LENGTH
+                break
+            logits = (await device.forward([token]))[-1]
+            room -= 1
+
+
+# ---------------------------------------------------------------------------- the mode
+
+
+class Orchestrator(ABC):
+    """One answer mode. Subclasses say what they are (name, description, needs_cloud) and
+    implement `generate`; `answer` wraps it in what every mode does (figures, live stats)."""
+
+    name: str = ""
+    needs_cloud: bool = False
+    description: str = ""
+
+    def __init__(self, ctx: ModeContext) -> None:
+        self.ctx = ctx
+        self._live: tuple[Stats, float] | None = None
+        self._live_bytes: tuple[CloudClient, int, int] | None = None
+
+    @property
+    def variant(self) -> str:
+        return ""
+
+    async def answer(
+        self, question: str, history: Sequence[Turn], options: AnswerOptions
+    ) -> AsyncIterator[Event]:
+        """Stream the answer: citations first, text deltas, notices, and a final Stats."""
+        start = time.perf_counter()
+        stats = Stats(self.name, self.variant)
+        self._live, self._live_bytes = (stats, start), None
+        device = self.ctx.device
+        answer = Answer(
+            stats, start, Transcript(options.max_new_tokens, STOP_IDS),
+            TextStream(device.tokenizer) if device is not None else None,
+        )  # fmt: skip
+        async for event in self.generate(question, history, options, answer):
+            yield event
+        transcript = answer.transcript
+        stats.elapsed_s = time.perf_counter() - start
+        stats.token_ids = list(transcript.tokens)
+        stats.tokens = len(transcript.tokens)
+        if stats.finish is None and transcript.finish is not None:
+            stats.finish = transcript.finish.name.lower()
+        yield stats
+
+    @abstractmethod
+    def generate(
+        self, question: str, history: Sequence[Turn], options: AnswerOptions, answer: Answer
+    ) -> AsyncIterator[Event]:
+        """The mode itself: commit tokens to `answer.transcript` and yield events."""
+
+    async def private_prompt(
+        self, question: str, history: Sequence[Turn], options: AnswerOptions, answer: Answer
+    ) -> AsyncIterator[Event]:
+        """Retrieve private passages (yielding their citations) and build the device prompt
+        into `answer.prompt` (yielding a notice if old exchanges were left out)."""
+        device = need_device(self.ctx)
+        passages, citations = await retrieve_private(
+            self.ctx.index, question, options.k, options.min_score
+        )
+        for c in citations:
+            yield c
+        answer.prompt, notices = device_prompt(device, question, history, passages, options)
+        for notice in notices:
+            yield notice
+
+    def live_stats(self) -> Stats | None:
+        """A snapshot of the figures of the answer in progress (elapsed time and bytes so
+        far), or of the last answer: the TUI's status bar polls it while text streams."""
+        if self._live is None:
+            return None
+        stats, start = self._live
+        snap = copy.copy(stats)
+        if snap.finish is None:
+            snap.elapsed_s = time.perf_counter() - start
+        if self._live_bytes is not None and snap.finish is None:
+            client, up0, down0 = self._live_bytes
+            snap.bytes_up = client.bytes_up - up0
+            snap.bytes_down = client.bytes_down - down0
+        return snap
+
+    async def close(self) -> None:  # noqa: B027 - most modes hold nothing to release
+        """Release connections (models and indexes belong to the context)."""

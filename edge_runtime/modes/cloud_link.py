@@ -1,0 +1,181 @@
+"""What the modes that talk to the cloud share: one session (websocket) per mode and variant,
+opened on first use and reopened after a drop; one request per answer, cancelled if the
+answer stops early; and, if the link breaks mid-answer, the device finishing the answer."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from abc import abstractmethod
+from collections.abc import AsyncIterator, Sequence
+
+from collab.protocol import Cancel, Citations, Done, Error, Generate, Message, Mode
+from edge_runtime.client import CloudClient, CloudError, CloudUnavailable
+from edge_runtime.device import EXCERPT_CHARS
+from edge_runtime.events import Citation, Event, Failure, Notice
+from edge_runtime.modes.base import (
+    Answer,
+    AnswerOptions,
+    Orchestrator,
+    Turn,
+    cloud_history,
+    device_generate,
+    device_prompt,
+    need_device,
+)
+
+
+class CloudBacked(Orchestrator):
+    """A mode with a cloud side. Subclasses implement `converse` (the frames of one request)
+    and may override `prepare` (device work before the request goes out)."""
+
+    needs_cloud = True
+    protocol_mode: Mode = Mode.CLOUD
+    _request_ids = itertools.count(1)
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self._cancelled: int | None = None  # a request we cancelled whose Done is pending
+
+    @property
+    def retrieve_public(self) -> bool:
+        """Whether the cloud grounds this mode's requests in its public corpus."""
+        return self.ctx.retrieve_public
+
+    async def generate(
+        self, question: str, history: Sequence[Turn], options: AnswerOptions, answer: Answer
+    ) -> AsyncIterator[Event]:
+        device = self.ctx.device
+        stats = answer.stats
+        client: CloudClient | None = None
+        up0 = down0 = 0
+        rid = next(self._request_ids)
+        try:
+            async for event in self.prepare(question, history, options, answer):
+                yield event
+            client = await self.client()
+            up0, down0 = client.bytes_up, client.bytes_down
+            self._live_bytes = (client, up0, down0)
+            await client.send(self.generate_message(rid, question, history, options))
+            async for event in self.converse(client, rid, options, answer):
+                yield event
+        except CloudError as exc:
+            answer.broken = True
+            can_finish = self.ctx.finish_locally and device is not None
+            yield Failure(
+                f"{exc} (after {len(answer.transcript.tokens)} tokens)", recoverable=can_finish
+            )
+            if can_finish:
+                async for event in self.finish_on_device(question, history, options, answer):
+                    yield event
+        finally:
+            if client is not None and not (answer.finished or answer.broken) and client.connected:
+                await self.cancel(client, rid)
+        if client is not None:
+            stats.bytes_up = client.bytes_up - up0
+            stats.bytes_down = client.bytes_down - down0
+
+    async def prepare(
+        self, question: str, history: Sequence[Turn], options: AnswerOptions, answer: Answer
+    ) -> AsyncIterator[Event]:
+        """Device work before the request goes out (none by default)."""
+        return
+        yield
+
+    @abstractmethod
+    def converse(
+        self, client: CloudClient, rid: int, options: AnswerOptions, answer: Answer
+    ) -> AsyncIterator[Event]:
+        """Exchange the frames of request `rid` until its Done (set `answer.finished`)."""
+
+    # ---- the session ---------------------------------------------------------------------
+
+    async def client(self) -> CloudClient:
+        if self.ctx.cloud is None:
+            raise CloudUnavailable("no cloud is configured")
+        key = (self.protocol_mode, self.variant)
+        client = self.ctx.clients.get(key)
+        if client is not None and client.connected:
+            await self._drain(client)
+            return client
+        device = need_device(self.ctx)
+        client = CloudClient(
+            self.ctx.cloud.url,
+            self.ctx.cloud.token,
+            self.protocol_mode,
+            self.variant,
+            device.tokenizer_hash,
+            device.name,
+            connect_timeout=self.ctx.cloud.connect_timeout_s,
+        )
+        await client.connect(retries=self.ctx.cloud.retries)
+        self.ctx.clients[key] = client
+        self._cancelled = None
+        return client
+
+    async def _drain(self, client: CloudClient) -> None:
+        """Wait (briefly) for the Done of a request we cancelled, so the cloud is free."""
+        rid, self._cancelled = self._cancelled, None
+        if rid is None:
+            return
+        deadline = time.perf_counter() + 5.0
+        while (left := deadline - time.perf_counter()) > 0:
+            msg = await client.recv(timeout=left)
+            if isinstance(msg, Done) and msg.request_id == rid:
+                return
+
+    async def recv(self, client: CloudClient, rid: int) -> Message:
+        """The next frame of request `rid` (frames of older requests are dropped)."""
+        while True:
+            msg = await client.recv()
+            if msg.request_id == rid or (isinstance(msg, Error) and msg.request_id == 0):
+                return msg
+
+    async def cancel(self, client: CloudClient, rid: int) -> None:
+        """Best effort: tell the cloud to stop; its Done is awaited before the next request."""
+        try:
+            await client.send(Cancel(request_id=rid))
+            self._cancelled = rid
+        except Exception:  # the link is gone: nothing to cancel
+            self._cancelled = None
+
+    def generate_message(
+        self, rid: int, question: str, history: Sequence[Turn], options: AnswerOptions
+    ) -> Generate:
+        return Generate(
+            question,
+            max_new_tokens=options.max_new_tokens,
+            temperature=options.temperature,
+            top_k=options.top_k,
+            top_p=options.top_p,
+            seed=options.seed,
+            history=tuple(cloud_history(history)),
+            retrieve=self.retrieve_public,
+            request_id=rid,
+        )
+
+    async def close(self) -> None:
+        key = (self.protocol_mode, self.variant)
+        client = self.ctx.clients.pop(key, None)
+        if client is not None:
+            await client.close()
+
+    async def finish_on_device(
+        self, question: str, history: Sequence[Turn], options: AnswerOptions, answer: Answer
+    ) -> AsyncIterator[Event]:
+        """After the cloud dropped: the device continues the same answer from its tokens."""
+        device = need_device(self.ctx)
+        yield Notice(f"finishing the answer on the device ({device.name})")
+        ids, _ = device_prompt(device, question, history, (), options)
+        ids += answer.transcript.tokens
+        async for event in device_generate(device, ids, answer, options):
+            yield event
+
+
+def citations_from(msg: Citations) -> list[Citation]:
+    return [
+        Citation(
+            n, "cloud", s.title, s.location, s.score, s.excerpt[:EXCERPT_CHARS], text=s.excerpt
+        )
+        for n, s in enumerate(msg.sources, 1)
+    ]

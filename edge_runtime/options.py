@@ -1,0 +1,30 @@
+"""What the user asks an answer for, with the one set of defaults the app, `tandem ask` and
+the settings file share. Light on purpose: the settings module imports it at start-up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collab.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class AnswerOptions:
+    max_new_tokens: int = 512
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    k: int = 3  # private passages retrieved
+    min_score: float | None = None
+
+    @property
+    def sampling(self) -> SamplingParams:
+        from collab.sampling import SamplingParams
+
+        return SamplingParams(self.temperature, self.top_k, self.top_p)
+
+
+DEFAULTS = AnswerOptions()
