@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from app.cli import index_paths
 from app.settings import Settings, effective_cloud
+from collab.paths import index_paths
 
 if TYPE_CHECKING:
     from app.embedded import EmbeddedCloud

@@ -3,7 +3,8 @@
 A kill (or a power cut) at any instant must leave a file either as it was or as it was meant to
 be, never half-written: `atomic_write` writes a hidden temporary sibling, fsyncs it, renames it
 over the target (atomic on POSIX within one file system) and fsyncs the folder so the rename
-itself is durable. `publish` is the same idea for a finished file or folder built elsewhere.
+itself is durable. `publish` is the same idea for a file or folder built in a `fresh_partial`
+sibling (a model conversion, an ONNX export): it appears whole or not at all.
 
 Standard library only: imported by the device, the cloud, packaging and the benchmarks alike.
 """
@@ -22,6 +23,7 @@ from typing import BinaryIO
 __all__ = [
     "atomic_write",
     "discard_temp_files",
+    "fresh_partial",
     "fsync_dir",
     "publish",
     "sha256_file",
@@ -89,6 +91,18 @@ def publish(partial: Path, final: Path) -> None:
         final.unlink()
     os.replace(partial, final)
     fsync_dir(final.parent)
+
+
+def fresh_partial(final: Path) -> Path:
+    """An empty `<final>.partial` path to build `final` in before `publish`: leftovers of a
+    killed run are discarded."""
+    final = Path(final)
+    partial = final.with_name(final.name + ".partial")
+    if partial.is_dir() and not partial.is_symlink():
+        shutil.rmtree(partial)
+    elif partial.exists() or partial.is_symlink():
+        partial.unlink()
+    return partial
 
 
 def sha256_file(
