@@ -15,7 +15,7 @@ CLOUD_TOKEN_ENV = "TANDEM_CLOUD_TOKEN"
 
 def _open_index():
     """The private index, if the user has indexed anything (loading it costs a second)."""
-    from app.cli import index_paths
+    from collab.paths import index_paths
 
     root, embedder_dir = index_paths()
     if not (root / "index.sqlite").exists() and not any(root.glob("*.sqlite")):

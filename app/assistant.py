@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from app.settings import Settings, conversations_path, effective_cloud
+from app.settings import Settings, effective_cloud
+from collab.paths import conversations_path, index_paths
 
 if TYPE_CHECKING:
     from app.conversations import ConversationStore
@@ -156,7 +157,6 @@ class Assistant:
         """The private index (loads the embedder: a second). `create=False`: only one that
         exists and holds documents (a one-shot question need not create an empty index)."""
         if self.index is None:
-            from collab.paths import index_paths
             from personal_index.index import PersonalIndex
 
             root, embedder_dir = index_paths()

@@ -11,6 +11,8 @@ import os
 import sys
 from pathlib import Path
 
+from collab.paths import index_dir, index_paths
+
 
 def _cmd_models_prepare(args: argparse.Namespace) -> int:
     from tandem_packaging.prepare import prepare
@@ -52,19 +54,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return run_serve(args)
 
 
-def index_paths() -> tuple[Path, Path]:
-    """Where the private index and its embedding model live (under the user data dir)."""
-    from tandem_packaging.store import data_dir
-
-    return data_dir() / "index", data_dir() / "models" / "all-minilm-l6-v2-onnx"
-
-
 def _open_store():
     """The store alone (no model): enough to list and remove documents."""
     from retrieval.embedder import DIM
     from retrieval.store import IndexStore
 
-    return IndexStore(index_paths()[0], DIM)
+    return IndexStore(index_dir(), DIM)
 
 
 def _cmd_ingest(args: argparse.Namespace) -> int:
@@ -112,7 +107,7 @@ def _cmd_docs_list(args: argparse.Namespace) -> int:
         print(f"{r.path}  ({r.kind or '?'}, {detail})")
     print(
         f"{stats.documents} documents, {stats.chunks} chunks, {stats.failed} failed;"
-        f" index at {index_paths()[0]}"
+        f" index at {index_dir()}"
     )
     return 0
 
@@ -247,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_paths(args: argparse.Namespace) -> int:
-    from app.settings import config_path, describe_paths
+    from collab.paths import config_path, describe_paths
 
     paths = {"config": str(config_path()), **describe_paths()}
     if args.json:
@@ -261,9 +256,9 @@ def _cmd_paths(args: argparse.Namespace) -> int:
 def _run_tui() -> int:
     """`tandem` alone: the TUI (the only place Textual is imported). Logs go to a file: a
     line on stderr would tear the screen."""
-    from tandem_packaging.store import data_dir
+    from collab.paths import log_path
 
-    log_file = data_dir() / "tandem.log"
+    log_file = log_path()
     log_file.parent.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(
         filename=log_file, level=logging.INFO,

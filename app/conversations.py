@@ -1,8 +1,9 @@
 """Conversation history in SQLite, with `PRAGMA user_version` migrations.
 
 The schema version lives in the file header (`PRAGMA user_version`); `MIGRATIONS[i]` takes a
-database from version i to i + 1, and all pending steps run in one transaction, so a file is
-either fully migrated or untouched. A file from a newer Tandem is refused, never rewritten.
+database from version i to i + 1, run by `collab.sqlite_migrations` (each step with its version
+bump in one transaction, so a failed step leaves the file at the version before it). A file
+from a newer Tandem is refused, never rewritten.
 
 This uses the standard library's sqlite3 rather than sqlite-utils: importing sqlite-utils also
 imports numpy (and pandas when present), and this module is imported at start-up.
@@ -18,11 +19,13 @@ import sqlite3
 import threading
 import time
 import unicodedata
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from collab import sqlite_migrations
+from collab.sqlite_migrations import transaction
 
 logger = logging.getLogger(__name__)
 
@@ -89,48 +92,17 @@ def _v1_initial(conn: sqlite3.Connection) -> None:
 
 
 # MIGRATIONS[i] takes the schema from version i to i + 1. Add v2 as one more function here.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial]
+MIGRATIONS: list[sqlite_migrations.Migration] = [_v1_initial]
 SCHEMA_VERSION = len(MIGRATIONS)  # 1
 
 
-@contextmanager
-def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on any error (`conn` is in autocommit mode)."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield conn
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
-
-
-def user_version(conn: sqlite3.Connection) -> int:
-    return int(conn.execute("PRAGMA user_version").fetchone()[0])
-
-
 def migrate(conn: sqlite3.Connection, path: Path | str = "database") -> int:
-    """Bring `conn` to the newest schema in one transaction; return the version it had.
+    """Bring `conn` to the newest schema; return the version it has afterwards.
 
-    `conn` must be in autocommit mode (isolation_level=None) so the transaction is ours.
+    `conn` must be in autocommit mode (isolation_level=None) so the transactions are ours.
     """
-    migrations = MIGRATIONS  # read at call time, so tests can add a step
-    target = len(migrations)
-    with _transaction(conn):
-        found = user_version(conn)
-        if found > target:
-            raise SchemaTooNewError(
-                f"{path} has conversation schema version {found}, but this Tandem reads up to "
-                f"{target}. Upgrade Tandem, or move the file aside to start a new history; "
-                "it was not changed."
-            )
-        for version in range(found, target):
-            logger.info("migrating %s: schema %d -> %d", path, version, version + 1)
-            migrations[version](conn)
-        if found != target:
-            conn.execute(f"PRAGMA user_version = {int(target)}")
-    return found
+    # MIGRATIONS is read at call time, so tests can add a step.
+    return sqlite_migrations.migrate(conn, MIGRATIONS, name=str(path))
 
 
 @dataclass(frozen=True)
@@ -268,9 +240,9 @@ class ConversationStore:
             self._conn.execute("PRAGMA foreign_keys = ON")
             self._conn.execute("PRAGMA busy_timeout = 5000")
             migrate(self._conn, self.path)
-        except SchemaTooNewError:
+        except sqlite_migrations.SchemaTooNewError as exc:
             self._conn.close()
-            raise
+            raise SchemaTooNewError(str(exc)) from exc
         except sqlite3.DatabaseError as exc:
             self._conn.close()
             raise ConversationStoreError(
@@ -352,7 +324,7 @@ class ConversationStore:
 
     def delete(self, conversation_id: int) -> None:
         """Delete a conversation and its messages (one transaction)."""
-        with self._lock, _transaction(self.conn) as conn:
+        with self._lock, transaction(self.conn) as conn:
             conn.execute("DELETE FROM messages WHERE conversation_id = ?", (conversation_id,))
             cursor = conn.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
             if cursor.rowcount == 0:
@@ -380,7 +352,7 @@ class ConversationStore:
         now = time.time()
         citations_json = json.dumps([dict(c) for c in citations], ensure_ascii=False)
         stats_json = json.dumps(dict(stats or {}), ensure_ascii=False)
-        with self._lock, _transaction(self.conn):
+        with self._lock, transaction(self.conn):
             self._get(conversation_id)  # a clear error rather than a foreign-key failure
             cursor = self._write(
                 "INSERT INTO messages (conversation_id, role, text, mode, created_at, citations,"
@@ -414,7 +386,7 @@ class ConversationStore:
             columns["status"] = status
         if error is not None:
             columns["error"] = error
-        with self._lock, _transaction(self.conn):
+        with self._lock, transaction(self.conn):
             row = self.conn.execute(
                 "SELECT conversation_id FROM messages WHERE id = ?", (message_id,)
             ).fetchone()

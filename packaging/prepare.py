@@ -21,6 +21,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from collab.files import fresh_partial, publish
+from collab.paths import models_dir
 from tandem_packaging import steps
 from tandem_packaging.sources import (
     CLOUD_DEFAULT,
@@ -31,7 +33,7 @@ from tandem_packaging.sources import (
     PrepareError,
     source_for,
 )
-from tandem_packaging.store import ModelStore, fresh_partial, models_dir, publish
+from tandem_packaging.store import ModelStore
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,6 @@ half-written in place."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import shutil
 from contextlib import contextmanager
@@ -12,6 +11,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from collab.files import sha256_files
 from tandem_packaging.sources import PrepareError
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,6 @@ def assemble_gguf(parts: list[Path], out: Path, expected_size: int, expected_sha
     with open(parts[0], "rb") as f:
         if f.read(4) != GGUF_MAGIC:
             raise PrepareError(f"{parts[0]} does not start with a GGUF header")
-    digest = hashlib.sha256()
     total = sum(p.stat().st_size for p in parts)
     if total != expected_size:
         raise PrepareError(
@@ -47,13 +46,7 @@ def assemble_gguf(parts: list[Path], out: Path, expected_size: int, expected_sha
         open(out, "wb") as dst,
         tqdm(total=total, unit="B", unit_scale=True, desc=f"assemble {out.parent.name}") as bar,
     ):
-        for part in parts:
-            with open(part, "rb") as src:
-                while block := src.read(1 << 22):
-                    dst.write(block)
-                    digest.update(block)
-                    bar.update(len(block))
-    sha = digest.hexdigest()
+        sha = sha256_files(parts, bar.update, copy_to=dst)
     if sha != expected_sha256:
         out.unlink()
         raise PrepareError(f"assembled GGUF sha256 {sha} != expected {expected_sha256}")

@@ -2,37 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import platformdirs
+from collab.files import atomic_write, sha256_file
 
 MANIFEST = "manifest.json"
-
-
-def data_dir() -> Path:
-    """Tandem's data directory (`TANDEM_DATA_DIR` overrides the platform default)."""
-    override = os.environ.get("TANDEM_DATA_DIR")
-    return Path(override) if override else Path(platformdirs.user_data_dir("tandem"))
-
-
-def models_dir() -> Path:
-    return data_dir() / "models"
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22, progress=None) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-            if progress is not None:
-                progress(len(block))
-    return digest.hexdigest()
 
 
 def describe_files(folder: Path) -> dict[str, dict]:
@@ -75,9 +52,7 @@ class ModelStore:
     def write_manifest(self, manifest: dict) -> None:
         """Atomic: a kill leaves the previous manifest or the new one, never half of one."""
         self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.root / (MANIFEST + ".tmp")
-        tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
-        os.replace(tmp, self.root / MANIFEST)
+        atomic_write(self.root / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
 
     def record_step(self, step: str, output: str, recipe: str, **info) -> None:
         """Record a finished step whose output is the file or folder `output`, made by
@@ -111,22 +86,3 @@ class ModelStore:
         manifest = self.manifest()
         if manifest["steps"].pop(step, None) is not None:
             self.write_manifest(manifest)
-
-
-def publish(partial: Path, final: Path) -> None:
-    """Move a finished `partial` file or folder into place, replacing any stale `final`."""
-    if final.is_dir():
-        shutil.rmtree(final)
-    elif final.exists():
-        final.unlink()
-    os.replace(partial, final)
-
-
-def fresh_partial(final: Path) -> Path:
-    """An empty `<final>.partial` path: leftovers of a killed run are discarded."""
-    partial = final.with_name(final.name + ".partial")
-    if partial.is_dir():
-        shutil.rmtree(partial)
-    elif partial.exists():
-        partial.unlink()
-    return partial

@@ -7,7 +7,6 @@ CLI can draw a bar and the TUI a per-file table."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import queue
@@ -19,6 +18,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from collab.files import sha256_file
 from personal_index.parsers import ParseError, is_supported, parse
 from retrieval.chunking import Chunk, Chunker
 from retrieval.store import ChunkRecord, DocumentMeta, IndexStore
@@ -65,14 +65,6 @@ class _Work:
     meta: DocumentMeta
     chunks: list[Chunk] = field(default_factory=list)
     error: str | None = None
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _walk(target: Path) -> Iterator[Path]:
@@ -154,7 +146,7 @@ class Ingestor:
             and row.mtime == stat.st_mtime
         ):
             return None
-        sha = sha256_of(path)
+        sha = sha256_file(path)
         meta = DocumentMeta(str(path), stat.st_size, stat.st_mtime, sha)
         if row and row.status == "indexed" and row.sha256 == sha:
             self.store.touch(str(path), stat.st_size, stat.st_mtime)  # touched, not changed

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from collab.files import fresh_partial, publish
+
 DIM = 384
 MAX_TOKENS = 256
 COSINE_THRESHOLD = 0.99
@@ -243,15 +245,11 @@ def prepare_onnx_embedder(target_dir: Path) -> Path:
     target_dir = Path(target_dir)
     if (target_dir / INFO_FILE).is_file():
         return target_dir
-    partial = target_dir.with_name(target_dir.name + ".partial")
-    if partial.exists():
-        shutil.rmtree(partial)  # leftovers of a killed run
+    partial = fresh_partial(target_dir)
     partial.mkdir(parents=True)
     info = _build(partial)
     (partial / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
-    if target_dir.exists():
-        shutil.rmtree(target_dir)  # a folder without embedder.json is not ours to keep
-    os.replace(partial, target_dir)
+    publish(partial, target_dir)  # a folder there without embedder.json is not ours to keep
     return target_dir
 
 

@@ -10,7 +10,7 @@ Why it survives ``kill -9`` at any point:
 * Each chunk row keeps its float32 vector, so the FAISS index can always be rebuilt.
 * Chunk ids come from ``AUTOINCREMENT`` and chunk rows are never updated, only inserted and
   deleted, so an id always names the same vector: equal id sets mean equal indexes.
-* ``vectors.faiss`` is written to a temporary file and ``os.replace``-d; its sha256 and the
+* ``vectors.faiss`` is written atomically (``collab.files.atomic_write``); its sha256 and the
   fingerprint of its id set are then recorded in the ``meta`` table. At open the file is
   checked against that checksum and its ids against the ``chunks`` table; a missing, corrupt
   or stale file is rebuilt from SQLite.
@@ -18,14 +18,13 @@ Why it survives ``kill -9`` at any point:
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -34,11 +33,14 @@ import faiss
 import numpy as np
 from sqlite_utils import Database
 
+from collab import sqlite_migrations
+from collab.files import atomic_write, discard_temp_files
+from collab.sqlite_migrations import Migration, user_version
+
 log = logging.getLogger(__name__)
 
 DB_NAME = "index.sqlite"
 FAISS_NAME = "vectors.faiss"
-_FAISS_TMP = FAISS_NAME + ".tmp"
 _BATCH = 8192
 
 Status = Literal["indexed", "failed"]
@@ -139,7 +141,7 @@ class StoreStats:
 # --------------------------------------------------------------------------- schema
 
 
-def _migrate_v0_to_v1(db: Database) -> None:
+def _migrate_v0_to_v1(conn: sqlite3.Connection) -> None:
     """Initial schema: documents, chunks (with vectors), meta."""
     for sql in (
         """CREATE TABLE documents (
@@ -171,51 +173,40 @@ def _migrate_v0_to_v1(db: Database) -> None:
         "CREATE INDEX chunks_document_id ON chunks(document_id)",
         "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     ):
-        db.conn.execute(sql)
+        conn.execute(sql)
 
 
-def _migrate_v1_to_v2(db: Database) -> None:
+def _migrate_v1_to_v2(conn: sqlite3.Connection) -> None:
     """Make (document, ordinal) unique, so a duplicate chunk is impossible rather than merely
     avoided, and index documents by status for the failed-files listing."""
-    db.conn.execute(
+    conn.execute(
         "DELETE FROM chunks WHERE id NOT IN "
         "(SELECT min(id) FROM chunks GROUP BY document_id, ordinal)"
     )
-    db.conn.execute(
+    conn.execute(
         "UPDATE documents SET chunk_count = "
         "(SELECT count(*) FROM chunks WHERE chunks.document_id = documents.id)"
     )
-    db.conn.execute("CREATE UNIQUE INDEX chunks_document_ordinal ON chunks(document_id, ordinal)")
-    db.conn.execute("CREATE INDEX documents_status ON documents(status)")
+    conn.execute("CREATE UNIQUE INDEX chunks_document_ordinal ON chunks(document_id, ordinal)")
+    conn.execute("CREATE INDEX documents_status ON documents(status)")
 
 
 #: MIGRATIONS[i] brings a database from schema version i to i + 1.
-MIGRATIONS: list[Callable[[Database], None]] = [_migrate_v0_to_v1, _migrate_v1_to_v2]
+MIGRATIONS: list[Migration] = [_migrate_v0_to_v1, _migrate_v1_to_v2]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
 def schema_version(db: Database) -> int:
     """The schema version recorded in the database header (``PRAGMA user_version``)."""
-    return int(db.execute("PRAGMA user_version").fetchone()[0])
+    return user_version(db.conn)
 
 
 def migrate(db: Database, target: int | None = None) -> int:
-    """Apply pending migrations in order, each in its own transaction with its version bump, so
-    a kill mid-migration leaves the previous version intact. Returns the resulting version."""
-    target = SCHEMA_VERSION if target is None else target
-    current = schema_version(db)
-    if current > SCHEMA_VERSION:
-        raise RuntimeError(
-            f"index schema version {current} is newer than this program supports "
-            f"({SCHEMA_VERSION}); upgrade Tandem to open it"
-        )
-    while current < target:
-        with db.atomic():
-            MIGRATIONS[current](db)
-            db.conn.execute(f"PRAGMA user_version = {current + 1}")
-        log.info("index schema migrated from v%d to v%d", current, current + 1)
-        current += 1
-    return current
+    """Apply pending migrations in order (``collab.sqlite_migrations``: each in its own
+    transaction with its version bump, so a kill mid-migration leaves the previous version
+    intact). Returns the resulting version."""
+    file = db.conn.execute("PRAGMA database_list").fetchone()[2] or "in memory"
+    return sqlite_migrations.migrate(db.conn, MIGRATIONS, target=target, name=f"index {file}")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -237,16 +228,6 @@ def _normalise(vectors: np.ndarray, what: str) -> np.ndarray:
     if np.any(norms == 0):
         raise ValueError(f"{what} contains a zero vector (cosine is undefined)")
     return np.ascontiguousarray(vectors / norms, dtype=np.float32)
-
-
-def _fsync_dir(path: Path) -> None:
-    """Persist a rename (POSIX); a no-op where directories cannot be opened."""
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _folder_prefix(folder: str | os.PathLike[str]) -> tuple[str, str]:
@@ -316,7 +297,7 @@ class IndexStore:
             self.db.execute("PRAGMA foreign_keys = ON")
             migrate(self.db)
             self._check_dim()
-            (self.root / _FAISS_TMP).unlink(missing_ok=True)
+            discard_temp_files(self.root / FAISS_NAME)
             self._index = self._load_or_rebuild()
         except BaseException:
             self.db.close()
@@ -504,13 +485,7 @@ class IndexStore:
             # new file acceptable (its ids are checked against SQLite anyway).
             with self.db.atomic():
                 self._meta_set("faiss_sha256_pending", digest)
-            tmp = self.root / _FAISS_TMP
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.root / FAISS_NAME)
-            _fsync_dir(self.root)
+            atomic_write(self.root / FAISS_NAME, data)
             with self.db.atomic():
                 self._meta_set("faiss_sha256", digest)
                 self.db.conn.execute("DELETE FROM meta WHERE key = 'faiss_sha256_pending'")

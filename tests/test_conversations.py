@@ -22,6 +22,7 @@ from app.conversations import (
     slugify,
     title_from_question,
 )
+from collab.sqlite_migrations import user_version
 
 CITATIONS = [
     {
@@ -224,7 +225,7 @@ def test_migrates_an_older_database(tmp_path: Path) -> None:
         cid = s.create("after migration").id
         assert s.get(cid).title == "after migration"
         assert s.conn.execute("SELECT x FROM keep_me").fetchone() == (42,)
-        assert conv.user_version(s.conn) == 1
+        assert user_version(s.conn) == 1
 
 
 def test_a_future_migration_runs_once_and_keeps_data(
@@ -243,7 +244,7 @@ def test_a_future_migration_runs_once_and_keeps_data(
 
     monkeypatch.setattr(conv, "MIGRATIONS", [*conv.MIGRATIONS, v2_add_pinned])
     with ConversationStore(path) as s:
-        assert conv.user_version(s.conn) == 2
+        assert user_version(s.conn) == 2
         assert s.get(cid).title == "kept" and s.messages(cid)[0].text == "q"
     ConversationStore(path).close()
     assert calls == [1]

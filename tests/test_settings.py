@@ -11,17 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from app import settings as settings_module
 from app.settings import (
     Settings,
     SettingsError,
-    config_path,
-    conversations_path,
-    describe_paths,
     effective_cloud,
     load_settings,
     save_settings,
 )
+from collab import paths
+from collab.paths import config_path, conversations_path, describe_paths
 
 
 @pytest.fixture(autouse=True)
@@ -217,7 +215,7 @@ def test_environment_overrides_the_cloud(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_config_dir_defaults_to_the_platform(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TANDEM_CONFIG_DIR")
-    assert settings_module.config_dir().name == "tandem"
+    assert paths.config_dir().name == "tandem"
 
 
 def test_import_is_light() -> None:

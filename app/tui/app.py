@@ -24,32 +24,17 @@ from textual.widgets import Footer, Static
 
 from app.assistant import Assistant, CloudStatus
 from app.conversations import ConversationStore
-from app.settings import (
-    Settings,
-    SettingsError,
-    config_path,
-    conversations_path,
-    describe_paths,
-    load_settings,
-    save_settings,
-)
+from app.settings import Settings, SettingsError, load_settings, save_settings
 from app.tui.chat_view import AnswerView, ConversationView, PromptInput
 from app.tui.sources import SourceScreen, SourcesPanel
 from app.tui.status import ModeBar, StatusBar, figures
+from collab.paths import config_path, conversations_path, describe_paths, export_dir
 
 if TYPE_CHECKING:
     from edge_runtime.events import Stats
 
 log = logging.getLogger("tandem.tui")
 LIVE_REFRESH_S = 0.25
-
-
-def export_dir() -> Path:
-    """Exports go to the user's documents folder (~/Documents/Tandem), not wherever the app
-    happened to start."""
-    import platformdirs
-
-    return Path(platformdirs.user_documents_dir()) / "Tandem"
 
 
 class DeviceLoaded(Message):

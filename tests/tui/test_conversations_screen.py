@@ -12,8 +12,8 @@ from textual.app import App
 from textual.widgets import Input, Static
 
 from app.conversations import ConversationStore
-from app.settings import conversations_path
 from app.tui.conversations_screen import ConversationsScreen, ConversationTable, format_updated
+from collab.paths import conversations_path
 
 
 class Host(App[None]):

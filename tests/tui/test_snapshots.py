@@ -11,10 +11,11 @@ import pytest
 
 from app.assistant import Assistant
 from app.conversations import ConversationStore
-from app.settings import Settings, conversations_path
+from app.settings import Settings
 from app.tui.app import TandemApp
 from app.tui.chat_view import PromptInput
 from app.tui.status import ModeBar
+from collab.paths import conversations_path
 
 ROOT = Path("/tmp/tandem-snapshots")  # fixed: the help and settings screens show paths
 SIZE = (110, 32)
