@@ -1,29 +1,15 @@
-"""`tandem ask`: one question in any mode, streamed to the terminal (or one JSON object)."""
+"""`tandem ask`: one question in any mode, streamed to the terminal (or one JSON object).
+
+It drives the same `Assistant` as the TUI, built from the same settings file; flags given on
+the command line override it for this question."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import os
 import sys
-from contextlib import AsyncExitStack
 from typing import Any
-
-CLOUD_URL_ENV = "TANDEM_CLOUD_URL"
-CLOUD_TOKEN_ENV = "TANDEM_CLOUD_TOKEN"
-
-
-def _open_index():
-    """The private index, if the user has indexed anything (loading it costs a second)."""
-    from collab.paths import index_paths
-
-    root, embedder_dir = index_paths()
-    if not (root / "index.sqlite").exists() and not any(root.glob("*.sqlite")):
-        return None
-    from personal_index.index import PersonalIndex
-
-    index = PersonalIndex(root, embedder_dir)
-    return index if index.stats().chunks else None
 
 
 def _format_stats(s: dict[str, Any], device: str) -> str:
@@ -42,54 +28,46 @@ def _format_stats(s: dict[str, Any], device: str) -> str:
     return "[" + " · ".join(parts) + "]"
 
 
+def settings_for(args: argparse.Namespace):
+    """The settings file, with this command's flags on top (a flag left out keeps the file's
+    value). A settings file that cannot be read is reported and the defaults are used."""
+    from app.settings import Settings, SettingsError, load_settings
+
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        print(f"warning: {exc}; using the defaults", file=sys.stderr)
+        settings = Settings()
+    flags = {"variant": args.variant, "k": args.k, "max_tokens": args.max_tokens,
+             "temperature": args.temperature, "cloud_url": args.cloud_url,
+             "cloud_engine": args.cloud_engine}  # fmt: skip
+    return dataclasses.replace(settings, **{k: v for k, v in flags.items() if v is not None})
+
+
 async def run_ask(args: argparse.Namespace) -> int:
-    from app.embedded import EmbeddedCloud
-    from edge_runtime.device import DeviceModel
-    from edge_runtime.events import Citation, Failure, Notice, Stats, TextDelta
-    from edge_runtime.modes import AnswerOptions, CloudSettings, ModeContext, build_mode
-    from tandem_packaging.prepare import model_path
+    from app.assistant import Assistant
+    from app.settings import effective_cloud
+    from edge_runtime.events import Citation, Failure, Notice, TextDelta
 
     out: dict[str, Any] = {"answer": "", "citations": [], "notices": [], "errors": []}
-    async with AsyncExitStack() as stack:
-        device = DeviceModel.load(model_path("device", "onnx-quant"))
-        cloud = None
+    assistant = Assistant(settings_for(args), finish_locally=not args.no_finish_locally)
+    try:
+        device = assistant.load_device()
+        if args.mode != "cloud":
+            assistant.open_index(create=False)
         if args.mode != "local":
-            url = args.cloud_url or os.environ.get(CLOUD_URL_ENV)
-            if url:
-                token = os.environ.get(CLOUD_TOKEN_ENV, "")
-            else:
+            if not effective_cloud(assistant.settings)[0] and not args.json:
+                print("starting the embedded cloud backend…", file=sys.stderr)
+            status = await assistant.connect_cloud()
+            if status.state != "ready":
+                out["errors"].append(f"{status.label}: {status.detail}")
                 if not args.json:
-                    print("starting the embedded cloud backend…", file=sys.stderr)
-                serve_args = ["--engine", args.cloud_engine]
-                embedded = await stack.enter_async_context(await EmbeddedCloud.start(serve_args))
-                url, token = embedded.url, embedded.token
-            from edge_runtime.modes import CloudSettings
-
-            cloud = CloudSettings(url, token)
-        ctx = ModeContext(
-            device=device,
-            index=_open_index() if args.mode != "cloud" else None,
-            cloud=cloud,
-            variant=args.variant,
-            finish_locally=not args.no_finish_locally,
-        )
-        mode = build_mode(args.mode, ctx)
-        stack.push_async_callback(mode.close)
-        options = AnswerOptions(
-            max_new_tokens=args.max_tokens,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            seed=args.seed,
-            k=args.k,
-        )
-        stats: Stats | None = None
-        async for event in mode.answer(args.question, [], options):
-            if isinstance(event, TextDelta):
-                out["answer"] += event.text
-                if not args.json:
-                    print(event.text, end="", flush=True)
-            elif isinstance(event, Citation):
-                out["citations"].append(event.__dict__)
+                    print(f"error: {status.label}: {status.detail}", file=sys.stderr)
+        options = assistant.options(top_p=args.top_p, seed=args.seed)
+        exchange = assistant.exchange(args.question, args.mode, options=options, save=False)
+        async for event in exchange.events():
+            if isinstance(event, TextDelta) and not args.json:
+                print(event.text, end="", flush=True)
             elif isinstance(event, Notice):
                 out["notices"].append(event.text)
                 if not args.json:
@@ -98,9 +76,12 @@ async def run_ask(args: argparse.Namespace) -> int:
                 out["errors"].append(event.message)
                 if not args.json:
                     print(f"\nerror: {event.message}", file=sys.stderr)
-            elif isinstance(event, Stats):
-                stats = event
-    summary = stats.as_dict() if stats else {}
+            elif isinstance(event, Citation):
+                pass  # collected by the exchange
+    finally:
+        await assistant.close()
+    out["answer"], out["citations"] = exchange.text, exchange.citations
+    summary = exchange.stats.as_dict() if exchange.stats else {}
     if args.json:
         print(json.dumps({**out, "stats": summary, "device_model": device.name},
                          ensure_ascii=False))  # fmt: skip

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from app.embedded import EmbeddedCloud
     from edge_runtime.device import DeviceModel
     from edge_runtime.events import Event, Stats
-    from edge_runtime.modes import ModeContext, Orchestrator
+    from edge_runtime.modes.base import ModeContext, Orchestrator
     from edge_runtime.options import AnswerOptions
     from personal_index.index import PersonalIndex
 
@@ -206,7 +206,7 @@ class Assistant:
         """Reach the configured cloud, or start the embedded backend when none is configured;
         then open a session once (token, tokenizer and version are checked at handshake).
         `on_status` hears every change of `cloud_status` on the way."""
-        from edge_runtime.modes import CloudSettings
+        from edge_runtime.modes.base import CloudSettings
 
         url, token = effective_cloud(self.settings)
         embedded = not url
@@ -261,7 +261,7 @@ class Assistant:
 
     def context(self) -> ModeContext:
         if self._ctx is None:
-            from edge_runtime.modes import ModeContext
+            from edge_runtime.modes.base import ModeContext
 
             self._ctx = ModeContext(variant=self.settings.variant,
                                     finish_locally=self.finish_locally)  # fmt: skip
@@ -314,7 +314,7 @@ class Assistant:
     ) -> Exchange:
         """Ask `question` in `mode` within a conversation (a new one if None). With `save`,
         the question and the answer as it ends are written to the conversation history."""
-        from edge_runtime.modes import Turn
+        from edge_runtime.modes.base import Turn
 
         orchestrator = self.mode(mode)
         history: list[Turn] = []

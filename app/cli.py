@@ -150,6 +150,10 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from app.settings import CLOUD_ENGINES
+    from collab.variants import variant_names
+    from edge_runtime.modes import mode_names
+
     parser = argparse.ArgumentParser(prog="tandem", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -175,24 +179,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     ask = sub.add_parser("ask", help="ask a question and stream the answer")
     ask.add_argument("question")
-    ask.add_argument("--max-tokens", type=int, default=256)
-    ask.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    from_settings = " (default: the settings file's)"
+    ask.add_argument("--max-tokens", type=int, help="longest answer" + from_settings)
+    ask.add_argument("--temperature", type=float, help="0 = greedy" + from_settings)
     ask.add_argument("--top-p", type=float, default=1.0)
     ask.add_argument("--seed", type=int, default=0)
-    ask.add_argument("--mode", choices=["local", "cloud", "split"], default="local")
+    ask.add_argument("--mode", choices=mode_names(), default="local")
     ask.add_argument(
         "--variant",
-        choices=["tk-slt", "dssd", "dssd-topk", "dsd"],
-        default="tk-slt",
-        help="split mode's verification scheme (dssd-topk is approximate)",
+        choices=variant_names(),
+        help="split mode's verification scheme (dssd-topk is approximate)" + from_settings,
     )
-    ask.add_argument("-k", type=int, default=3, help="private passages to retrieve")
+    ask.add_argument("-k", type=int, help="private passages to retrieve" + from_settings)
     ask.add_argument(
-        "--cloud-url", help="ws://host:port/v1/session (default: $TANDEM_CLOUD_URL, else embedded)"
-    )
-    ask.add_argument(
-        "--cloud-engine", choices=["ort", "torch"], default="ort", help="embedded cloud's engine"
-    )
+        "--cloud-url", help="ws://host:port/v1/session (default: $TANDEM_CLOUD_URL, the "
+        "settings file's, else the embedded backend)",
+    )  # fmt: skip
+    ask.add_argument("--cloud-engine", choices=CLOUD_ENGINES,
+                     help="embedded cloud's engine" + from_settings)  # fmt: skip
     ask.add_argument(
         "--no-finish-locally",
         action="store_true",

@@ -17,6 +17,8 @@ import tomli_w
 
 from collab.files import atomic_write
 from collab.paths import config_path
+from collab.variants import DEFAULT_VARIANT, variant_names
+from edge_runtime.options import DEFAULTS
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +26,6 @@ CLOUD_URL_ENV = "TANDEM_CLOUD_URL"
 CLOUD_TOKEN_ENV = "TANDEM_CLOUD_TOKEN"
 
 CLOUD_ENGINES = ("ort", "torch")
-VARIANTS = ("tk-slt", "dssd", "dssd-topk", "dsd")
 
 _HEADER = (
     "# Tandem settings. Edit here or in the TUI's settings screen.\n"
@@ -48,10 +49,10 @@ class Settings:
     device_model: str = ""  # "" = the prepared default; else a folder with an ONNX model
     cloud_model: str = ""  # "" = the prepared default; else a folder (embedded backend)
     default_mode: str = "local"
-    variant: str = "tk-slt"  # split variant: tk-slt | dssd | dssd-topk | dsd
-    k: int = 3  # private passages retrieved
-    max_tokens: int = 512
-    temperature: float = 0.0
+    variant: str = DEFAULT_VARIANT  # split variant: a name in collab.variants
+    k: int = DEFAULTS.k  # private passages retrieved
+    max_tokens: int = DEFAULTS.max_new_tokens
+    temperature: float = DEFAULTS.temperature
     theme: str = "textual-dark"
     keymap: dict[str, str] = field(default_factory=dict)  # binding id -> keys
 
@@ -91,8 +92,10 @@ def settings_problems(settings: Settings) -> list[str]:
             f"cloud_engine must be one of {', '.join(CLOUD_ENGINES)} "
             f"(got {settings.cloud_engine!r})"
         )
-    if settings.variant not in VARIANTS:
-        problems.append(f"variant must be one of {', '.join(VARIANTS)} (got {settings.variant!r})")
+    if settings.variant not in variant_names():
+        problems.append(
+            f"variant must be one of {', '.join(variant_names())} (got {settings.variant!r})"
+        )
     if settings.cloud_url and not settings.cloud_url.startswith(("ws://", "wss://")):
         problems.append(
             f"cloud_url must start with ws:// or wss:// (got {settings.cloud_url!r}); "

@@ -52,7 +52,8 @@ async def run(args: argparse.Namespace) -> list[dict]:
     from collab.link_emulator import LinkEmulator, LinkProfile
     from edge_runtime.device import DeviceModel
     from edge_runtime.events import Stats, TextDelta
-    from edge_runtime.modes import AnswerOptions, CloudSettings, ModeContext, build_mode
+    from edge_runtime.modes import build_mode
+    from edge_runtime.modes.base import AnswerOptions, CloudSettings, ModeContext
     from tandem_packaging.prepare import model_path
 
     prompts = load_prompts(n=args.prompts)

@@ -22,7 +22,8 @@ from collab.sampling import SamplingParams, distribution
 from collab.variants import variant_names
 from edge_runtime.device import DeviceModel
 from edge_runtime.events import Citation, Failure, Notice, Stats, TextDelta
-from edge_runtime.modes import AnswerOptions, CloudSettings, ModeContext, Turn, build_mode
+from edge_runtime.modes import build_mode
+from edge_runtime.modes.base import AnswerOptions, CloudSettings, ModeContext, Turn
 from edge_runtime.split_costs import SplitCosts
 from model_runtime.ort_runtime import OrtCausalLM
 from model_runtime.prompting import prompt_ids

@@ -22,13 +22,12 @@ from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from app.assistant import Assistant, CloudStatus
-from app.conversations import ConversationStore
+from app.assistant import Assistant
 from app.settings import Settings, SettingsError, load_settings, save_settings
 from app.tui.chat_view import AnswerView, ConversationView, PromptInput
 from app.tui.sources import SourceScreen, SourcesPanel
 from app.tui.status import ModeBar, StatusBar, figures
-from collab.paths import config_path, conversations_path, describe_paths, export_dir
+from collab.paths import config_path, describe_paths, export_dir
 
 if TYPE_CHECKING:
     from edge_runtime.events import Stats
@@ -85,10 +84,8 @@ class TandemApp(App[None]):
         self.assistant = assistant or Assistant(settings)
         self.connect_cloud_at_start = connect_cloud
         if connect_cloud:  # reported as starting until the device model lets it handshake
-            self.assistant.cloud_status = CloudStatus(
-                "starting", "waiting for the device model", embedded=not settings.cloud_url
-            )
-        self.store = ConversationStore(conversations_path())
+            self.assistant.cloud_expected()
+        self.store = self.assistant.conversations
         self.conversation_id: int | None = None
         self.mode_name = settings.default_mode
         self.sources: list[dict[str, Any]] = []
@@ -159,8 +156,9 @@ class TandemApp(App[None]):
     @work(thread=True, group="load", exit_on_error=False)
     def load_modes(self) -> None:
         """Import the mode registry, then load the device model and the private index."""
-        import edge_runtime.modes  # noqa: F401 - heavy import, off the event loop
+        from edge_runtime.modes import modes
 
+        modes()  # heavy imports, off the event loop
         self.call_from_thread(self.refresh_modes)
         try:
             device = self.assistant.load_device()
@@ -185,7 +183,7 @@ class TandemApp(App[None]):
             if self.connect_cloud_at_start:
                 self.connect_cloud()
             else:
-                self.assistant.cloud_status = CloudStatus("off", "not connected at start")
+                self.assistant.cloud_skipped()
         self.refresh_modes()
 
     def on_index_opened(self, message: IndexOpened) -> None:
@@ -195,11 +193,7 @@ class TandemApp(App[None]):
 
     @work(group="cloud", exclusive=True, exit_on_error=False)
     async def connect_cloud(self) -> None:
-        self.assistant.cloud_status = CloudStatus(
-            "starting", "", embedded=not self.settings.cloud_url
-        )
-        self.refresh_modes()
-        status = await self.assistant.connect_cloud()
+        status = await self.assistant.connect_cloud(on_status=lambda _: self.refresh_modes())
         if status.state == "unavailable":
             self.say(f"{status.label}: {status.detail}. Local mode still works.",
                         severity="warning", timeout=10)  # fmt: skip
@@ -361,38 +355,28 @@ class TandemApp(App[None]):
 
     @work(group="answer", exclusive=True, exit_on_error=False)
     async def ask(self, question: str, mode: str) -> None:
-        """Stream one answer into the view and the store; Esc cancels (the partial answer is
-        kept and marked)."""
+        """Stream one answer into the view; the assistant keeps the conversation. Esc cancels
+        (the partial answer is kept and marked)."""
         from edge_runtime.events import Citation, Failure, Notice, Stats, TextDelta
-        from edge_runtime.modes import Turn
 
-        store = self.store
-        if self.conversation_id is None:
-            self.conversation_id = store.create().id
-        cid = self.conversation_id
-        history = [Turn(q, a, m) for q, a, m in store.turns(cid)]
-        store.add_message(cid, "user", question, mode)
-        store.set_title_from_question(cid, question)
-        self.query_one("#conversation-title", Static).update(store.get(cid).title)
-        message_id = store.add_message(cid, "assistant", "", mode, status="streaming")
+        exchange = self.assistant.exchange(question, mode, conversation_id=self.conversation_id)
+        self.conversation_id = exchange.conversation_id
+        self.query_one("#conversation-title", Static).update(exchange.title)
         view = self.conversation
         view.add_question(question)
         answer: AnswerView = view.add_answer(mode)
         self.sources = []
         self.query_one(SourcesPanel).show([])
-        citations: list[dict[str, Any]] = []
-        status, note, error = "complete", "", None
+        note = ""
         final: Stats | None = None
-        orchestrator = self.assistant.mode(mode)
-        self._start_live(orchestrator)
-        events = self.assistant.answer(question, history, mode, self.assistant.options())
+        self._start_live(exchange)
+        events = exchange.events()
         try:
             async for event in events:
                 if isinstance(event, TextDelta):
                     await answer.append(event.text)
                 elif isinstance(event, Citation):
-                    src = {**event.__dict__}
-                    citations.append(src)
+                    src = exchange.citations[-1]
                     answer.add_citation(**src)
                     self.sources.append(src)
                     self.query_one(SourcesPanel).add(src)
@@ -403,29 +387,22 @@ class TandemApp(App[None]):
                                 else "error", timeout=8)  # fmt: skip
                     answer.add_notice(f"⚠ {event.message}")
                     self._cloud_lost(event.message)
-                    if not event.recoverable:
-                        status, error = "failed", event.message
                 elif isinstance(event, Stats):
                     final = event
             note = figures(final) if final else ""
         except asyncio.CancelledError:
-            status, note = "cancelled", "cancelled — partial answer kept"
+            note = "cancelled — partial answer kept"
             raise
         except Exception as exc:  # a bug or a dead model: say it, keep the conversation
             log.exception("answer failed")
-            status, error = "failed", f"{type(exc).__name__}: {exc}"
-            note = error
-            self.say(f"the answer failed: {error}", severity="error")
+            note = f"{type(exc).__name__}: {exc}"
+            self.say(f"the answer failed: {note}", severity="error")
         finally:
-            self._stop_live(final)
-            text = answer.text
-            store.update_message(message_id, text=text, citations=citations,
-                                 stats=final.as_dict() if final else {},
-                                 status=status, error=error)  # fmt: skip
-            if status == "failed" and not text:
-                note = error or "failed"
-            await answer.finish(status, note)
             await events.aclose()
+            self._stop_live(final)
+            if exchange.status == "failed" and not answer.text:
+                note = exchange.error or "failed"
+            await answer.finish(exchange.status, note)
 
     def action_cancel_answer(self) -> None:
         if not self.answering:
@@ -436,18 +413,15 @@ class TandemApp(App[None]):
     def _cloud_lost(self, message: str) -> None:
         """A failure with no cloud session left connected: the cloud went away. Mark it
         unavailable (the answer goes on if it can); ctrl+r reconnects."""
-        if self.assistant.cloud_status.state == "ready" and not self.assistant.link_alive():
-            self.assistant.cloud_status = CloudStatus(
-                "unavailable", message, embedded=self.assistant.cloud_status.embedded
-            )
+        if self.assistant.cloud_lost(message):
             self.refresh_modes()
 
-    def _start_live(self, orchestrator) -> None:
+    def _start_live(self, exchange) -> None:
         self._answer_started = time.perf_counter()
         self.status.set_state(answering=True, stats=None)
 
         def tick() -> None:
-            if (stats := orchestrator.live_stats()) is not None:
+            if (stats := exchange.live_stats()) is not None:
                 self.status.set_state(stats=stats)
 
         self._live_timer = self.set_interval(LIVE_REFRESH_S, tick)
@@ -484,7 +458,7 @@ class TandemApp(App[None]):
         self.push_screen(DocumentsScreen(self.assistant.open_index, start_path=Path.home()))
 
     def on_documents_screen_index_changed(self, _message) -> None:
-        self.assistant.context()  # picks up a now non-empty index for retrieval
+        self.assistant.index_changed()
 
     def action_settings(self) -> None:
         from app.tui.settings_screen import SettingsScreen
@@ -533,7 +507,6 @@ class TandemApp(App[None]):
     async def action_quit(self) -> None:
         self.workers.cancel_group(self, "answer")
         await self.assistant.close()
-        self.store.close()
         self.exit()
 
 

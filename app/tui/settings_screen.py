@@ -22,12 +22,12 @@ from textual.widgets import Button, Footer, Input, Label, Select, Static
 
 from app.settings import (
     CLOUD_ENGINES,
-    VARIANTS,
     Settings,
     SettingsError,
     save_settings,
     settings_problems,
 )
+from collab.variants import variant_names
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 yield Label("Default mode")
                 yield _select(self.modes, s.default_mode, "default_mode")
                 yield Label("Split variant")
-                yield _select(VARIANTS, s.variant, "variant")
+                yield _select(variant_names(), s.variant, "variant")
                 yield Label("Retrieval k")
                 yield Input(str(s.k), type="integer", id="k", compact=True)
                 yield Label("Max tokens")

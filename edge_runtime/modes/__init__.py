@@ -3,42 +3,57 @@
 One module per mode (`local`, `cloud`, `split`), the parts they share in `base` (types, the
 history policy, the answer skeleton) and `cloud_link` (the cloud session), and the registry
 below: every mode the user can pick (CLI `--mode`, the TUI's mode bar and palette) comes from
-`modes()`, so a new mode is one module and one line in `_BUILT_IN` (or `register_mode`)."""
+it, so a new mode is one module and one line in `_BUILT_IN` (or `register_mode` from
+outside). The table names classes rather than importing them, so the CLI can list the modes
+without loading the model code."""
 
 from __future__ import annotations
 
-from edge_runtime.modes.base import (
-    STOP_IDS,
-    AnswerOptions,
-    CloudSettings,
-    ModeContext,
-    Orchestrator,
-    Turn,
-)
-from edge_runtime.modes.cloud import CloudMode
-from edge_runtime.modes.local import LocalMode
-from edge_runtime.modes.split import SplitMode
+from importlib import import_module
+from typing import TYPE_CHECKING
 
-__all__ = ["STOP_IDS", "AnswerOptions", "CloudSettings", "ModeContext", "Orchestrator", "Turn",
-           "build_mode", "modes", "register_mode"]  # fmt: skip
+if TYPE_CHECKING:
+    from edge_runtime.modes.base import ModeContext, Orchestrator
 
-_BUILT_IN: tuple[type[Orchestrator], ...] = (LocalMode, CloudMode, SplitMode)
-MODES: dict[str, type[Orchestrator]] = {m.name: m for m in _BUILT_IN}
+_BUILT_IN: dict[str, str] = {  # name → module:class
+    "local": "edge_runtime.modes.local:LocalMode",
+    "cloud": "edge_runtime.modes.cloud:CloudMode",
+    "split": "edge_runtime.modes.split:SplitMode",
+}
+_registered: dict[str, type[Orchestrator]] = {}
+
+
+def mode_names() -> list[str]:
+    """Every mode's name, built-in ones first."""
+    return [*_BUILT_IN, *(n for n in _registered if n not in _BUILT_IN)]
+
+
+def get_mode(name: str) -> type[Orchestrator]:
+    if name not in _registered:
+        if name not in _BUILT_IN:
+            choices = ", ".join(mode_names())
+            raise ValueError(f"unknown mode {name!r}; choose one of {choices}")
+        module, cls = _BUILT_IN[name].split(":")
+        _registered[name] = getattr(import_module(module), cls)
+    return _registered[name]
 
 
 def modes() -> dict[str, type[Orchestrator]]:
-    """Every mode by name (local, cloud, split, and any added later)."""
-    return MODES
+    """Every mode by name (local, cloud, split, and any added later), loaded."""
+    return {name: get_mode(name) for name in mode_names()}
 
 
 def register_mode(mode: type[Orchestrator]) -> type[Orchestrator]:
     """Add a mode; usable as a class decorator."""
-    MODES[mode.name] = mode
+    _registered[mode.name] = mode
     return mode
 
 
+def unregister_mode(name: str) -> None:
+    """Forget a mode added with `register_mode` (tests)."""
+    if name not in _BUILT_IN:
+        _registered.pop(name, None)
+
+
 def build_mode(name: str, ctx: ModeContext) -> Orchestrator:
-    try:
-        return MODES[name](ctx)
-    except KeyError:
-        raise ValueError(f"unknown mode {name!r}; choose one of {', '.join(MODES)}") from None
+    return get_mode(name)(ctx)
