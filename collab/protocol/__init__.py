@@ -1,4 +1,12 @@
-"""The binary wire protocol shared by device and cloud (DESIGN.md §4)."""
+"""The binary wire protocol shared by device and cloud (DESIGN.md §4), one module per family:
+
+- `codec`: header, limits, `ProtocolError`, the message base and registry, encode/decode;
+- `session`: handshake, requests, streamed tokens, pings, errors, Done, citations;
+- `split`: split speculation's drafts, Verdict and CloudDecode;
+- `dragon`: DRAGON's drafts and targets.
+
+Importing the package imports every family, so `decode` knows every message type.
+"""
 
 from collab.protocol.codec import (
     DEFAULT_LIMITS,
@@ -7,38 +15,36 @@ from collab.protocol.codec import (
     MAGIC,
     MESSAGE_TYPES,
     PROTOCOL_VERSION,
+    Header,
+    Limits,
+    Message,
+    MsgType,
+    ProtocolError,
+    RawHeader,
+    decode,
+    decode_header,
+    encode,
+    peek_header,
+    peek_version,
+)
+from collab.protocol.dragon import DragonDraft, DragonTarget, Side
+from collab.protocol.session import (
     Cancel,
     Citations,
-    CloudDecode,
     Done,
-    Draft,
-    DragonDraft,
-    DragonTarget,
-    DsdDraft,
-    DssdDraft,
     Error,
     ErrorCode,
     FinishReason,
     Generate,
-    Header,
     Hello,
     HelloAck,
-    Limits,
-    Message,
     Mode,
-    MsgType,
     Ping,
     Pong,
-    ProtocolError,
-    Side,
     Source,
     TokenChunk,
-    TopKDraft,
-    Verdict,
-    decode,
-    decode_header,
-    encode,
 )
+from collab.protocol.split import CloudDecode, Draft, DsdDraft, DssdDraft, TopKDraft, Verdict
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -70,6 +76,7 @@ __all__ = [
     "Ping",
     "Pong",
     "ProtocolError",
+    "RawHeader",
     "Side",
     "Source",
     "TokenChunk",
@@ -78,4 +85,6 @@ __all__ = [
     "decode",
     "decode_header",
     "encode",
+    "peek_header",
+    "peek_version",
 ]
