@@ -13,7 +13,8 @@ log = logging.getLogger("tandem.cloud")
 
 def run_serve(args: argparse.Namespace) -> int:
     from cloud_backend.config import ConfigError, load_config
-    from cloud_backend.server import build_engine, run_server
+    from cloud_backend.engine import build_engine
+    from cloud_backend.server import run_server
 
     try:
         config = _config(args, load_config)

@@ -48,8 +48,8 @@ async def start_cloud(engine: str, core: int | None) -> tuple[object, str, str]:
 
 
 async def run(args: argparse.Namespace) -> list[dict]:
+    from benchmarks.link_emulator import LinkEmulator, LinkProfile
     from benchmarks.prompts import load_prompts
-    from collab.link_emulator import LinkEmulator, LinkProfile
     from edge_runtime.device import DeviceModel
     from edge_runtime.events import Stats, TextDelta
     from edge_runtime.modes import build_mode

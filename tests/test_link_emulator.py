@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from collab.link_emulator import LinkEmulator, LinkProfile
+from benchmarks.link_emulator import LinkEmulator, LinkProfile
 
 
 async def echo_server() -> asyncio.Server:

@@ -175,6 +175,25 @@ def _frame(mtype: int, body: bytes, *, flags: int = 0, version: int = p.PROTOCOL
     return struct.pack("<2sBBHIIII", p.MAGIC, version, mtype, flags, 1, 0, 0, len(body)) + body
 
 
+def test_every_message_type_is_registered_by_its_family() -> None:
+    assert set(p.MESSAGE_TYPES) == set(p.MsgType)
+    assert all(t == cls.TYPE for t, cls in p.MESSAGE_TYPES.items())
+
+
+def test_peek_reads_the_header_of_a_frame_that_does_not_decode() -> None:
+    frame = _frame(p.MsgType.TOKEN_CHUNK, b"\x01", version=9)[:-1]
+    with pytest.raises(p.ProtocolError):
+        p.decode(frame)
+    assert p.peek_version(frame) == 9
+    raw = p.peek_header(frame)
+    assert raw == p.RawHeader(9, p.MsgType.TOKEN_CHUNK, 0, 1, 0, 0, 1)
+    assert p.peek_version(frame[:3]) == 9  # magic and version suffice, whatever the version
+    assert p.peek_header(frame[:3]) is None  # too short for a header
+    not_ours = b"XX" + frame[2:]
+    assert p.peek_version(not_ours) is None and p.peek_header(not_ours) is None
+    assert p.peek_version(b"TD") is None
+
+
 def test_header_announcing_a_huge_body_is_refused_without_allocating() -> None:
     head = struct.pack("<2sBBHIIII", p.MAGIC, 1, p.MsgType.DSD_DRAFT, 0, 1, 0, 0, 2**32 - 1)
     with pytest.raises(p.ProtocolError, match="max_frame_bytes"):

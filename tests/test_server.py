@@ -15,8 +15,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cloud_backend.config import ConfigError, ServerConfig, load_config
-from cloud_backend.engine import Evicted, LLMEngine
-from cloud_backend.server import build_engine, create_app, run_server
+from cloud_backend.engine import Evicted, LLMEngine, build_engine
+from cloud_backend.server import create_app, run_server
 from collab.protocol import (
     PROTOCOL_VERSION,
     Cancel,

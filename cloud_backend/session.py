@@ -1,0 +1,536 @@
+"""One websocket session of the cloud: handshake, reader loop, the running request, cleanup.
+
+A session is a Hello/HelloAck handshake (protocol version, tokenizer, mode), then a reader loop
+that never blocks on the model. Pings are answered at once, even while a request computes,
+because requests run in their own task and the engine steps on its worker thread. A frame that
+does not decode gets an Error frame and the session carries on with its state untouched
+(DESIGN.md §4); only the transport itself closing ends a session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from cloud_backend.config import ServerConfig
+from cloud_backend.context import RequestContext
+from cloud_backend.engine import EngineSession, LLMEngine
+from cloud_backend.logfmt import kv
+from cloud_backend.metrics import RequestMetrics, ServerMetrics
+from cloud_backend.modes import REQUESTS, serve_request
+from collab.protocol import (
+    PROTOCOL_VERSION,
+    Cancel,
+    CloudDecode,
+    Done,
+    DsdDraft,
+    DssdDraft,
+    Error,
+    ErrorCode,
+    FinishReason,
+    Generate,
+    Hello,
+    HelloAck,
+    Limits,
+    Message,
+    Mode,
+    Ping,
+    Pong,
+    ProtocolError,
+    TokenChunk,
+    TopKDraft,
+    decode,
+    encode,
+    peek_header,
+    peek_version,
+)
+from collab.variants import DEFAULT_VARIANT, variant_names
+
+log = logging.getLogger("tandem.cloud")
+
+# Frames that belong to the running request and go to its inbox.
+_REQUEST_FRAMES = (Cancel, DsdDraft, DssdDraft, TopKDraft, CloudDecode, TokenChunk)
+
+
+def _error_label(code: int) -> str:
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return str(code)
+
+
+def _peek_request_id(frame: bytes) -> int:
+    """The header's request id of a frame that failed to decode, if the header is ours."""
+    raw = peek_header(frame)
+    return 0 if raw is None else raw.request_id
+
+
+@dataclass
+class AppState:
+    """What every session of one app shares: settings, engine, corpus, metrics, sessions."""
+
+    config: ServerConfig
+    engine: LLMEngine
+    corpus: Any | None
+    token: str
+    metrics: ServerMetrics
+    started: float = field(default_factory=time.monotonic)
+    sessions: dict[int, Session] = field(default_factory=dict)  # handshake accepted
+    websockets: set[web.WebSocketResponse] = field(default_factory=set)  # all, for shutdown
+    ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+
+
+@dataclass
+class _Request:
+    """The one request a session may run at a time, with its own byte counts."""
+
+    id: int
+    mode: str
+    inbox: asyncio.Queue[Message] = field(default_factory=asyncio.Queue)
+    bytes_up: int = 0
+    bytes_down: int = 0
+    metrics: RequestMetrics | None = None
+    task: asyncio.Task[None] | None = None
+    finished: bool = False
+
+
+class Session:
+    """One websocket: handshake, reader loop, the running request, cleanup."""
+
+    def __init__(self, state: AppState, ws: web.WebSocketResponse, peer: str | None) -> None:
+        self.state = state
+        self.ws = ws
+        self.peer = peer or "?"
+        self.id = next(state.ids)
+        self.limits: Limits = state.config.limits
+        self.idle_s = state.config.idle_timeout_s
+        self.engine_session: EngineSession | None = None
+        self.mode: Mode | None = None
+        self.variant = ""
+        self.request: _Request | None = None
+        self.last_request_id = 0
+        self.bytes_in = self.bytes_out = 0
+        self.frames_in = self.frames_out = 0
+        self.requests = 0
+        self.opened = time.monotonic()
+        self.last_activity = self.opened  # last frame in either direction
+        self._send_lock = asyncio.Lock()
+        self._loop = asyncio.get_running_loop()
+
+    # ---- sending ---------------------------------------------------------------------------
+    async def send(self, msg: Message) -> None:
+        """Encode, send one binary frame, count its bytes (per session, per request)."""
+        frame = encode(msg)
+        if self.ws.closed:
+            raise ConnectionResetError("the device has disconnected")
+        async with self._send_lock:
+            await self.ws.send_bytes(frame)
+        n = len(frame)
+        self.last_activity = time.monotonic()
+        self.bytes_out += n
+        self.frames_out += 1
+        self.state.metrics.bytes.labels(direction="down").inc(n)
+        req = self.request
+        if req is not None and msg.request_id == req.id:
+            req.bytes_down += n
+        if isinstance(msg, Error):
+            self.state.metrics.errors.labels(code=_error_label(msg.code)).inc()
+
+    async def _try_send(self, msg: Message) -> bool:
+        """Send from the reader loop: a peer gone mid-send ends the loop, not the server."""
+        try:
+            await self.send(msg)
+            return True
+        except (ConnectionError, RuntimeError):
+            return False
+
+    async def _error(self, code: ErrorCode, message: str, request_id: int = 0) -> bool:
+        log.info(
+            kv(
+                "error_frame", session=self.id, request=request_id, code=code.name,
+                message=message,
+            )
+        )  # fmt: skip
+        return await self._try_send(Error(code, message, request_id=request_id))
+
+    def _count_in(self, n: int, request_id: int | None = None) -> None:
+        self.last_activity = time.monotonic()
+        self.bytes_in += n
+        self.frames_in += 1
+        self.state.metrics.bytes.labels(direction="up").inc(n)
+        req = self.request
+        if req is not None and request_id == req.id and not req.finished:
+            req.bytes_up += n
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    async def run(self) -> None:
+        try:
+            if await self._handshake():
+                await self._read_frames()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception(kv("session_failed", session=self.id))
+        finally:
+            await self._teardown()
+
+    async def _receive(self) -> Any:
+        """The next websocket message, or None once no frame went either way for `idle_s`
+        seconds: a cloud answer streaming down is activity, a split request waiting for
+        drafts that never come is not."""
+        while True:
+            left = self.last_activity + self.idle_s - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                return await self.ws.receive(timeout=left)
+            except TimeoutError:
+                continue
+
+    async def _handshake(self) -> bool:
+        """Wait for a Hello; accept or refuse it. Malformed frames before it get an Error."""
+        while True:
+            wsmsg = await self._receive()
+            if wsmsg is None:
+                await self._error(
+                    ErrorCode.LIMIT, f"idle timeout: no Hello within {self.idle_s:g} s; closing"
+                )
+                await self.ws.close(code=WSCloseCode.OK, message=b"idle timeout")
+                return False
+            if wsmsg.type == WSMsgType.TEXT:
+                self._count_in(len(wsmsg.data.encode("utf-8")))
+                if not await self._text_frame():
+                    return False
+                continue
+            if wsmsg.type != WSMsgType.BINARY:
+                return False
+            frame: bytes = wsmsg.data
+            self._count_in(len(frame))
+            version = peek_version(frame)
+            if version is not None and version != PROTOCOL_VERSION:
+                return await self._refuse(
+                    "version",
+                    f"the device speaks protocol version {version} and this cloud speaks "
+                    f"version {PROTOCOL_VERSION}: update Tandem on the older side",
+                )
+            try:
+                msg = decode(frame, self.limits)
+            except ProtocolError as exc:
+                if not await self._error(ErrorCode.MALFORMED, exc.reason, _peek_request_id(frame)):
+                    return False
+                continue
+            if not isinstance(msg, Hello):
+                sent = await self._error(
+                    ErrorCode.MALFORMED,
+                    f"the first frame must be Hello, not {type(msg).__name__}",
+                    msg.request_id,
+                )
+                if not sent:
+                    return False
+                continue
+            return await self._answer_hello(msg)
+
+    async def _answer_hello(self, hello: Hello) -> bool:
+        engine = self.state.engine
+        if hello.protocol_version != PROTOCOL_VERSION:
+            return await self._refuse(
+                "version",
+                f"the device speaks protocol version {hello.protocol_version} and this cloud "
+                f"speaks version {PROTOCOL_VERSION}: update Tandem on the older side",
+            )
+        if not hmac.compare_digest(hello.tokenizer_hash, engine.tokenizer_hash):
+            device = hello.model_name or "unnamed"
+            return await self._refuse(
+                "tokenizer",
+                f"device model {device!r} (tokenizer {hello.tokenizer_hash.hex()[:8]}…) and "
+                f"cloud model {engine.name!r} (tokenizer {engine.tokenizer_hash.hex()[:8]}…) "
+                "do not share a vocabulary; pick a device model with the cloud model's "
+                "tokenizer",
+            )
+        if hello.mode not in REQUESTS:
+            supported = " and ".join(m.name.lower() for m in REQUESTS)
+            extra = " (local mode needs no cloud)" if hello.mode == Mode.LOCAL else ""
+            return await self._refuse(
+                "mode",
+                f"this cloud serves {supported} modes, not {hello.mode.name.lower()}{extra}",
+            )
+        variant = ""
+        if hello.mode == Mode.SPLIT:
+            variant = hello.variant or DEFAULT_VARIANT
+            if variant not in variant_names():
+                return await self._refuse(
+                    "variant",
+                    f"unknown split variant {variant!r}; this cloud serves "
+                    + ", ".join(variant_names()),
+                )
+        if len(self.state.sessions) >= self.state.config.max_sessions:
+            return await self._refuse(
+                "busy",
+                f"the cloud is busy: all {self.state.config.max_sessions} sessions are in use; "
+                "try again later",
+                close_code=WSCloseCode.TRY_AGAIN_LATER,
+            )
+        # Accepted. No await between the capacity check and the registration.
+        self.state.sessions[self.id] = self
+        self.mode, self.variant = hello.mode, variant
+        self.engine_session = engine.open_session(on_evict=self._evicted_from_worker)
+        ack = HelloAck(True, limits=self.limits, model_name=engine.name)
+        log.info(
+            kv(
+                "session_open", session=self.id, peer=self.peer, mode=hello.mode.name.lower(),
+                variant=variant or "-", device_model=hello.model_name or "-",
+                sessions=len(self.state.sessions),
+            )
+        )  # fmt: skip
+        return await self._try_send(ack)
+
+    async def _refuse(
+        self, why: str, reason: str, close_code: int = WSCloseCode.POLICY_VIOLATION
+    ) -> bool:
+        self.state.metrics.refusals.labels(reason=why).inc()
+        log.info(kv("session_refused", session=self.id, peer=self.peer, why=why, reason=reason))
+        ack = HelloAck(False, limits=self.limits, reason=reason, model_name=self.state.engine.name)
+        await self._try_send(ack)
+        await self.ws.close(code=close_code, message=why.encode())
+        return False
+
+    async def _text_frame(self) -> bool:
+        return await self._error(
+            ErrorCode.MALFORMED, "text frames are not part of the protocol; send binary frames"
+        )
+
+    async def _read_frames(self) -> None:
+        while True:
+            wsmsg = await self._receive()
+            if wsmsg is None:
+                await self._error(
+                    ErrorCode.LIMIT,
+                    f"idle timeout: nothing sent or received for {self.idle_s:g} s; closing",
+                )
+                log.info(kv("session_idle", session=self.id, idle_s=self.idle_s))
+                await self.ws.close(code=WSCloseCode.OK, message=b"idle timeout")
+                return
+            if wsmsg.type == WSMsgType.BINARY:
+                if not await self._on_frame(wsmsg.data, time.monotonic_ns()):
+                    return
+            elif wsmsg.type == WSMsgType.TEXT:
+                self._count_in(len(wsmsg.data.encode("utf-8")))
+                if not await self._text_frame():
+                    return
+            else:  # CLOSE, CLOSING, CLOSED, ERROR
+                if wsmsg.type == WSMsgType.ERROR:
+                    log.info(kv("session_transport_error", session=self.id, error=wsmsg.data))
+                return
+
+    async def _on_frame(self, frame: bytes, received_ns: int) -> bool:
+        """Handle one binary frame; False when the peer is gone."""
+        rid = _peek_request_id(frame)
+        self._count_in(len(frame), rid)
+        try:
+            msg = decode(frame, self.limits)
+        except ProtocolError as exc:
+            return await self._error(ErrorCode.MALFORMED, exc.reason, rid)
+        if isinstance(msg, Ping):
+            return await self._try_send(
+                Pong(
+                    msg.sent_ns, received_ns, time.monotonic_ns(),
+                    request_id=msg.request_id, epoch=msg.epoch, step=msg.step,
+                )
+            )  # fmt: skip
+        if isinstance(msg, Generate):
+            return await self._start_request(msg, len(frame))
+        if isinstance(msg, _REQUEST_FRAMES):
+            return await self._route(msg)
+        if isinstance(msg, Error):
+            log.info(
+                kv(
+                    "device_error", session=self.id, request=msg.request_id,
+                    code=_error_label(msg.code), message=msg.message,
+                )
+            )  # fmt: skip
+            return True
+        if isinstance(msg, Pong):
+            return True
+        if isinstance(msg, Hello):
+            return await self._error(
+                ErrorCode.MALFORMED, "the session is already open: Hello comes only first"
+            )
+        return await self._error(
+            ErrorCode.MALFORMED,
+            f"{type(msg).__name__} is not a frame a device sends to this cloud; ignored",
+            msg.request_id,
+        )
+
+    async def _route(self, msg: Message) -> bool:
+        req = self.request
+        if req is not None and not req.finished and msg.request_id == req.id:
+            req.inbox.put_nowait(msg)
+            if isinstance(msg, Cancel) and self.engine_session is not None:
+                self.engine_session.cancel()  # a long prefill stops now, not at its end
+            return True
+        if msg.request_id <= self.last_request_id:
+            log.debug(
+                kv(
+                    "stale_frame", session=self.id, request=msg.request_id,
+                    frame=type(msg).__name__,
+                )
+            )  # fmt: skip
+            return True
+        return await self._error(
+            ErrorCode.MALFORMED, f"no active request {msg.request_id}", msg.request_id
+        )
+
+    # ---- requests --------------------------------------------------------------------------
+    async def _start_request(self, gen: Generate, nbytes: int) -> bool:
+        active = self.request
+        if active is not None and not active.finished:
+            return await self._error(
+                ErrorCode.BUSY,
+                f"request {active.id} is still running: cancel it or wait for its Done",
+                gen.request_id,
+            )
+        if gen.request_id <= self.last_request_id:
+            return await self._error(
+                ErrorCode.MALFORMED,
+                f"request id {gen.request_id} is not newer than {self.last_request_id}: "
+                "request ids must increase within a session",
+                gen.request_id,
+            )
+        assert self.mode is not None and self.engine_session is not None
+        self.last_request_id = gen.request_id
+        self.requests += 1
+        mode = self.mode.name.lower()
+        req = _Request(gen.request_id, mode, bytes_up=nbytes)
+        req.metrics = RequestMetrics(self.state.metrics, mode)
+        ctx = RequestContext(
+            engine=self.state.engine,
+            session=self.engine_session,
+            corpus=self.state.corpus,
+            corpus_k=self.state.config.corpus_k,
+            mode=self.mode,
+            variant=self.variant,
+            limits=self.limits,
+            send=self.send,
+            inbox=req.inbox,
+            traffic=lambda: (req.bytes_up, req.bytes_down),
+            metrics=req.metrics,
+        )
+        self.request = req
+        req.task = asyncio.create_task(
+            self._run_request(gen, ctx, req), name=f"tandem-request-{self.id}-{req.id}"
+        )
+        return True
+
+    async def _run_request(self, gen: Generate, ctx: RequestContext, req: _Request) -> None:
+        start = time.perf_counter()
+        outcome = "error"
+        done: Done | None = None
+        try:
+            done = await serve_request(gen, ctx)
+            outcome = done.reason.name.lower()
+        except asyncio.CancelledError:
+            outcome = "disconnected"
+            raise
+        except (ConnectionError, RuntimeError) as exc:
+            if not self.ws.closed:
+                await self._internal_error(gen, req, start, exc)
+            else:
+                outcome = "disconnected"
+        except Exception as exc:
+            await self._internal_error(gen, req, start, exc)
+        finally:
+            req.finished = True
+            if self.request is req:
+                self.request = None
+            m = req.metrics
+            assert m is not None
+            log.info(
+                kv(
+                    "request_done", session=self.id, request=req.id, mode=req.mode,
+                    variant=self.variant or "-", outcome=outcome,
+                    tokens=done.tokens if done else m.n_tokens,
+                    rounds=done.rounds if done else m.n_rounds,
+                    drafted=m.n_drafted, accepted=m.n_accepted,
+                    bytes_up=req.bytes_up, bytes_down=req.bytes_down,
+                    ttft_s=m.ttft_s if m.ttft_s is not None else "-",
+                    elapsed_s=time.perf_counter() - start,
+                )
+            )  # fmt: skip
+
+    async def _internal_error(
+        self, gen: Generate, req: _Request, start: float, exc: BaseException
+    ) -> None:
+        """decoding raised: log it, tell the device in plain words, end the request."""
+        log.error(
+            kv("request_failed", session=self.id, request=req.id, error=repr(exc)),
+            exc_info=exc,
+        )
+        m = req.metrics
+        assert m is not None
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self.send(
+                Error(
+                    ErrorCode.INTERNAL,
+                    "the cloud failed while answering this request; its log has the details",
+                    request_id=req.id,
+                )
+            )
+            if self.engine_session is not None:
+                self.engine_session.release()
+            await self.send(
+                Done(
+                    FinishReason.ERROR, tokens=m.n_tokens, rounds=m.n_rounds,
+                    drafted=m.n_drafted, accepted=m.n_accepted, bytes_up=req.bytes_up,
+                    bytes_down=req.bytes_down, elapsed_s=time.perf_counter() - start,
+                    request_id=req.id,
+                )
+            )  # fmt: skip
+
+    # ---- eviction and cleanup --------------------------------------------------------------
+    def _evicted_from_worker(self) -> None:
+        """Called by the engine's worker thread: hop to the event loop."""
+        with contextlib.suppress(RuntimeError):  # loop already closed: nothing to record
+            self._loop.call_soon_threadsafe(self._evicted)
+
+    def _evicted(self) -> None:
+        self.state.metrics.evictions.inc()
+        req = self.request
+        log.warning(
+            kv(
+                "kv_evicted", session=self.id, request=req.id if req else "-",
+                kv_budget_bytes=self.state.engine.kv_budget_bytes,
+            )
+        )  # fmt: skip
+
+    async def _teardown(self) -> None:
+        req = self.request
+        if req is not None and req.task is not None and not req.task.done():
+            req.task.cancel()
+            if self.engine_session is not None:
+                self.engine_session.cancel()  # stop the step in flight on the worker
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await req.task
+        if self.engine_session is not None:
+            self.engine_session.close()
+        was_open = self.state.sessions.pop(self.id, None) is not None
+        if not self.ws.closed:
+            with contextlib.suppress(Exception):
+                await self.ws.close()
+        if was_open:
+            log.info(
+                kv(
+                    "session_closed", session=self.id, requests=self.requests,
+                    bytes_in=self.bytes_in, bytes_out=self.bytes_out,
+                    frames_in=self.frames_in, frames_out=self.frames_out,
+                    elapsed_s=time.monotonic() - self.opened,
+                    close_code=self.ws.close_code,
+                )
+            )  # fmt: skip

@@ -1,0 +1,90 @@
+"""The binary wire protocol shared by device and cloud (DESIGN.md §4), one module per family:
+
+- `codec`: header, limits, `ProtocolError`, the message base and registry, encode/decode;
+- `session`: handshake, requests, streamed tokens, pings, errors, Done, citations;
+- `split`: split speculation's drafts, Verdict and CloudDecode;
+- `dragon`: DRAGON's drafts and targets.
+
+Importing the package imports every family, so `decode` knows every message type.
+"""
+
+from collab.protocol.codec import (
+    DEFAULT_LIMITS,
+    FLAG_F32,
+    HEADER_SIZE,
+    MAGIC,
+    MESSAGE_TYPES,
+    PROTOCOL_VERSION,
+    Header,
+    Limits,
+    Message,
+    MsgType,
+    ProtocolError,
+    RawHeader,
+    decode,
+    decode_header,
+    encode,
+    peek_header,
+    peek_version,
+)
+from collab.protocol.dragon import DragonDraft, DragonTarget, Side
+from collab.protocol.session import (
+    Cancel,
+    Citations,
+    Done,
+    Error,
+    ErrorCode,
+    FinishReason,
+    Generate,
+    Hello,
+    HelloAck,
+    Mode,
+    Ping,
+    Pong,
+    Source,
+    TokenChunk,
+)
+from collab.protocol.split import CloudDecode, Draft, DsdDraft, DssdDraft, TopKDraft, Verdict
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "FLAG_F32",
+    "HEADER_SIZE",
+    "MAGIC",
+    "MESSAGE_TYPES",
+    "PROTOCOL_VERSION",
+    "Cancel",
+    "Citations",
+    "CloudDecode",
+    "Done",
+    "Draft",
+    "DragonDraft",
+    "DragonTarget",
+    "DsdDraft",
+    "DssdDraft",
+    "Error",
+    "ErrorCode",
+    "FinishReason",
+    "Generate",
+    "Header",
+    "Hello",
+    "HelloAck",
+    "Limits",
+    "Message",
+    "Mode",
+    "MsgType",
+    "Ping",
+    "Pong",
+    "ProtocolError",
+    "RawHeader",
+    "Side",
+    "Source",
+    "TokenChunk",
+    "TopKDraft",
+    "Verdict",
+    "decode",
+    "decode_header",
+    "encode",
+    "peek_header",
+    "peek_version",
+]

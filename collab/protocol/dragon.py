@@ -1,0 +1,121 @@
+"""DRAGON messages: each side's draft with its local mixture and side weight, and the
+aggregator's target token (DESIGN.md §5)."""
+
+from __future__ import annotations
+
+import math
+import struct
+from enum import IntEnum
+
+import numpy as np
+
+from collab.protocol.codec import (
+    DEFAULT_LIMITS,
+    Limits,
+    Message,
+    MsgType,
+    ProtocolError,
+    _check_count,
+    _check_ids,
+    _check_probs,
+    _check_unique_rows,
+    _enum,
+    _f32,
+    _ids,
+    _message,
+    _pdtype,
+    _Reader,
+    _uint,
+)
+
+
+class Side(IntEnum):
+    DEVICE = 0
+    CLOUD = 1
+
+
+@_message
+class DragonDraft(Message):
+    """DRAGON: a side's draft token, its (truncated) local mixture p^s as ids+probs, its side
+    weight h^s (float64; −inf when it retrieved nothing) and its decode time in seconds."""
+
+    TYPE = MsgType.DRAGON_DRAFT
+    HAS_PROBS = True
+    token: int
+    ids: np.ndarray
+    probs: np.ndarray
+    h: float
+    decode_time: float
+    f32: bool = False
+
+    _ST = struct.Struct("<IdfI")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _uint(self.token, 32, "token")
+        ids = _ids(self.ids, "ids").reshape(-1)
+        probs = np.asarray(self.probs, dtype=_pdtype(self.f32)).reshape(-1)
+        if ids.size != probs.size:
+            raise ProtocolError("ids and probs must have the same length")
+        self._set("ids", ids)
+        self._set("probs", probs)
+        self._set("h", float(self.h))
+        self._set("decode_time", _f32(self.decode_time))
+
+    def body(self) -> bytes:
+        head = self._ST.pack(self.token, self.h, self.decode_time, self.ids.size)
+        return head + self.ids.tobytes() + self.probs.tobytes()
+
+    @classmethod
+    def parse(cls, r: _Reader, f32: bool, hdr: dict[str, int]) -> Message:
+        token, h, dt, n = r.unpack(cls._ST)
+        _check_count(n, 1, r.limits.max_sparse, "sparse size")
+        ids = r.array("<u4", n)
+        return cls(token, ids, r.array(_pdtype(f32), n), h, dt, f32, **hdr)
+
+    def check(self, limits: Limits = DEFAULT_LIMITS) -> None:
+        _check_count(self.ids.size, 1, limits.max_sparse, "sparse size")
+        _check_ids(self.ids, limits.vocab_size, "ids")
+        _check_unique_rows(self.ids, "ids")
+        _check_probs(self.probs, "probs")
+        if not bool(np.any(self.ids == self.token)):
+            raise ProtocolError("draft token outside its transmitted distribution")
+        if math.isnan(self.h) or self.h == math.inf:
+            raise ProtocolError("h must be finite or −inf")
+        if not (math.isfinite(self.decode_time) and self.decode_time >= 0):
+            raise ProtocolError("decode_time must be finite and ≥ 0")
+
+
+@_message
+class DragonTarget(Message):
+    """DRAGON: the aggregator's target token, which sides' drafts it accepted, next aggregator."""
+
+    TYPE = MsgType.DRAGON_TARGET
+    token: int
+    device_accepted: bool
+    cloud_accepted: bool
+    next_aggregator: Side
+
+    _ST = struct.Struct("<IBB")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _uint(self.token, 32, "token")
+        self._set("device_accepted", bool(self.device_accepted))
+        self._set("cloud_accepted", bool(self.cloud_accepted))
+        self._set("next_aggregator", _enum(Side, int(self.next_aggregator), "side"))
+
+    def body(self) -> bytes:
+        flags = bool(self.device_accepted) | (bool(self.cloud_accepted) << 1)
+        return self._ST.pack(self.token, flags, self.next_aggregator)
+
+    @classmethod
+    def parse(cls, r: _Reader, f32: bool, hdr: dict[str, int]) -> Message:
+        token, flags, side = r.unpack(cls._ST)
+        if flags > 3:
+            raise ProtocolError("bad acceptance flags")
+        return cls(token, bool(flags & 1), bool(flags & 2), _enum(Side, side, "side"), **hdr)
+
+    def check(self, limits: Limits = DEFAULT_LIMITS) -> None:
+        if self.token >= limits.vocab_size:
+            raise ProtocolError("token ≥ vocab")

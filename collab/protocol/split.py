@@ -1,0 +1,261 @@
+"""Split-speculation messages: the device's drafts (DSD, DSSD, TK-SLT), the cloud's Verdict,
+and CloudDecode, AS²'s fallback to the cloud decoding alone (DESIGN.md §5)."""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import numpy as np
+
+from collab.protocol.codec import (
+    DEFAULT_LIMITS,
+    Limits,
+    Message,
+    MsgType,
+    ProtocolError,
+    _check_count,
+    _check_ids,
+    _check_probs,
+    _check_unique_rows,
+    _f32,
+    _ids,
+    _message,
+    _pdtype,
+    _Reader,
+    _uint,
+)
+
+
+@_message
+class Draft(Message):
+    """Base of the split-speculation uplinks: γ drafted token ids plus what the cloud needs of Q."""
+
+    HAS_PROBS = True
+    token_ids: np.ndarray
+
+    def _norm_ids(self) -> None:
+        self._set("token_ids", _ids(self.token_ids, "token_ids").reshape(-1))
+
+    def check(self, limits: Limits = DEFAULT_LIMITS) -> None:
+        _check_count(self.token_ids.size, 1, limits.max_draft_tokens, "draft tokens")
+        _check_ids(self.token_ids, limits.vocab_size, "token_ids")
+
+
+@_message
+class DsdDraft(Draft):
+    """DSD baseline: ids plus the dense draft distributions Q_1..Q_γ, shape (γ, |V|)."""
+
+    TYPE = MsgType.DSD_DRAFT
+    probs: np.ndarray
+    f32: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._norm_ids()
+        probs = np.asarray(self.probs, dtype=_pdtype(self.f32))
+        if probs.ndim != 2 or probs.shape[0] != self.token_ids.size:
+            raise ProtocolError("probs must have shape (len(token_ids), vocab)")
+        self._set("probs", probs)
+
+    def body(self) -> bytes:
+        n, v = self.probs.shape
+        return struct.pack("<II", n, v) + self.token_ids.tobytes() + self.probs.tobytes()
+
+    @classmethod
+    def parse(cls, r: _Reader, f32: bool, hdr: dict[str, int]) -> Message:
+        n, v = r.unpack(_II)
+        _check_count(n, 1, r.limits.max_draft_tokens, "draft tokens")
+        _check_count(v, 1, r.limits.vocab_size, "vocab")
+        ids = r.array("<u4", n)
+        probs = r.array(_pdtype(f32), n * v).reshape(n, v)
+        return cls(ids, probs, f32, **hdr)
+
+    def check(self, limits: Limits = DEFAULT_LIMITS) -> None:
+        super().check(limits)
+        _check_count(self.probs.shape[1], 1, limits.vocab_size, "vocab")
+        _check_ids(self.token_ids, self.probs.shape[1], "token_ids")
+        _check_probs(self.probs, "probs")
+
+
+@_message
+class DssdDraft(Draft):
+    """DSSD: ids plus q_i(x_i) only; the count is implied by the body length (6 B per token)."""
+
+    TYPE = MsgType.DSSD_DRAFT
+    q: np.ndarray
+    f32: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._norm_ids()
+        q = np.asarray(self.q, dtype=_pdtype(self.f32)).reshape(-1)
+        if q.size != self.token_ids.size:
+            raise ProtocolError("q must have one value per token")
+        self._set("q", q)
+
+    def body(self) -> bytes:
+        return self.token_ids.tobytes() + self.q.tobytes()
+
+    @classmethod
+    def parse(cls, r: _Reader, f32: bool, hdr: dict[str, int]) -> Message:
+        per = 8 if f32 else 6
+        n, rest = divmod(r.remaining(), per)
+        if rest:
+            raise ProtocolError("DSSD body length is not a whole number of tokens")
+        _check_count(n, 1, r.limits.max_draft_tokens, "draft tokens")
+        return cls(r.array("<u4", n), r.array(_pdtype(f32), n), f32, **hdr)
+
+    def check(self, limits: Limits = DEFAULT_LIMITS) -> None:
+        super().check(limits)
+        _check_probs(self.q, "q")
+
+
+@_message
+class TopKDraft(Draft):
+    """TK-SLT: ids plus, per position, the top-K (id, prob) pairs the draft was sampled from.
+
+    Each drafted id must be inside its own row: a draft outside the transmitted support would
+    get q = 0 and be wrongly accepted (DESIGN.md §5.1)."""
+
+    TYPE = MsgType.TOPK_DRAFT
+    topk_ids: np.ndarray
+    topk_probs: np.ndarray
+    f32: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._norm_ids()
+        tids = _ids(self.topk_ids, "topk_ids")
+        tprobs = np.asarray(self.topk_probs, dtype=_pdtype(self.f32))
+        n = self.token_ids.size
+        if tids.ndim != 2 or tids.shape[0] != n or tprobs.shape != tids.shape:
+            raise ProtocolError("topk_ids/topk_probs must have shape (len(token_ids), K)")
+        self._set("topk_ids", tids)
+        self._set("topk_probs", tprobs)
+
+    def body(self) -> bytes:
+        n, k = self.topk_ids.shape
+        ids = self.token_ids.tobytes()
+        return struct.pack("<II", n, k) + ids + self.topk_ids.tobytes() + self.topk_probs.tobytes()
+
+    @classmethod
+    def parse(cls, r: _Reader, f32: bool, hdr: dict[str, int]) -> Message:
+        n, k = r.unpack(_II)
+        _check_count(n, 1, r.limits.max_draft_tokens, "draft tokens")
+        _check_count(k, 1, r.limits.max_top_k, "top-K")
+        ids = r.array("<u4", n)
+        tids = r.array("<u4", n * k).reshape(n, k)
+        return cls(ids, tids, r.array(_pdtype(f32), n * k).reshape(n, k), f32, **hdr)
+
+    def check(self, limits: Limits = DEFAULT_LIMITS) -> None:
+        super().check(limits)
+        _check_count(self.topk_ids.shape[1], 1, limits.max_top_k, "top-K")
+        _check_ids(self.topk_ids, limits.vocab_size, "topk_ids")
+        _check_unique_rows(self.topk_ids, "topk_ids")
+        _check_probs(self.topk_probs, "topk_probs")
+        if not bool(np.all(np.any(self.topk_ids == self.token_ids[:, None], axis=1))):
+            raise ProtocolError("a drafted token is outside its transmitted top-K")
+
+
+_II = struct.Struct("<II")
+
+
+@_message
+class Verdict(Message):
+    """Cloud → device after verifying a draft: accepted count, then the correction or bonus token
+    (None in DSSD, where the device resamples), or P_j dense (`p_ids` None) or top-K sparse."""
+
+    TYPE = MsgType.VERDICT
+    HAS_PROBS = True
+    accepted: int
+    token: int | None = None
+    p_ids: np.ndarray | None = None
+    p_probs: np.ndarray | None = None
+    f32: bool = False
+    compute_s: float = 0.0  # the cloud's compute time for this round: the device's cost model
+
+    _ST = struct.Struct("<HBIf")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _uint(self.accepted, 16, "accepted")
+        if self.token is not None:
+            _uint(self.token, 32, "token")
+        self._set("compute_s", _f32(self.compute_s))
+        if not (math.isfinite(self.compute_s) and self.compute_s >= 0):
+            raise ProtocolError("compute_s must be finite and ≥ 0")
+        if self.p_probs is None:
+            if self.p_ids is not None or self.f32:
+                raise ProtocolError("p_ids or f32 without p_probs")
+            return
+        probs = np.asarray(self.p_probs, dtype=_pdtype(self.f32))
+        if probs.ndim != 1 or probs.size == 0:
+            raise ProtocolError("p_probs must be a non-empty vector")
+        self._set("p_probs", probs)
+        if self.p_ids is not None:
+            ids = _ids(self.p_ids, "p_ids")
+            if ids.shape != probs.shape:
+                raise ProtocolError("p_ids and p_probs must have the same shape")
+            self._set("p_ids", ids)
+
+    def body(self) -> bytes:
+        pj = 0 if self.p_probs is None else (1 if self.p_ids is None else 2)
+        kind = (self.token is not None) | (pj << 1)
+        out = self._ST.pack(self.accepted, kind, self.token or 0, self.compute_s)
+        if pj:
+            out += struct.pack("<I", self.p_probs.size)
+            if pj == 2:
+                out += self.p_ids.tobytes()
+            out += self.p_probs.tobytes()
+        return out
+
+    @classmethod
+    def parse(cls, r: _Reader, f32: bool, hdr: dict[str, int]) -> Message:
+        accepted, kind, token, compute_s = r.unpack(cls._ST)
+        has_token, pj = kind & 1, kind >> 1
+        if pj > 2 or (not has_token and token):
+            raise ProtocolError("bad verdict kind")
+        ids = probs = None
+        if pj:
+            n = r.u32()
+            hi = r.limits.vocab_size if pj == 1 else r.limits.max_top_k
+            _check_count(n, 1, hi, "P_j size")
+            ids = r.array("<u4", n) if pj == 2 else None
+            probs = r.array(_pdtype(f32), n)
+        elif f32:
+            raise ProtocolError("F32 flag without probabilities")
+        token = token if has_token else None
+        return cls(accepted, token, ids, probs, f32, compute_s, **hdr)
+
+    def check(self, limits: Limits = DEFAULT_LIMITS) -> None:
+        _check_count(self.accepted, 0, limits.max_draft_tokens, "accepted")
+        if self.token is not None and self.token >= limits.vocab_size:
+            raise ProtocolError("token ≥ vocab")
+        if self.p_probs is not None:
+            hi = limits.vocab_size if self.p_ids is None else limits.max_top_k
+            _check_count(self.p_probs.size, 1, hi, "P_j size")
+            _check_probs(self.p_probs, "p_probs")
+        if self.p_ids is not None:
+            _check_ids(self.p_ids, limits.vocab_size, "p_ids")
+            _check_unique_rows(self.p_ids, "p_ids")
+
+
+@_message
+class CloudDecode(Message):
+    """Split mode, AS² fallback: the cloud decodes the next `n_tokens` itself (0 = to the end)
+    and streams them as TokenChunks, then waits for drafts again."""
+
+    TYPE = MsgType.CLOUD_DECODE
+    n_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _uint(self.n_tokens, 32, "n_tokens")
+
+    def body(self) -> bytes:
+        return struct.pack("<I", self.n_tokens)
+
+    @classmethod
+    def parse(cls, r: _Reader, f32: bool, hdr: dict[str, int]) -> Message:
+        return cls(r.u32(), **hdr)
