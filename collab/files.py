@@ -14,8 +14,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import secrets
 import shutil
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO
@@ -44,6 +44,18 @@ def fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
+def _create_temp(path: Path) -> tuple[int, Path]:
+    """A new, unique `.<name>.<random>.tmp` beside `path`, opened for writing. Created like any
+    new file (0o666 less the umask), unlike `tempfile.mkstemp`'s 0o600, so a replaced file keeps
+    the permissions it always had."""
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}{_TMP_SUFFIX}")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
+
+
 def atomic_write(
     path: Path, data: str | bytes, *, mode: int | None = None, encoding: str = "utf-8"
 ) -> None:
@@ -55,8 +67,7 @@ def atomic_write(
     is removed on any error. The parent folder must exist."""
     path = Path(path)
     payload = data.encode(encoding) if isinstance(data, str) else data
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=_TMP_SUFFIX, dir=path.parent)
-    tmp = Path(tmp_name)
+    fd, tmp = _create_temp(path)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(payload)

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from cloud_backend import corpus as corpus_mod
-from cloud_backend.corpus import LOCATION, MANIFEST, PublicCorpus, default_corpus_dir
+from cloud_backend import corpus_build
+from cloud_backend.corpus import LOCATION, PublicCorpus, default_corpus_dir
+from cloud_backend.corpus_build import MANIFEST
 from retrieval.embedder import OnnxEmbedder
 from retrieval.store import FAISS_NAME, IndexStore
 
@@ -38,7 +40,8 @@ class CountingEmbedder(OnnxEmbedder):
 @pytest.fixture
 def counting(monkeypatch) -> type[CountingEmbedder]:
     CountingEmbedder.texts = 0
-    monkeypatch.setattr(corpus_mod, "OnnxEmbedder", CountingEmbedder)
+    monkeypatch.setattr(corpus_mod, "OnnxEmbedder", CountingEmbedder)  # the query embedder
+    monkeypatch.setattr(corpus_build, "OnnxEmbedder", CountingEmbedder)  # the build's
     return CountingEmbedder
 
 
@@ -180,8 +183,8 @@ def test_corrupt_database_is_rebuilt(built_root, embedder_dir, tmp_path, countin
 BUILD_SCRIPT = """
 import sys
 from pathlib import Path
-from cloud_backend import corpus
-corpus.EMBED_BATCH = 8  # many small transactions, so the kill lands mid-build
+from cloud_backend import corpus, corpus_build
+corpus_build.EMBED_BATCH = 8  # many small transactions, so the kill lands mid-build
 corpus.PublicCorpus.open(Path(sys.argv[1]), Path(sys.argv[2]), limit=int(sys.argv[3]),
                          progress=False)
 print("finished", flush=True)
