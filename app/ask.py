@@ -26,6 +26,12 @@ def _open_index():
     return index if index.stats().chunks else None
 
 
+def _show_progress(done: int, total: int, what: str) -> None:
+    """The embedded cloud's first start (its corpus build), on one stderr line."""
+    end = "\n" if done >= total else ""
+    print(f"\rindexing {what} {done:,}/{total:,}", end=end, file=sys.stderr, flush=True)
+
+
 def _format_stats(s: dict[str, Any], device: str) -> str:
     parts = [s["mode"] + (f"/{s['variant']}" if s.get("variant") else ""), device,
              f"{s['tokens']} tokens"]  # fmt: skip
@@ -61,7 +67,10 @@ async def run_ask(args: argparse.Namespace) -> int:
                 if not args.json:
                     print("starting the embedded cloud backend…", file=sys.stderr)
                 serve_args = ["--engine", args.cloud_engine]
-                embedded = await stack.enter_async_context(await EmbeddedCloud.start(serve_args))
+                shown = None if args.json else _show_progress
+                embedded = await stack.enter_async_context(
+                    await EmbeddedCloud.start(serve_args, on_progress=shown)
+                )
                 url, token = embedded.url, embedded.token
             from edge_runtime.modes import CloudSettings
 

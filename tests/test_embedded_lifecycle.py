@@ -147,3 +147,15 @@ def test_the_corpus_build_reports_progress_and_never_writes_on_the_terminal(
     assert counts[-1] == (12, 12) and counts == sorted(counts)
     log = (tmp_path / "cloud.log").read_text()
     assert "%|" not in log and "ready" not in log
+
+
+def test_the_status_bar_shows_how_far_the_corpus_build_is():
+    from app.assistant import Assistant
+    from app.settings import Settings
+    from app.tui.status import StatusBar
+
+    assistant = Assistant(Settings())
+    assistant._cloud_progress(1234, 10033, "public corpus")  # what EmbeddedCloud.start calls
+    bar = StatusBar()
+    bar.cloud = assistant.cloud_status
+    assert "cloud starting (embedded)… indexing public corpus 1,234/10,033" in str(bar.line_text())

@@ -214,11 +214,20 @@ class TandemApp(App[None]):
             "starting", "", embedded=not self.settings.cloud_url
         )
         self.refresh_modes()
-        status = await self.assistant.connect_cloud()
+        shown = self.set_interval(0.5, self._show_cloud_status)  # e.g. the corpus build
+        try:
+            status = await self.assistant.connect_cloud()
+        finally:
+            shown.stop()
         if status.state == "unavailable":
             self.say(f"{status.label}: {status.detail}. Local mode still works.",
                         severity="warning", timeout=10)  # fmt: skip
         self.refresh_modes()
+
+    def _show_cloud_status(self) -> None:
+        """The cloud's state on the status bar, unless a screen without one is on top."""
+        if (bar := self.query_one_optional(StatusBar)) is not None:
+            bar.set_state(cloud=self.assistant.cloud_status)
 
     def refresh_modes(self) -> None:
         """Mode bar, status bar and the current mode's availability, from the registry."""
