@@ -12,6 +12,14 @@ import sys
 from typing import Any
 
 
+def _show_progress(status) -> None:
+    """The embedded cloud's first start (its corpus build), on one stderr line."""
+    if status.state == "starting" and status.detail.startswith("indexing"):
+        print(f"\r{status.detail}", end="", file=sys.stderr, flush=True)
+    elif status.state != "starting":
+        print(file=sys.stderr)
+
+
 def _format_stats(s: dict[str, Any], device: str) -> str:
     parts = [s["mode"] + (f"/{s['variant']}" if s.get("variant") else ""), device,
              f"{s['tokens']} tokens"]  # fmt: skip
@@ -58,7 +66,7 @@ async def run_ask(args: argparse.Namespace) -> int:
         if args.mode != "local":
             if not effective_cloud(assistant.settings)[0] and not args.json:
                 print("starting the embedded cloud backend…", file=sys.stderr)
-            status = await assistant.connect_cloud()
+            status = await assistant.connect_cloud(None if args.json else _show_progress)
             if status.state != "ready":
                 out["errors"].append(f"{status.label}: {status.detail}")
                 if not args.json:

@@ -216,7 +216,7 @@ class Assistant:
             if embedded:
                 self._set_cloud(CloudStatus("starting", "first start indexes the corpus",
                                             embedded=True), on_status)  # fmt: skip
-                url, token = await self._start_embedded()
+                url, token = await self._start_embedded(on_status)
             ctx = self.context()
             ctx.cloud = CloudSettings(url, token, retries=1)
             if self.device is not None:
@@ -227,15 +227,27 @@ class Assistant:
             self._set_cloud(CloudStatus("unavailable", _plain(exc), embedded=embedded), on_status)
         return self.cloud_status
 
-    async def _start_embedded(self) -> tuple[str, str]:
+    async def _start_embedded(
+        self, on_status: Callable[[CloudStatus], None] | None
+    ) -> tuple[str, str]:
         from app.embedded import EmbeddedCloud
+
+        def progress(done: int, total: int, what: str) -> None:
+            """The first start builds the public corpus: say how far, not just "starting"."""
+            detail = f"indexing {what} {done:,}/{total:,}"
+            self._set_cloud(CloudStatus("starting", detail, embedded=True), on_status)
 
         if self._embedded is None or self._embedded.proc.returncode is not None:
             args = ["--engine", self.settings.cloud_engine]
             if self.settings.cloud_model:
                 args += ["--model-dir", str(Path(self.settings.cloud_model).expanduser())]
-            self._embedded = await EmbeddedCloud.start(args)
+            self._embedded = await EmbeddedCloud.start(args, on_progress=self._cloud_progress)
         return self._embedded.url, self._embedded.token
+
+    def _cloud_progress(self, done: int, total: int, what: str) -> None:
+        """The embedded cloud's first start builds its corpus: say how far, not just "starting"."""
+        self.cloud_status = CloudStatus("starting", f"indexing {what} {done:,}/{total:,}",
+                                        embedded=True)  # fmt: skip
 
     async def _probe(self) -> None:
         """Open the cloud-mode session now, so a wrong token or model shows before asking."""

@@ -1,23 +1,52 @@
 """The embedded cloud: with no cloud URL configured, Tandem runs the backend itself on
 loopback, in a child process (its own cores and GIL), with a freshly generated token passed
-through the environment (never on a command line other users can read)."""
+through the environment (never on a command line other users can read).
+
+Both ends of the parent/child contract live here. The child (`tandem serve --announce`) writes
+its stdout and stderr to a log file, never to the parent's terminal (a TUI's screen), and
+announces on a pipe instead: `progress <done> <total> <what>` while it builds the public corpus,
+then `ready <url>`. It ends with its parent however the parent ends (a closed terminal's SIGHUP,
+SIGTERM, a crash, SIGKILL): Linux's parent-death signal and, independently, end of file on its
+stdin, a pipe only the parent holds."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import logging
 import os
+import re
 import secrets
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TextIO
 
 log = logging.getLogger("tandem.embedded")
 READY_PREFIX = "ready "
+PROGRESS_PREFIX = "progress "
+PARENT_ENV = "TANDEM_EMBEDDED_PARENT"  # the parent's pid: set only for the embedded child
+LOG_NAME = "cloud.log"
+
+OnProgress = Callable[[int, int, str], None]
+"""Called with (done, total, what) while the child builds its public corpus."""
 
 
 class EmbeddedCloudError(RuntimeError):
     pass
+
+
+# --------------------------------------------------------------------------- the parent
+
+
+def default_log_path() -> Path:
+    """`<data dir>/cloud.log`, beside the TUI's own `tandem.log`."""
+    from tandem_packaging.store import data_dir
+
+    return data_dir() / LOG_NAME
 
 
 class EmbeddedCloud:
@@ -30,37 +59,55 @@ class EmbeddedCloud:
         serve_args: Sequence[str] = (),
         timeout_s: float = 900.0,
         cores: set[int] | None = None,
+        on_progress: OnProgress | None = None,
+        log_path: Path | None = None,
     ) -> EmbeddedCloud:
         """Start `tandem serve` on a free loopback port and wait until it accepts sessions
-        (the first start also builds the public corpus index: minutes, with a progress bar).
-        `cores` pins the backend (`taskset -c`), so it does not steal the device's core."""
+        (the first start also builds the public corpus index: minutes, reported through
+        `on_progress`). `cores` pins the backend (`taskset -c`), so it does not steal the
+        device's core. Its output goes to `log_path` (default `<data dir>/cloud.log`).
+        Call from the thread that keeps running (the event loop's): Linux ends the child
+        when the thread that started it ends."""
         token = secrets.token_urlsafe(32)
-        env = {**os.environ, "TANDEM_CLOUD_TOKEN": token}
+        env = {**os.environ, "TANDEM_CLOUD_TOKEN": token, PARENT_ENV: str(os.getpid())}
         cmd = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", "0",
                "--announce", *serve_args]  # fmt: skip
         if cores:
             cmd = ["taskset", "-c", ",".join(map(str, sorted(cores))), *cmd]
-        proc = await asyncio.create_subprocess_exec(
-            *cmd, stdout=asyncio.subprocess.PIPE, env=env, start_new_session=True
-        )
+        log_path = log_path or default_log_path()
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log_file:  # the child keeps its own copy of the fd
+            proc = await asyncio.create_subprocess_exec(
+                *cmd,
+                stdin=asyncio.subprocess.PIPE,  # never written: its end of file is our death
+                stdout=asyncio.subprocess.PIPE,  # the announcements
+                stderr=log_file,
+                env=env,
+                start_new_session=True,  # the terminal's ctrl+c and SIGHUP reach only us
+            )
         try:
-            url = await asyncio.wait_for(cls._ready_url(proc), timeout_s)
+            url = await asyncio.wait_for(cls._ready_url(proc, on_progress, log_path), timeout_s)
         except BaseException:
             await cls._stop(proc)
             raise
-        log.info("embedded cloud at %s (pid %d)", url, proc.pid)
+        log.info("embedded cloud at %s (pid %d, log %s)", url, proc.pid, log_path)
         return cls(proc, url, token)
 
     @staticmethod
-    async def _ready_url(proc: asyncio.subprocess.Process) -> str:
+    async def _ready_url(
+        proc: asyncio.subprocess.Process, on_progress: OnProgress | None, log_path: Path
+    ) -> str:
         assert proc.stdout is not None
         while line := (await proc.stdout.readline()).decode(errors="replace"):
             if line.startswith(READY_PREFIX):
                 return line[len(READY_PREFIX) :].strip()
+            if line.startswith(PROGRESS_PREFIX):
+                done, total, what = line[len(PROGRESS_PREFIX) :].rstrip("\n").split(" ", 2)
+                if on_progress is not None:
+                    on_progress(int(done), int(total), what)
         code = await proc.wait()
         raise EmbeddedCloudError(
-            f"the embedded cloud backend exited (code {code}) before it was ready; "
-            "run `tandem serve -v` to see why"
+            f"the embedded cloud backend exited (code {code}) before it was ready; see {log_path}"
         )
 
     async def stop(self) -> None:
@@ -84,3 +131,93 @@ class EmbeddedCloud:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+# --------------------------------------------------------------------------- the child
+
+
+def announcer() -> Callable[[str], None]:
+    """The child's side of the pipe: a writer of announcement lines. Stdout is the pipe, so it
+    is kept for announcements alone and fd 1 is pointed at stderr (the log): a stray print
+    cannot reach the parent, nor break the protocol."""
+    channel = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+
+    def announce(line: str) -> None:
+        channel.write(line + "\n")
+        channel.flush()
+
+    return announce
+
+
+def tie_to_parent() -> None:
+    """End this process with the parent that started it (named in the environment; nothing
+    happens when it is not set). SIGKILL of the parent included: the parent-death signal
+    where the platform has one, and a thread that waits for end of file on stdin."""
+    parent = os.environ.pop(PARENT_ENV, None)
+    if parent is None:
+        return
+    if sys.platform.startswith("linux"):
+        _set_parent_death_signal(signal.SIGTERM)
+    if os.getppid() != int(parent):  # it died before the signal was armed
+        log.warning("the parent process %s is gone: not starting", parent)
+        os._exit(1)
+    threading.Thread(target=_end_with_stdin, daemon=True, name="parent-watch").start()
+
+
+def _set_parent_death_signal(sig: signal.Signals) -> None:
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(pr_set_pdeathsig, int(sig), 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    except (AttributeError, OSError) as exc:  # the stdin watch still covers it
+        log.warning("no parent-death signal: %s", exc)
+
+
+def _end_with_stdin() -> None:
+    """Nobody writes to stdin: it ends when the parent's end closes, i.e. when it exits."""
+    with contextlib.suppress(OSError):
+        while os.read(0, 4096):
+            pass
+    log.warning("the parent process is gone: stopping")
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def bar_progress(announce: Callable[[str], None]) -> Iterator[None]:
+    """Within this block, tqdm bars drawn on stderr (the corpus build's) become `progress`
+    announcements instead of clutter in the log; any other text still goes to the log."""
+    with contextlib.redirect_stderr(_BarReader(announce, sys.stderr)):
+        yield
+
+
+class _BarReader(io.TextIOBase):
+    """A stderr stand-in that reads tqdm's redraws (`what:  12%|███ | 1234/10033 [...]`)."""
+
+    _BAR = re.compile(r"^(?P<what>[^|]*?): *\d+%\|.*\| *(?P<done>\d+)/(?P<total>\d+)")
+    encoding = "utf-8"
+
+    def __init__(self, announce: Callable[[str], None], other: TextIO) -> None:
+        super().__init__()
+        self._announce, self._other = announce, other
+        self._last: tuple[int, int, str] | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        for part in re.split(r"[\r\n]", text):
+            if match := self._BAR.match(part.strip()):
+                seen = (int(match["done"]), int(match["total"]), match["what"].strip())
+                if seen != self._last:
+                    self._last = seen
+                    self._announce(f"{PROGRESS_PREFIX}{seen[0]} {seen[1]} {seen[2]}")
+            elif part.strip():
+                self._other.write(part + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self._other.flush()

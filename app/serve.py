@@ -12,6 +12,13 @@ log = logging.getLogger("tandem.cloud")
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    """`--announce`: started by `EmbeddedCloud` (which see), it reports on stdout alone and
+    ends with the parent."""
+    from app.embedded import READY_PREFIX, announcer, bar_progress, tie_to_parent
+
+    announce = announcer() if args.announce else None
+    if announce is not None:
+        tie_to_parent()  # first: the imports and the model take a while
     from cloud_backend.config import ConfigError, load_config
     from cloud_backend.engine import build_engine
     from cloud_backend.server import run_server
@@ -22,11 +29,14 @@ def run_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    corpus = _open_corpus(config) if config.corpus_enabled else None
+    corpus = None
+    if config.corpus_enabled:
+        with bar_progress(announce) if announce else contextlib.nullcontext():
+            corpus = _open_corpus(config)
 
     def ready(url: str) -> None:
-        if args.announce:
-            print(f"ready {url}", flush=True)
+        if announce is not None:
+            announce(f"{READY_PREFIX}{url}")
         else:
             print(f"serving {engine.name} at {url}", flush=True)
 

@@ -193,11 +193,17 @@ class TandemApp(App[None]):
 
     @work(group="cloud", exclusive=True, exit_on_error=False)
     async def connect_cloud(self) -> None:
-        status = await self.assistant.connect_cloud(on_status=lambda _: self.refresh_modes())
+        status = await self.assistant.connect_cloud(on_status=self._cloud_status_changed)
         if status.state == "unavailable":
             self.say(f"{status.label}: {status.detail}. Local mode still works.",
                         severity="warning", timeout=10)  # fmt: skip
         self.refresh_modes()
+
+    def _cloud_status_changed(self, _status: CloudStatus) -> None:
+        """The cloud's state (e.g. the corpus build's progress) on the mode and status bars,
+        unless a screen without them is on top."""
+        if self.query_one_optional(ModeBar) is not None:
+            self.refresh_modes()
 
     def refresh_modes(self) -> None:
         """Mode bar, status bar and the current mode's availability, from the registry."""

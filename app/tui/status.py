@@ -121,6 +121,8 @@ class StatusBar(Static):
             )
             text.append("  │  ")
             text.append(self.cloud.label, style=style)
+            if self.cloud.state == "starting" and self.cloud.detail:
+                text.append(f" {self.cloud.detail}", style=style)
         text.append("  │  " + self.device)
         if self.stats is not None:
             text.append("  │  ")
