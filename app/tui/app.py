@@ -22,7 +22,7 @@ from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from app.assistant import Assistant
+from app.assistant import Assistant, CloudStatus
 from app.settings import Settings, SettingsError, load_settings, save_settings
 from app.tui.chat_view import AnswerView, ConversationView, PromptInput
 from app.tui.sources import SourceScreen, SourcesPanel
