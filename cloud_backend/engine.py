@@ -11,21 +11,19 @@ least recently used *other* sessions lose their cache and learn it on their next
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from typing import Any, TypeVar
 
-import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from cloud_backend.config import ConfigError, ServerConfig
 from cloud_backend.logfmt import kv
+from model_runtime.async_model import AsyncSequence, ModelWorker
 from model_runtime.runtime import CausalLM, SequenceState
 from model_runtime.tokenizer import load_tokenizer, tokenizer_fingerprint
 
@@ -55,7 +53,7 @@ class LLMEngine:
         self.tokenizer_hash = bytes.fromhex(tokenizer_fingerprint(tokenizer))
         self.on_step = on_step
         self.evictions = 0
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="llm-engine")
+        self._worker = ModelWorker("llm-engine")
         self._lru: OrderedDict[int, EngineSession] = OrderedDict()
         self._lock = threading.Lock()  # guards _lru between the loop and the worker
         self._current_lock = threading.Lock()  # a cancel reaches only the step it was meant for
@@ -79,13 +77,9 @@ class LLMEngine:
         return session
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._worker.close()
 
     # ---- internals -------------------------------------------------------------------------
-    async def _call(self, session: EngineSession, kind: str, n: int, fn: Callable[[], T]) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._step, session, kind, n, fn)
-
     def _step(self, session: EngineSession, kind: str, n: int, fn: Callable[[], T]) -> T:
         if session.closed:
             raise Evicted("session closed")
@@ -145,13 +139,15 @@ class LLMEngine:
                 self.lm.cancel()
 
 
-class EngineSession:
-    """One session's view of the engine: its own sequence and KV cache."""
+class EngineSession(AsyncSequence):
+    """One session's view of the engine: its own sequence and KV cache, swapped into the
+    shared model for each of its steps on the engine's worker."""
 
     def __init__(
         self, engine: LLMEngine, session_id: int, on_evict: Callable[[], None] | None
     ) -> None:
         self.engine = engine
+        self.lm = engine.lm
         self.id = session_id
         self.on_evict = on_evict
         self.state: SequenceState | None = None
@@ -165,20 +161,8 @@ class EngineSession:
         """Tokens in this session's sequence (its next position)."""
         return 0 if self.state is None else int(self.state.lengths[0])
 
-    async def prefill(self, ids: Sequence[int]) -> np.ndarray:
-        """Start a fresh sequence; next-token logits [V]."""
-        lm = self.engine.lm
-        return await self.engine._call(self, "prefill", len(ids), lambda: lm.prefill([ids])[0])
-
-    async def forward(self, ids: Sequence[int]) -> np.ndarray:
-        """Feed tokens; logits at every fed position, [T, V] (verification of γ+1 positions)."""
-        lm = self.engine.lm
-        kind = "decode" if len(ids) == 1 else "verify"
-        return await self.engine._call(self, kind, len(ids), lambda: lm.forward([ids])[0])
-
-    async def rollback(self, length: int) -> None:
-        lm = self.engine.lm
-        await self.engine._call(self, "rollback", 0, lambda: lm.rollback(length))
+    async def step(self, kind: str, n: int, fn: Callable[[], T]) -> T:
+        return await self.engine._worker.run(self.engine._step, self, kind, n, fn)
 
     def cancel(self) -> None:
         """Stop this session's step if it is running now (from the event loop)."""

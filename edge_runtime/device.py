@@ -1,21 +1,18 @@
-"""The device model and private retrieval, as the mode orchestrators use them.
-
-Model steps run on one worker thread (ONNX Runtime releases the GIL), so the event loop keeps
-streaming, receiving verdicts and answering cancels while the device computes."""
+"""The device model and private retrieval, as the mode orchestrators use them (model steps
+run on a worker thread: `model_runtime.async_model`)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from edge_runtime.events import Citation
+from model_runtime.async_model import AsyncSequence, ModelWorker
 from model_runtime.prompting import Passage
 from model_runtime.runtime import CausalLM
 from model_runtime.tokenizer import load_tokenizer, tokenizer_fingerprint
@@ -24,15 +21,15 @@ T = TypeVar("T")
 EXCERPT_CHARS = 300
 
 
-class DeviceModel:
-    """A `CausalLM` with its tokenizer, driven from asyncio."""
+class DeviceModel(AsyncSequence):
+    """The device's `CausalLM` with its tokenizer: one sequence, stepped from asyncio."""
 
     def __init__(self, lm: CausalLM, tokenizer: PreTrainedTokenizerBase, name: str) -> None:
         self.lm = lm
         self.tokenizer = tokenizer
         self.name = name
         self.tokenizer_hash = bytes.fromhex(tokenizer_fingerprint(tokenizer))
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="device-model")
+        self._worker = ModelWorker("device-model")
 
     @classmethod
     def load(cls, folder: Path, threads: int | None = None) -> DeviceModel:
@@ -43,22 +40,12 @@ class DeviceModel:
         lm = OrtCausalLM(folder, threads=threads, allow_spinning=False)
         return cls(lm, load_tokenizer(folder), folder.parent.name)
 
-    async def _run(self, fn: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+    async def step(self, kind: str, n: int, fn: Callable[[], T]) -> T:
+        return await self._worker.run(fn)
 
     @property
     def length(self) -> int:
         return self.lm.lengths[0]
-
-    async def prefill(self, ids: Sequence[int]) -> np.ndarray:
-        return await self._run(lambda: self.lm.prefill([list(ids)])[0])
-
-    async def forward(self, ids: Sequence[int]) -> np.ndarray:
-        """Logits at every fed position, [T, V]."""
-        return await self._run(lambda: self.lm.forward([list(ids)])[0])
-
-    async def rollback(self, length: int) -> None:
-        await self._run(lambda: self.lm.rollback(length))
 
     def cancel(self) -> None:
         self.lm.cancel()

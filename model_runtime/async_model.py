@@ -1,0 +1,57 @@
+"""A `CausalLM` driven from asyncio, written once for the device and the cloud.
+
+Model steps run on one worker thread (ONNX Runtime and torch release the GIL), so the event
+loop keeps streaming, receiving frames and answering cancels while the model computes. An
+`AsyncSequence` is one sequence's prefill / forward / rollback; how a step reaches the model is
+its subclass's business (the device runs it as is; the cloud swaps the session's KV cache in
+and out around it)."""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import numpy as np
+
+from model_runtime.runtime import CausalLM
+
+T = TypeVar("T")
+
+
+class ModelWorker:
+    """The one thread a model's steps run on, one at a time."""
+
+    def __init__(self, name: str) -> None:
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=name)
+
+    async def run(self, fn: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class AsyncSequence(ABC):
+    """One sequence of a model, stepped from the event loop."""
+
+    lm: CausalLM
+
+    @abstractmethod
+    async def step(self, kind: str, n: int, fn: Callable[[], T]) -> T:
+        """Run `fn` (a model call) for this sequence: `kind` is prefill, decode, verify or
+        rollback, `n` the positions fed."""
+
+    async def prefill(self, ids: Sequence[int]) -> np.ndarray:
+        """Start a fresh sequence; next-token logits [V]."""
+        return await self.step("prefill", len(ids), lambda: self.lm.prefill([list(ids)])[0])
+
+    async def forward(self, ids: Sequence[int]) -> np.ndarray:
+        """Feed tokens; logits at every fed position, [T, V] (verification of γ+1 positions)."""
+        kind = "decode" if len(ids) == 1 else "verify"
+        return await self.step(kind, len(ids), lambda: self.lm.forward([list(ids)])[0])
+
+    async def rollback(self, length: int) -> None:
+        await self.step("rollback", 0, lambda: self.lm.rollback(length))
