@@ -38,6 +38,8 @@ from app.tui.sources import SourceScreen, SourcesPanel
 from app.tui.status import ModeBar, StatusBar, figures
 
 if TYPE_CHECKING:
+    from textual.timer import Timer
+
     from edge_runtime.events import Stats
 
 log = logging.getLogger("tandem.tui")
@@ -107,7 +109,7 @@ class TandemApp(App[None]):
         self.conversation_id: int | None = None
         self.mode_name = settings.default_mode
         self.sources: list[dict[str, Any]] = []
-        self._live_timer = None
+        self._live_timer: Timer | None = None
         self._answer_started = 0.0
         self._applying_theme = False
 
@@ -196,6 +198,7 @@ class TandemApp(App[None]):
             self.say(f"the device model could not be loaded: {message.error}",
                         severity="error", timeout=15)  # fmt: skip
         else:
+            assert self.assistant.device is not None  # loaded without an error
             self.status.set_state(device=f"device {self.assistant.device.name}")
             if self.connect_cloud_at_start:
                 self.connect_cloud()
@@ -440,7 +443,8 @@ class TandemApp(App[None]):
             if status == "failed" and not text:
                 note = error or "failed"
             await answer.finish(status, note)
-            await events.aclose()
+            # Assistant.answer is an async generator, annotated as an AsyncIterator
+            await events.aclose()  # type: ignore[attr-defined]
 
     def action_cancel_answer(self) -> None:
         if not self.answering:
@@ -507,7 +511,8 @@ class TandemApp(App[None]):
         names = [i.name for i in self._mode_infos()] or [self.settings.default_mode]
         self.push_screen(
             SettingsScreen(self.settings, config_path(), names, sorted(self.available_themes)),
-            self._settings_saved,
+            # textual types a @work method as returning its Worker
+            self._settings_saved,  # type: ignore[arg-type]
         )
 
     @work(exclusive=True, group="settings", exit_on_error=False)
