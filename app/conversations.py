@@ -11,6 +11,7 @@ imports numpy (and pandas when present), and this module is imported at start-up
 
 from __future__ import annotations
 
+import builtins
 import itertools
 import json
 import logging
@@ -400,7 +401,7 @@ class ConversationStore:
                 )
             self._touch(row[0])
 
-    def messages(self, conversation_id: int) -> list[MessageRow]:
+    def messages(self, conversation_id: int) -> builtins.list[MessageRow]:
         """A conversation's messages in the order they were added."""
         with self._lock:
             self._get(conversation_id)
@@ -410,13 +411,13 @@ class ConversationStore:
             ).fetchall()
         return [_message(row) for row in rows]
 
-    def turns(self, conversation_id: int) -> list[tuple[str, str, str]]:
+    def turns(self, conversation_id: int) -> builtins.list[tuple[str, str, str]]:
         """Finished (question, answer, mode) pairs for the model's history.
 
         A turn is a user message directly followed by an assistant message with non-empty text:
         cancelled partial answers count; failed answers with no text do not.
         """
-        result: list[tuple[str, str, str]] = []
+        result: builtins.list[tuple[str, str, str]] = []
         rows = self.messages(conversation_id)
         for question, answer in itertools.pairwise(rows):
             if question.role == "user" and answer.role == "assistant" and answer.text.strip():

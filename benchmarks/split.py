@@ -26,6 +26,10 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.embedded import EmbeddedCloud
 
 METHODS = ("cloud", "dsd", "dssd", "tk-slt")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -37,7 +41,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-async def start_cloud(engine: str, core: int | None) -> tuple[object, str, str]:
+async def start_cloud(engine: str, core: int | None) -> tuple[EmbeddedCloud, str, str]:
     from app.embedded import EmbeddedCloud
 
     serve = ["--engine", engine, "--threads", "1", "--no-corpus"]
@@ -76,8 +80,8 @@ async def run(args: argparse.Namespace) -> list[dict]:
                                           variant="tk-slt" if m == "cloud" else m)  # fmt: skip
                         modes[m] = build_mode("cloud" if m == "cloud" else "split", ctx)
                         ctx.retrieve_public = False
-                        if m != "cloud" and args.no_as2:
-                            modes[m].costs.as2 = False
+                        if m != "cloud" and args.no_as2:  # a split mode: it has costs
+                            modes[m].costs.as2 = False  # type: ignore[attr-defined]
                     # warm-up: connect, let each split mode measure its costs once
                     warm = AnswerOptions(max_new_tokens=16, temperature=0.0, k=0)
                     for mode in modes.values():
@@ -97,6 +101,7 @@ async def run(args: argparse.Namespace) -> list[dict]:
                                     elif isinstance(ev, TextDelta) and cpu_first is None:
                                         cpu_first = cpu_seconds(cloud.proc.pid)
                                 wall = time.perf_counter() - t0
+                                assert stats is not None  # every answer ends with its Stats
                                 cpu_end = cpu_seconds(cloud.proc.pid)
                                 cpu = cpu_end - cpu0
                                 n = max(stats.tokens, 1)
@@ -243,7 +248,7 @@ def main() -> None:
             summarise(json.loads(path.read_text()))
         return
     logging.basicConfig(level=logging.WARNING)
-    if os.cpu_count() and os.cpu_count() > 1:
+    if (os.cpu_count() or 1) > 1:
         os.sched_setaffinity(0, {args.device_core})
     else:
         args.cloud_core = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, overload
 
 import numpy as np
 from scipy.special import lambertw
@@ -36,7 +36,15 @@ def tk_slt_relative_cost(t_vocab: float, t_slm: float, t_llm: float) -> float:
     return (t_vocab + t_slm) / t_llm
 
 
-def tk_slt_speedup(alpha: float | np.ndarray, gamma: float | np.ndarray, L: float | np.ndarray):
+@overload
+def tk_slt_speedup(alpha: float, gamma: float, L: float) -> float: ...
+@overload
+def tk_slt_speedup(
+    alpha: float | np.ndarray, gamma: float | np.ndarray, L: float | np.ndarray
+) -> float | np.ndarray: ...
+def tk_slt_speedup(
+    alpha: float | np.ndarray, gamma: float | np.ndarray, L: float | np.ndarray
+) -> float | np.ndarray:
     """S_inf(γ) = (1 − α^{γ+1}) / ([1 + γL](1 − α)) — TK-SLT Theorem 1, eq. (11)/(15).
 
     Throughput of distributed speculative decoding relative to the standalone LLM, for a round
@@ -130,7 +138,9 @@ def tk_slt_optimal_draft_length(alpha: float, L: float) -> DraftLengthDecision:
 VerifyCost = float | tuple[float, float] | Callable[[int], float]
 
 
-def expected_tokens_per_round(alpha: float | np.ndarray, gamma: int | np.ndarray):
+def expected_tokens_per_round(
+    alpha: float | np.ndarray, gamma: int | np.ndarray
+) -> float | np.ndarray:
     """E[#tokens] = (1 − α^{γ+1}) / (1 − α) — Leviathan et al. eq. (1), TK-SLT eq. (12).
 
     Committed tokens per speculative round (accepted drafts plus the correction/bonus token),
@@ -250,7 +260,7 @@ def picospec_expected_round_time(
     t_draft: float | np.ndarray,
     t_rtt: float | np.ndarray,
     t_verify: float | np.ndarray,
-):
+) -> float | np.ndarray:
     """E[T_async] = α^γ·max(T_draft, T_RTT + T_verify) + (1 − α^γ)(T_draft + T_RTT + T_verify)
     — PicoSpec eq. (9).
 
@@ -384,7 +394,7 @@ class LinearLatencyFit:
     intercept: float
     slope: float
 
-    def predict(self, context_length: float | np.ndarray):
+    def predict(self, context_length: float | np.ndarray) -> float | np.ndarray:
         out = self.intercept + self.slope * np.asarray(context_length, dtype=np.float64)
         return float(out) if out.ndim == 0 else out
 

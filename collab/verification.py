@@ -44,10 +44,10 @@ def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     ("Resample"). When p == q (up to rounding) the residual is empty and a rejection cannot
     happen; p itself is returned so callers never divide by zero."""
     p = np.asarray(p, dtype=np.float64)
-    r = np.maximum(p - np.asarray(q, dtype=np.float64), 0.0)
-    mass = r.sum()
+    r: np.ndarray = np.maximum(p - np.asarray(q, dtype=np.float64), 0.0)
+    mass: float = r.sum()
     if not mass > _EMPTY_MASS:
-        return p / p.sum()
+        return p / float(p.sum())
     return r / mass
 
 
@@ -229,10 +229,10 @@ def picospec_residual_topk(
     Q_j = np.asarray(Q_j, dtype=np.float64)
     p_sent = np.zeros_like(Q_j)
     p_sent[np.asarray(P_j_ids, dtype=np.int64)] = np.asarray(P_j_probs, dtype=np.float64)
-    r = np.maximum(p_sent - Q_j, 0.0)
-    mass = r.sum()
+    r: np.ndarray = np.maximum(p_sent - Q_j, 0.0)
+    mass: float = r.sum()
     if not mass > _EMPTY_MASS:
-        return p_sent / p_sent.sum()
+        return p_sent / float(p_sent.sum())
     return r / mass
 
 
@@ -245,8 +245,8 @@ def picospec_topk_output(p: np.ndarray, q: np.ndarray, k: int) -> np.ndarray:
     Equals p when K = |V|."""
     p = np.asarray(p, dtype=np.float64)
     q = np.asarray(q, dtype=np.float64)
-    accepted = np.minimum(p, q)
-    reject_mass = max(0.0, 1.0 - accepted.sum())
+    accepted: np.ndarray = np.minimum(p, q)
+    reject_mass: float = max(0.0, 1.0 - accepted.sum())
     ids = np.argpartition(p, -k)[-k:] if k < p.size else np.arange(p.size)
     return accepted + reject_mass * picospec_residual_topk(ids, p[ids], q)
 
@@ -281,7 +281,7 @@ def rapid_target(z_p_logits: np.ndarray, q: np.ndarray, eta: float, T: float = 1
     shifted = np.flatnonzero(q >= RAPID_MASK_FRACTION * q.max())
     p_hat = p.copy()
     p_hat[shifted] *= np.exp(eta * (q[shifted] - p[shifted]))
-    return p_hat / p_hat.sum()
+    return p_hat / float(p_hat.sum())
 
 
 def rapid_residual(p: np.ndarray, p_hat: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -290,10 +290,12 @@ def rapid_residual(p: np.ndarray, p_hat: np.ndarray, q: np.ndarray) -> np.ndarra
     RAPID eq. (10) with the 0 of DESIGN §5.4; with p̂ = p it is norm(max(0, p − q)) (5.1). Falls
     back to p when empty (then p ≤ min(q, p̂) everywhere, so p = q = p̂)."""
     p = np.asarray(p, dtype=np.float64)
-    r = np.maximum(np.maximum(p - np.asarray(q, dtype=np.float64), p - np.asarray(p_hat)), 0.0)
-    mass = r.sum()
+    r: np.ndarray = np.maximum(
+        np.maximum(p - np.asarray(q, dtype=np.float64), p - np.asarray(p_hat)), 0.0
+    )
+    mass: float = r.sum()
     if not mass > _EMPTY_MASS:
-        return p / p.sum()
+        return p / float(p.sum())
     return r / mass
 
 
@@ -321,7 +323,7 @@ def _logsumexp(a: np.ndarray, axis: int | None = None) -> np.ndarray:
     m = np.max(a, axis=axis, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)
     with np.errstate(divide="ignore"):
-        out = np.log(np.sum(np.exp(a - m), axis=axis, keepdims=True)) + m
+        out: np.ndarray = np.log(np.sum(np.exp(a - m), axis=axis, keepdims=True)) + m
     return np.squeeze(out, axis=axis) if axis is not None else out.reshape(())
 
 
@@ -337,7 +339,8 @@ def local_mixture(p_per_doc: np.ndarray, scores: np.ndarray) -> np.ndarray:
     scores = np.asarray(scores, dtype=np.float64)
     if p_per_doc.ndim != 2 or scores.shape != (p_per_doc.shape[0],):
         raise ValueError("need p_per_doc [D, V] and scores [D]")
-    return np.exp(scores - _logsumexp(scores)) @ p_per_doc
+    mixture: np.ndarray = np.exp(scores - _logsumexp(scores)) @ p_per_doc
+    return mixture
 
 
 def side_weight(scores: np.ndarray) -> float:

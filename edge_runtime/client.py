@@ -77,7 +77,7 @@ class CloudProtocolError(CloudError):
     """The cloud sent a frame this device cannot read."""
 
 
-_CLOSE_REASONS = {
+_CLOSE_REASONS: dict[int, str] = {
     WSCloseCode.MESSAGE_TOO_BIG: "a frame was larger than the connection allows",
     WSCloseCode.GOING_AWAY: "the cloud is shutting down",
     WSCloseCode.TRY_AGAIN_LATER: "the cloud is busy; try again later",
@@ -233,7 +233,7 @@ class CloudClient:
 
     def _auth_message(self, exc: aiohttp.WSServerHandshakeError) -> str:
         detail = ""
-        challenge = (exc.headers or {}).get(hdrs.WWW_AUTHENTICATE, "")
+        challenge = exc.headers.get(hdrs.WWW_AUTHENTICATE, "") if exc.headers else ""
         match = re.search(r'error_description="([^"]*)"', challenge)
         if match:
             detail = f" ({match.group(1)})"

@@ -56,7 +56,9 @@ class TorchCausalLM(CausalLM):
     def _gather_cache(self, index: np.ndarray) -> None:
         idx = torch.from_numpy(index)
         rows = torch.arange(idx.shape[0])[:, None]
+        assert self._cache_obj is not None  # a batch was started (`_clear_cache`)
         for layer in self._cache_obj.layers:
+            assert layer.keys is not None and layer.values is not None  # the prompt is in
             layer.keys = layer.keys.transpose(1, 2)[rows, idx].transpose(1, 2).contiguous()
             layer.values = layer.values.transpose(1, 2)[rows, idx].transpose(1, 2).contiguous()
 
@@ -81,6 +83,7 @@ class TorchCausalLM(CausalLM):
     def _run(
         self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, wanted: np.ndarray
     ) -> np.ndarray:
+        assert self._cache_obj is not None  # a batch was started (`_clear_cache`)
         slots = self._cache_obj.get_seq_length()
         self._stop.clear()
         try:

@@ -98,7 +98,7 @@ class ModelPlan:
             self.store.forget_step(name)
 
     def estimated_bytes(self, todo: list[str]) -> int | None:
-        base = self.source.size if isinstance(self.source, PartsSource) else None
+        base: float | None = self.source.size if isinstance(self.source, PartsSource) else None
         if base is None and self.store.step_done("hf", self.recipe("hf")):
             base = _folder_size(self.store.path("hf")) / SIZE_FACTOR["hf"]
         if base is None and isinstance(self.source, HubSource) and self.source.local:

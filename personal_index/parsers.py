@@ -259,7 +259,9 @@ def _parse_pdf(path: Path, data: bytes) -> tuple[str | None, list[Section]]:
     meta = reader.metadata
     if meta is not None and meta.title:
         title = str(meta.title).strip() or None
-    pieces = [(page.extract_text() or "", i, None) for i, page in enumerate(reader.pages, start=1)]
+    pieces: list[tuple[str, int | None, str | None]] = [
+        (page.extract_text() or "", i, None) for i, page in enumerate(reader.pages, start=1)
+    ]
     return title, _assemble(pieces)
 
 

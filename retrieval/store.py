@@ -362,11 +362,12 @@ class IndexStore:
         return "flat"
 
     @staticmethod
-    def _kind_of(index: faiss.Index) -> IndexKind:
+    def _kind_of(index: faiss.IndexIDMap2) -> IndexKind:
         inner = faiss.downcast_index(index.index)
         return "hnsw" if isinstance(inner, faiss.IndexHNSW) else "flat"
 
     def _new_index(self, kind: IndexKind) -> faiss.IndexIDMap2:
+        inner: faiss.Index
         if kind == "hnsw":
             inner = faiss.IndexHNSWFlat(self.dim, self.hnsw_m, faiss.METRIC_INNER_PRODUCT)
             inner.hnsw.efConstruction = self.hnsw_ef_construction
@@ -463,7 +464,8 @@ class IndexStore:
                 self._needs_rebuild = True
                 return
             if len(removed):
-                self._index.remove_ids(np.ascontiguousarray(removed, dtype=np.int64))
+                # faiss's stub lists only the IDSelector form; its wrapper also takes an id array
+                self._index.remove_ids(np.ascontiguousarray(removed, dtype=np.int64))  # type: ignore[arg-type]
             if len(added_ids):
                 self._index.add_with_ids(added, np.ascontiguousarray(added_ids, dtype=np.int64))
         except RuntimeError:
@@ -817,7 +819,9 @@ class IndexStore:
         id_map = faiss.vector_to_array(self._index.id_map)
         position = {int(i): p for p, i in enumerate(id_map)}
         stored = faiss.rev_swig_ptr(
-            faiss.downcast_index(self._index.index).get_xb(), self._index.ntotal * self.dim
+            # downcast_index returns the concrete IndexFlat, which has get_xb
+            faiss.downcast_index(self._index.index).get_xb(),  # type: ignore[attr-defined]
+            self._index.ntotal * self.dim,
         ).reshape(-1, self.dim)
         wrong = 0
         for cid, blob in self.db.execute("SELECT id, vector FROM chunks"):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import stat
-import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -216,16 +215,3 @@ def test_environment_overrides_the_cloud(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_config_dir_defaults_to_the_platform(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TANDEM_CONFIG_DIR")
     assert paths.config_dir().name == "tandem"
-
-
-def test_import_is_light() -> None:
-    """Imported at start-up: no Textual, torch, transformers or numpy."""
-    code = (
-        "import sys, app.settings, app.conversations\n"
-        "heavy = [m for m in ('textual', 'torch', 'transformers', 'numpy') if m in sys.modules]\n"
-        "print(','.join(heavy))\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    )
-    assert result.stdout.strip() == ""

@@ -30,6 +30,8 @@ from app.tui.status import ModeBar, StatusBar, figures
 from collab.paths import config_path, describe_paths, export_dir
 
 if TYPE_CHECKING:
+    from textual.timer import Timer
+
     from edge_runtime.events import Stats
 
 log = logging.getLogger("tandem.tui")
@@ -89,7 +91,7 @@ class TandemApp(App[None]):
         self.conversation_id: int | None = None
         self.mode_name = settings.default_mode
         self.sources: list[dict[str, Any]] = []
-        self._live_timer = None
+        self._live_timer: Timer | None = None
         self._answer_started = 0.0
         self._applying_theme = False
 
@@ -179,6 +181,7 @@ class TandemApp(App[None]):
             self.say(f"the device model could not be loaded: {message.error}",
                         severity="error", timeout=15)  # fmt: skip
         else:
+            assert self.assistant.device is not None  # loaded without an error
             self.status.set_state(device=f"device {self.assistant.device.name}")
             if self.connect_cloud_at_start:
                 self.connect_cloud()
@@ -472,7 +475,8 @@ class TandemApp(App[None]):
         names = [i.name for i in self._mode_infos()] or [self.settings.default_mode]
         self.push_screen(
             SettingsScreen(self.settings, config_path(), names, sorted(self.available_themes)),
-            self._settings_saved,
+            # textual types a @work method as returning its Worker
+            self._settings_saved,  # type: ignore[arg-type]
         )
 
     @work(exclusive=True, group="settings", exit_on_error=False)

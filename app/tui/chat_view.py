@@ -611,7 +611,7 @@ class ConversationView(VerticalScroll):
         split = max(0, len(records) - self.LOAD_BATCH)
         self._older = records[:split]
         self._marker = Static("", classes="older-marker") if self._older else None
-        widgets = [self._marker] if self._marker else []
+        widgets: list[Widget] = [self._marker] if self._marker else []
         widgets += [self._widget_for(r) for r in records[split:]]
         removing = self.remove_children()  # the children now, not the new ones
         mounting = self.mount_all(widgets)

@@ -113,7 +113,7 @@ class ProgressCoalescer:
 
 def summarize(results: Sequence[FileResult]) -> str:
     """'3 indexed, 1 unchanged, 1 failed', in the CLI's order and words."""
-    counts = Counter(r.outcome for r in results)
+    counts: Counter[str] = Counter(r.outcome for r in results)
     return ", ".join(f"{counts[o]} {o}" for o in OUTCOMES if counts[o]) or "nothing to ingest"
 
 
@@ -295,10 +295,14 @@ class DocumentsScreen(Screen[None]):
             with Vertical(id="documents-ingest"):
                 yield ProgressBar(total=1, show_eta=False, id="documents-progress")  # idle: still
                 yield Static("Pick a file or folder and press a to add it.", id="documents-status")
-                files = DataTable(id="documents-files", cursor_type="row", zebra_stripes=True)
+                files: DataTable[str | Text] = DataTable(
+                    id="documents-files", cursor_type="row", zebra_stripes=True
+                )
                 files.border_title = "This ingest"
                 yield files
-        docs = DataTable(id="documents-list", cursor_type="row", zebra_stripes=True)
+        docs: DataTable[str | Text] = DataTable(
+            id="documents-list", cursor_type="row", zebra_stripes=True
+        )
         docs.border_title = "Indexed documents"
         yield docs
         yield Footer()

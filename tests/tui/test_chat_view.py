@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -416,16 +414,6 @@ async def test_prompt_history_up_and_down() -> None:
         await pilot.press("enter")  # an immediate repeat is not recorded twice
         await pilot.pause()
         assert prompt.history == ["first", "second", "draft"]
-
-
-def test_chat_view_imports_no_model_stack() -> None:
-    code = (
-        "import sys, app.tui.chat_view\n"
-        "heavy = {'torch', 'transformers', 'numpy', 'onnxruntime', 'edge_runtime'}\n"
-        "print(sorted(heavy & set(sys.modules)))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
 
 
 def test_render_benchmark_measures_a_per_token_cost() -> None:
