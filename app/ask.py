@@ -62,7 +62,7 @@ async def run_ask(args: argparse.Namespace) -> int:
     try:
         device = assistant.load_device()
         if args.mode != "cloud":
-            assistant.open_index(create=False)
+            assistant.existing_index()
         if args.mode != "local":
             if not effective_cloud(assistant.settings)[0] and not args.json:
                 print("starting the embedded cloud backend…", file=sys.stderr)

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -79,7 +79,7 @@ class Exchange:
     _events: AsyncIterator[Event] | None = None
     _on_end: Callable[[Exchange], None] | None = None
 
-    async def events(self) -> AsyncIterator[Event]:
+    async def events(self) -> AsyncGenerator[Event, None]:
         """The answer's events; the exchange is saved when they end, however they end (a
         cancel or a crash keeps the partial answer, marked)."""
         from edge_runtime.events import Citation, Failure, Stats, TextDelta
@@ -153,19 +153,21 @@ class Assistant:
             self.device = DeviceModel.load(folder, threads=threads)
         return self.device
 
-    def open_index(self, create: bool = True) -> PersonalIndex | None:
-        """The private index (loads the embedder: a second). `create=False`: only one that
-        exists and holds documents (a one-shot question need not create an empty index)."""
+    def open_index(self) -> PersonalIndex:
+        """The private index, created empty on first use (loads the embedder: a second)."""
         if self.index is None:
             from personal_index.index import PersonalIndex
 
-            root, embedder_dir = index_paths()
-            if not create and not any(root.glob("*.sqlite")):
-                return None
-            self.index = PersonalIndex(root, embedder_dir)
-        if not create and not self.index_has_documents():
-            return None
+            self.index = PersonalIndex(*index_paths())
         return self.index
+
+    def existing_index(self) -> PersonalIndex | None:
+        """The private index if the user has indexed anything (a one-shot question need not
+        create an empty one)."""
+        if self.index is None and not any(index_paths()[0].glob("*.sqlite")):
+            return None
+        index = self.open_index()
+        return index if self.index_has_documents() else None
 
     def index_has_documents(self) -> bool:
         return self.index is not None and self.index.stats().chunks > 0

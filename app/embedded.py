@@ -44,7 +44,7 @@ class EmbeddedCloudError(RuntimeError):
 
 def default_log_path() -> Path:
     """`<data dir>/cloud.log`, beside the TUI's own `tandem.log`."""
-    from tandem_packaging.store import data_dir
+    from collab.paths import data_dir
 
     return data_dir() / LOG_NAME
 

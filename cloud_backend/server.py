@@ -66,7 +66,8 @@ async def _session_handler(request: web.Request) -> web.StreamResponse:
     refusal = _check_auth(request, state.token)
     if refusal is not None:
         state.metrics.errors.labels(code=ErrorCode.AUTH.name).inc()
-        log.info(kv("auth_refused", peer=request.remote or "?", reason=refusal.text.strip()))
+        reason = (refusal.text or "").strip()
+        log.info(kv("auth_refused", peer=request.remote or "?", reason=reason))
         return refusal
     ws = web.WebSocketResponse(
         # Twice the protocol's frame limit: a frame somewhat over it still gets a readable

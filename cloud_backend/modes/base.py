@@ -164,7 +164,7 @@ class Request(ABC):
         if self.pending is None:
             assert self.next_logits is not None
             return self.next_logits
-        logits = (await self.ctx.session.forward([self.pending]))[-1]
+        logits: np.ndarray = (await self.ctx.session.forward([self.pending]))[-1]
         self.pending, self.next_logits = None, logits
         return logits
 
@@ -181,6 +181,6 @@ class Request(ABC):
             kept = self.commit([token])
             self.pending = token
             if kept:
-                await self.ctx.send(
-                    TokenChunk(kept, request_id=self.gen.request_id, epoch=self.epoch, step=step)
-                )
+                chunk = TokenChunk(np.asarray(kept), request_id=self.gen.request_id,
+                                   epoch=self.epoch, step=step)  # fmt: skip
+                await self.ctx.send(chunk)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +31,7 @@ from collab.protocol import (
     CloudDecode,
     ErrorCode,
     FinishReason,
+    Generate,
     Message,
     TokenChunk,
     Verdict,
@@ -37,12 +39,15 @@ from collab.protocol import (
 from collab.sampling import distribution
 from collab.variants import get_variant
 
+if TYPE_CHECKING:
+    from cloud_backend.context import RequestContext
+
 log = logging.getLogger("tandem.cloud")
 
 
 class SplitRequest(Request):
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, gen: Generate, ctx: RequestContext, start: float) -> None:
+        super().__init__(gen, ctx, start)
         self.scheme = get_variant(self.ctx.variant)
         self.awaiting_correction = False
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, fields
 from enum import IntEnum
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, dataclass_transform
 
 import numpy as np
 
@@ -162,7 +162,7 @@ class _Reader:
         return st.unpack_from(self.buf, self._need(st.size))
 
     def u32(self) -> int:
-        return self.unpack(_U32)[0]
+        return int(self.unpack(_U32)[0])
 
     def array(self, dtype: str, count: int) -> np.ndarray:
         start = self._need(count * np.dtype(dtype).itemsize)
@@ -243,6 +243,7 @@ MESSAGE_TYPES: dict[MsgType, type[Message]] = {}
 M = TypeVar("M", bound=Message)
 
 
+@dataclass_transform(frozen_default=True, eq_default=False)
 def _message(cls: type[M]) -> type[M]:
     """Make a message class a frozen dataclass and register it under its own TYPE (a base such
     as Draft has none and is not registered)."""

@@ -203,9 +203,9 @@ class Verdict(Message):
         pj = 0 if self.p_probs is None else (1 if self.p_ids is None else 2)
         kind = (self.token is not None) | (pj << 1)
         out = self._ST.pack(self.accepted, kind, self.token or 0, self.compute_s)
-        if pj:
+        if self.p_probs is not None:
             out += struct.pack("<I", self.p_probs.size)
-            if pj == 2:
+            if self.p_ids is not None:
                 out += self.p_ids.tobytes()
             out += self.p_probs.tobytes()
         return out

@@ -31,7 +31,8 @@ class Dsd(SplitVariant):
         step: int,
     ) -> Message:  # fmt: skip
         return DsdDraft(
-            [d.token for d in drafts], np.stack([d.row for d in drafts]).astype(np.float16),
+            np.asarray([d.token for d in drafts]),
+            np.stack([d.row for d in drafts]).astype(np.float16),
             request_id=request_id, epoch=epoch, step=step,
         )  # fmt: skip
 

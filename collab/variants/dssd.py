@@ -35,7 +35,7 @@ class Dssd(SplitVariant):
     ) -> Message:  # fmt: skip
         q_of = np.asarray([d.row for d in drafts], dtype=np.float32)
         return DssdDraft(
-            [d.token for d in drafts], q_of, f32=True,
+            np.asarray([d.token for d in drafts]), q_of, f32=True,
             request_id=request_id, epoch=epoch, step=step,
         )  # fmt: skip
 

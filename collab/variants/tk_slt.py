@@ -68,7 +68,7 @@ class TkSlt(SplitVariant):
     ) -> Message:  # fmt: skip
         ids, probs = pad_rows([d.row for d in drafts], vocab_size)
         return TopKDraft(
-            [d.token for d in drafts], ids, probs.astype(np.float16),
+            np.asarray([d.token for d in drafts]), ids, probs.astype(np.float16),
             request_id=request_id, epoch=epoch, step=step,
         )  # fmt: skip
 

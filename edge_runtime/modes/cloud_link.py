@@ -16,6 +16,7 @@ from edge_runtime.events import Citation, Event, Failure, Notice
 from edge_runtime.modes.base import (
     Answer,
     AnswerOptions,
+    ModeContext,
     Orchestrator,
     Turn,
     cloud_history,
@@ -33,7 +34,7 @@ class CloudBacked(Orchestrator):
     protocol_mode: Mode = Mode.CLOUD
     _request_ids = itertools.count(1)
 
-    def __init__(self, ctx) -> None:
+    def __init__(self, ctx: ModeContext) -> None:
         super().__init__(ctx)
         self._cancelled: int | None = None  # a request we cancelled whose Done is pending
 

@@ -45,12 +45,13 @@ from collab.protocol import (
     Verdict,
 )
 from collab.sampling import distribution
+from collab.scheduling import GammaChoice
 from collab.variants import get_variant
 from collab.variants.base import DraftToken, SplitVariant
 from edge_runtime.client import CloudClient, CloudError
 from edge_runtime.device import DeviceModel
 from edge_runtime.events import Event, Notice
-from edge_runtime.modes.base import STOP_IDS, Answer, AnswerOptions, Turn
+from edge_runtime.modes.base import STOP_IDS, Answer, AnswerOptions, ModeContext, Turn
 from edge_runtime.modes.cloud_link import CloudBacked, citations_from
 from edge_runtime.split_costs import INITIAL_GAMMA, SplitCosts
 
@@ -63,7 +64,7 @@ class SplitMode(CloudBacked):
     description = "device drafts (with private documents), cloud verifies"
     protocol_mode = Mode.SPLIT
 
-    def __init__(self, ctx) -> None:
+    def __init__(self, ctx: ModeContext) -> None:
         super().__init__(ctx)
         self.scheme: SplitVariant = get_variant(ctx.variant)
         self.costs = SplitCosts()
@@ -110,7 +111,7 @@ class SplitRun:
         self.unfed: list[int] = []
         self.epoch = 0
         self.pending_events: list[Event] = []  # cloud citations, yielded between steps
-        self.as2_choice = None  # the cost model's last AS² verdict, for the notice
+        self.as2_choice: GammaChoice | None = None  # the cost model's last AS² verdict
 
     async def _recv(self) -> Message:
         while True:
@@ -276,8 +277,9 @@ class SplitRun:
         if token is None and self.transcript.finish is None:
             # the cloud left the correction to us (it does not know Q): sample and tell it
             token = self.scheme.correct(verdict, drafts[n].q, self.rng)
-            await self.client.send(TokenChunk([token], request_id=self.rid, epoch=self.epoch,
-                                              step=step + n))  # fmt: skip
+            correction = TokenChunk(np.asarray([token]), request_id=self.rid,
+                                    epoch=self.epoch, step=step + n)  # fmt: skip
+            await self.client.send(correction)
         if token is not None:
             kept += self.transcript.commit([token])
             self.unfed.append(token)
