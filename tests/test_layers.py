@@ -96,7 +96,6 @@ def test_packages_import_only_lower_tiers() -> None:
     assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
 
 
-@pytest.mark.xfail(strict=False, reason="cycles removed in issue 12 by the modes package")
 def test_no_module_imports_itself_back() -> None:
     graph: dict[str, set[str]] = {name: set() for name in modules()}
     for i in all_imports():
