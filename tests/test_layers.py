@@ -18,8 +18,6 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-import pytest
-
 from tests.import_graph import (
     REPO,
     TIER,

@@ -29,10 +29,10 @@ from cloud_backend.modes.base import Request, Stop
 from collab.protocol import (
     Cancel,
     CloudDecode,
+    Draft,
     ErrorCode,
     FinishReason,
     Generate,
-    Message,
     TokenChunk,
     Verdict,
 )
@@ -88,8 +88,8 @@ class SplitRequest(Request):
         self.commit([token])
         self.pending = token
 
-    async def verify(self, frame: Message) -> None:
-        drafts = np.asarray(frame.token_ids, dtype=np.int64)  # type: ignore[attr-defined]
+    async def verify(self, frame: Draft) -> None:
+        drafts = np.asarray(frame.token_ids, dtype=np.int64)
         gamma = drafts.size
         t0 = time.perf_counter()
         feed = ([self.pending] if self.pending is not None else []) + drafts.tolist()

@@ -11,7 +11,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from collab.protocol import Message, Verdict
+from collab.protocol import Draft, Verdict
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class SplitVariant(ABC):
     name: ClassVar[str]
     exact: ClassVar[bool]  # the output follows the cloud's P exactly (up to float16 noted)
     summary: ClassVar[str]  # one line for help texts and the settings screen
-    frame: ClassVar[type[Message]]  # the draft frame the cloud expects
+    frame: ClassVar[type[Draft]]  # the draft frame the cloud expects
 
     # ---- device ---------------------------------------------------------------------------
     @abstractmethod
@@ -49,11 +49,17 @@ class SplitVariant(ABC):
         """Sample one draft from the device's distribution q (over the vocabulary)."""
 
     @abstractmethod
+    def payload(self, drafts: Sequence[DraftToken], vocab_size: int) -> tuple[Any, ...]:
+        """What the frame carries beside the token ids (its fields after `token_ids`)."""
+
     def draft_frame(
         self, drafts: Sequence[DraftToken], vocab_size: int, *, request_id: int, epoch: int,
         step: int,
-    ) -> Message:  # fmt: skip
+    ) -> Draft:  # fmt: skip
         """The frame that carries a round's drafts to the cloud."""
+        tokens = np.asarray([d.token for d in drafts], dtype=np.int64)
+        return self.frame(tokens, *self.payload(drafts, vocab_size),
+                          request_id=request_id, epoch=epoch, step=step)  # fmt: skip
 
     def correct(self, verdict: Verdict, q: np.ndarray, rng: np.random.Generator) -> int:
         """The token after a rejection, when the cloud left it to the device (`verdict.token`
@@ -61,10 +67,18 @@ class SplitVariant(ABC):
         raise ValueError(f"{self.name}: the cloud resamples rejections itself")
 
     # ---- cloud ----------------------------------------------------------------------------
-    @abstractmethod
-    def judge(self, frame: Message, P: np.ndarray, rng: np.random.Generator) -> Judgement:
+    def judge(self, frame: Draft, P: np.ndarray, rng: np.random.Generator) -> Judgement:
         """Verify a draft frame against the cloud's P (γ+1 rows). Raises ValueError for a
         frame that cannot have been sampled as it claims."""
+        if not isinstance(frame, self.frame):
+            raise ValueError(f"{self.name} drafts come as {self.frame.__name__}")
+        return self.verify(frame, np.asarray(frame.token_ids, dtype=np.int64), P, rng)
+
+    @abstractmethod
+    def verify(
+        self, frame: Any, drafts: np.ndarray, P: np.ndarray, rng: np.random.Generator
+    ) -> Judgement:
+        """The variant's verification of `drafts` (as ids) with what `frame` carries."""
 
     def __repr__(self) -> str:
         return f"<split variant {self.name}>"

@@ -5,10 +5,11 @@ round (5.1) and resamples any rejection itself. Exact, and heavy on the uplink."
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from collab.protocol import DsdDraft, Message
+from collab.protocol import DsdDraft
 from collab.sampling import sample_from
 from collab.split import wire_probs
 from collab.variants.base import DraftToken, Judgement, SplitVariant
@@ -26,20 +27,13 @@ class Dsd(SplitVariant):
         q = q16 / q16.sum()
         return DraftToken(sample_from(q, rng), q, q16)
 
-    def draft_frame(
-        self, drafts: Sequence[DraftToken], vocab_size: int, *, request_id: int, epoch: int,
-        step: int,
-    ) -> Message:  # fmt: skip
-        return DsdDraft(
-            np.asarray([d.token for d in drafts]),
-            np.stack([d.row for d in drafts]).astype(np.float16),
-            request_id=request_id, epoch=epoch, step=step,
-        )  # fmt: skip
+    def payload(self, drafts: Sequence[DraftToken], vocab_size: int) -> tuple[Any, ...]:
+        return (np.stack([d.row for d in drafts]).astype(np.float16),)
 
-    def judge(self, frame: Message, P: np.ndarray, rng: np.random.Generator) -> Judgement:
+    def verify(
+        self, frame: DsdDraft, drafts: np.ndarray, P: np.ndarray, rng: np.random.Generator
+    ) -> Judgement:
         """DSD's round, after checking the rows could have produced the drafts."""
-        assert isinstance(frame, DsdDraft)
-        drafts = np.asarray(frame.token_ids, dtype=np.int64)
         Q = np.asarray(frame.probs, dtype=np.float64)
         if Q.shape[1] != P.shape[1]:
             raise ValueError(f"dense drafts must cover the {P.shape[1]}-token vocabulary")

@@ -8,10 +8,11 @@ P_j and the device resamples the correction from norm(max(0, P_j − Q_j)) with 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from collab.protocol import DssdDraft, Message, Verdict
+from collab.protocol import DssdDraft, Verdict
 from collab.sampling import sample_from, top_candidates
 from collab.variants.base import DraftToken, Judgement, SplitVariant
 from collab.verification import dssd_cloud_verify, dssd_device_resample, picospec_residual_topk
@@ -29,19 +30,12 @@ class Dssd(SplitVariant):
         x = sample_from(q, rng)
         return DraftToken(x, q, float(q[x]))
 
-    def draft_frame(
-        self, drafts: Sequence[DraftToken], vocab_size: int, *, request_id: int, epoch: int,
-        step: int,
-    ) -> Message:  # fmt: skip
-        q_of = np.asarray([d.row for d in drafts], dtype=np.float32)
-        return DssdDraft(
-            np.asarray([d.token for d in drafts]), q_of, f32=True,
-            request_id=request_id, epoch=epoch, step=step,
-        )  # fmt: skip
+    def payload(self, drafts: Sequence[DraftToken], vocab_size: int) -> tuple[Any, ...]:
+        return np.asarray([d.row for d in drafts], dtype=np.float32), True  # q(x), in float32
 
-    def judge(self, frame: Message, P: np.ndarray, rng: np.random.Generator) -> Judgement:
-        assert isinstance(frame, DssdDraft)
-        drafts = np.asarray(frame.token_ids, dtype=np.int64)
+    def verify(
+        self, frame: DssdDraft, drafts: np.ndarray, P: np.ndarray, rng: np.random.Generator
+    ) -> Judgement:
         q = np.asarray(frame.q, dtype=np.float64)
         n, bonus, rejected = dssd_cloud_verify(drafts, q, P, rng)
         if rejected is None:

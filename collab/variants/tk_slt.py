@@ -5,10 +5,11 @@ exactly, verifies with min(1, p/q) and resamples any rejection itself."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from collab.protocol import Message, TopKDraft
+from collab.protocol import TopKDraft
 from collab.sampling import sample_from, top_candidates
 from collab.split import wire_probs
 from collab.variants.base import DraftToken, Judgement, SplitVariant
@@ -62,18 +63,11 @@ class TkSlt(SplitVariant):
         ids, probs = truncate(q, self.k_max)
         return DraftToken(int(ids[sample_from(probs, rng)]), q, (ids, probs))
 
-    def draft_frame(
-        self, drafts: Sequence[DraftToken], vocab_size: int, *, request_id: int, epoch: int,
-        step: int,
-    ) -> Message:  # fmt: skip
+    def payload(self, drafts: Sequence[DraftToken], vocab_size: int) -> tuple[Any, ...]:
         ids, probs = pad_rows([d.row for d in drafts], vocab_size)
-        return TopKDraft(
-            np.asarray([d.token for d in drafts]), ids, probs.astype(np.float16),
-            request_id=request_id, epoch=epoch, step=step,
-        )  # fmt: skip
+        return ids, probs.astype(np.float16)
 
-    def judge(self, frame: Message, P: np.ndarray, rng: np.random.Generator) -> Judgement:
-        assert isinstance(frame, TopKDraft)
-        drafts = np.asarray(frame.token_ids, dtype=np.int64)
-        n, token = tkslt_cloud_verify(drafts, frame.topk_ids, frame.topk_probs, P, rng)
-        return Judgement(n, token)
+    def verify(
+        self, frame: TopKDraft, drafts: np.ndarray, P: np.ndarray, rng: np.random.Generator
+    ) -> Judgement:
+        return Judgement(*tkslt_cloud_verify(drafts, frame.topk_ids, frame.topk_probs, P, rng))

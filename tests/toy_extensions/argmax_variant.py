@@ -5,10 +5,11 @@ from norm(max(0, p − δx)) on a rejection). Exact with respect to P, like TK-S
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from collab.protocol import Message, TopKDraft
+from collab.protocol import TopKDraft
 from collab.variants.base import DraftToken, Judgement, SplitVariant
 from collab.verification import tkslt_cloud_verify
 
@@ -23,15 +24,11 @@ class ArgmaxDraft(SplitVariant):
         x = int(np.argmax(q))
         return DraftToken(x, np.eye(1, q.size, x)[0], x)
 
-    def draft_frame(
-        self, drafts: Sequence[DraftToken], vocab_size: int, *, request_id: int, epoch: int,
-        step: int,
-    ) -> Message:  # fmt: skip
+    def payload(self, drafts: Sequence[DraftToken], vocab_size: int) -> tuple[Any, ...]:
         ids = np.asarray([[d.token] for d in drafts], dtype=np.int64)
-        return TopKDraft([d.token for d in drafts], ids, np.ones(ids.shape, dtype=np.float16),
-                         request_id=request_id, epoch=epoch, step=step)  # fmt: skip
+        return ids, np.ones(ids.shape, dtype=np.float16)
 
-    def judge(self, frame: Message, P: np.ndarray, rng: np.random.Generator) -> Judgement:
-        assert isinstance(frame, TopKDraft)
-        drafts = np.asarray(frame.token_ids, dtype=np.int64)
+    def verify(
+        self, frame: TopKDraft, drafts: np.ndarray, P: np.ndarray, rng: np.random.Generator
+    ) -> Judgement:
         return Judgement(*tkslt_cloud_verify(drafts, frame.topk_ids, frame.topk_probs, P, rng))
