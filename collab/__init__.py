@@ -1,1 +1,35 @@
-"""Shared by device and cloud: wire protocol and the decoding math. Imports nothing of ours."""
+"""Shared by device and cloud: the wire protocol and the decoding math. Imports nothing of ours.
+
+Where each piece of DESIGN §4–§5 lives (module.function):
+
+§4 wire protocol        protocol (package: codec = header, limits, encode/decode; session,
+                        split, dragon = the message families); split.Transcript (committing
+                        tokens the same way on both sides), split.wire_probs (float16 as sent)
+§5.1 speculative        verification.residual          norm(max(0, p − q))
+     verification       verification.accept_probability min(1, p(x)/q(x))
+                        verification.verify_one, verification.speculative_round (+ bonus token)
+§5.2 split variants     variants (registry: get_variant, variant_names, register), one module each:
+     DSD                variants.dsd.Dsd               verification.dsd_round
+     DSSD               variants.dssd.Dssd             verification.dssd_cloud_verify (p/q, the
+                                                       paper's swap corrected),
+                                                       verification.dssd_device_resample
+     DSSD top-K         variants.dssd.DssdTopK         verification.picospec_residual_topk,
+     (approximate)                                     verification.picospec_topk_bias_tv
+     TK-SLT             variants.tk_slt.TkSlt          variants.tk_slt.truncate (top-K
+                                                       covering 99.9 % of q),
+                                                       verification.tkslt_cloud_verify
+     draft length       scheduling.tk_slt_gamma0 (closed form, Lambert W),
+                        scheduling.tk_slt_optimal_draft_length, scheduling.choose_draft_length
+                        (measured costs, round trip included; AS²: use_cloud_only)
+§5.3 PicoSpec           scheduling.picospec_expected_round_time (eq. 9)
+§5.4 RAPID              verification.rapid_target (p̂), verification.rapid_residual,
+                        verification.rapid_verify_one
+§5.5 DRAGON             verification.local_mixture (log p^s), verification.side_weight (h^s),
+                        verification.side_etas (η^l, η^r), verification.aggregate_sample and
+                        verification.speculative_aggregation (Algorithm 1);
+                        scheduling.dragon_per_token_latency / dragon_choose_aggregator (eq. 7),
+                        scheduling.OnlineProfiler, fit_decode_latency, DecodeSlopeEstimator
+sampling                softmax, distribution (temperature, top-k, top-p), sample_from, sample
+files, paths,           what both sides keep on disk: atomic writes and file hashes, where things
+sqlite_migrations       live, one PRAGMA user_version migration engine
+"""
