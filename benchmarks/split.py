@@ -31,7 +31,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from app.embedded import EmbeddedCloud
 
-METHODS = ("cloud", "dsd", "dssd", "tk-slt")
+def methods() -> list[str]:
+    """Cloud-only decoding and every exact split variant of the registry (the approximate
+    ones, like dssd-topk, are left out: they do not compute the same distribution)."""
+    from collab.variants import get_variant, variant_names
+
+    return ["cloud", *sorted(n for n in variant_names() if get_variant(n).exact)]
+
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -54,6 +61,7 @@ async def start_cloud(engine: str, core: int | None) -> tuple[EmbeddedCloud, str
 async def run(args: argparse.Namespace) -> list[dict]:
     from benchmarks.link_emulator import LinkEmulator, LinkProfile
     from benchmarks.prompts import load_prompts
+    from collab.variants import DEFAULT_VARIANT
     from edge_runtime.device import DeviceModel
     from edge_runtime.events import Stats, TextDelta
     from edge_runtime.modes import build_mode
@@ -76,8 +84,9 @@ async def run(args: argparse.Namespace) -> list[dict]:
                     link_url = f"ws://127.0.0.1:{link.port}/v1/session"
                     modes = {}
                     for m in args.methods:
+                        variant = DEFAULT_VARIANT if m == "cloud" else m
                         ctx = ModeContext(device=device, cloud=CloudSettings(link_url, token),
-                                          variant="tk-slt" if m == "cloud" else m)  # fmt: skip
+                                          variant=variant)  # fmt: skip
                         modes[m] = build_mode("cloud" if m == "cloud" else "split", ctx)
                         ctx.retrieve_public = False
                         if m != "cloud" and args.no_as2:  # a split mode: it has costs
@@ -181,7 +190,8 @@ def summarise(rows: list[dict]) -> None:
         base_cpu = statistics.mean(r["cloud_cpu_ms_per_token"] for r in base) if base else None
         base_dec = _mean_of(base, "cloud_decode_cpu_ms_per_token")
         print(f"\n{key[0]} · RTT {key[1]} ms · {key[2]} Mbit/s · {key[3]}")
-        for m in METHODS:
+        ran = ["cloud", *sorted({r["method"] for r in group} - {"cloud"})]
+        for m in ran:
             rs = [r for r in group if r["method"] == m]
             if not rs:
                 continue
@@ -204,7 +214,7 @@ def summarise(rows: list[dict]) -> None:
                 f"{statistics.mean(r['down_bytes_per_token'] for r in rs):8.1f} B/tok  "
                 f"AS² tokens {sum(r['cloud_only_tokens'] for r in rs)}"
             )
-        for m in METHODS:
+        for m in ran:
             last = [r["cost_model"] for r in group if r["method"] == m and r.get("cost_model")]
             if last:
                 c = last[-1]
@@ -226,7 +236,7 @@ def main() -> None:
     parser.add_argument("--engines", nargs="+", default=["torch", "ort"], choices=["torch", "ort"])
     parser.add_argument("--rtt-ms", nargs="+", type=float, default=[0, 20, 50, 100])
     parser.add_argument("--mbit", nargs="+", type=float, default=[100, 10])
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--methods", nargs="+", default=methods(), choices=methods())
     parser.add_argument("--sampling", nargs="+", default=["greedy", "sampled"],
                         choices=["greedy", "sampled"])  # fmt: skip
     parser.add_argument("--prompts", type=int, default=20)
