@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from app.embedded import EmbeddedCloud
 
+
 def methods() -> list[str]:
     """Cloud-only decoding and every exact split variant of the registry (the approximate
     ones, like dssd-topk, are left out: they do not compute the same distribution)."""
