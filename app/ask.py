@@ -55,6 +55,7 @@ def settings_for(args: argparse.Namespace):
 async def run_ask(args: argparse.Namespace) -> int:
     from app.assistant import Assistant
     from app.settings import effective_cloud
+    from collab.sources import Source
     from edge_runtime.events import Citation, Failure, Notice, TextDelta
 
     out: dict[str, Any] = {"answer": "", "citations": [], "notices": [], "errors": []}
@@ -95,9 +96,8 @@ async def run_ask(args: argparse.Namespace) -> int:
                          ensure_ascii=False))  # fmt: skip
     else:
         print(flush=True)
-        for c in out["citations"]:
-            where = f" ({c['location']})" if c["location"] else ""
-            print(f"[{c['number']}] {c['side']} · {c['title']}{where} · {c['score']:.2f}")
+        for row in out["citations"]:
+            print(Source.from_dict(row).line())
         if summary:
             print(_format_stats(summary, device.name), file=sys.stderr)
     return 1 if out["errors"] and not out["answer"] else 0

@@ -90,7 +90,7 @@ class Exchange:
                 if isinstance(event, TextDelta):
                     self.text += event.text
                 elif isinstance(event, Citation):
-                    self.citations.append(dataclasses.asdict(event))
+                    self.citations.append(event.to_dict())
                 elif isinstance(event, Failure) and not event.recoverable:
                     self.status, self.error = "failed", event.message
                 elif isinstance(event, Stats):

@@ -138,11 +138,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
     if not hits:
         print("no matches")
     for rank, h in enumerate(hits, 1):
-        where = (
-            f"page {h.page}"
-            if h.page
-            else (f"lines {h.line_start}-{h.line_end}" if h.line_start else f"chunk {h.ordinal}")
-        )
+        where = h.location or f"chunk {h.ordinal}"
         excerpt = " ".join(h.text.split())[:160]
         print(f"[{rank}] {h.score:.3f}  {h.path} ({where}){' · ' + h.title if h.title else ''}")
         print(f"     {excerpt}")

@@ -21,11 +21,12 @@ import threading
 import time
 import unicodedata
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from collab import sqlite_migrations
+from collab.sources import Source
 from collab.sqlite_migrations import transaction
 
 logger = logging.getLogger(__name__)
@@ -199,25 +200,12 @@ def export_paths(folder: Path, conversation: ConversationRow) -> tuple[Path, Pat
     return folder / f"{stem}.md", folder / f"{stem}.json"
 
 
-def _format_score(score: Any) -> str:
-    if isinstance(score, int | float) and not isinstance(score, bool):
-        return f"{score:.2f}"
-    return str(score)
-
-
 def _source_line(index: int, citation: Mapping[str, Any]) -> str:
-    """ "[n] title (location) · side · score" for the Markdown export."""
-    number = citation.get("number", index)
-    title = str(citation.get("title") or citation.get("path") or "untitled")
-    parts = [f"[{number}] {title}"]
-    location = citation.get("location")
-    if location:
-        parts[0] += f" ({location})"
-    if citation.get("side"):
-        parts.append(str(citation["side"]))
-    if citation.get("score") is not None:
-        parts.append(_format_score(citation["score"]))
-    return " · ".join(parts)
+    """ "[n] title (location) · side · score" for the Markdown export (a source without a
+    title is named by its path)."""
+    src = Source.from_dict(citation, number=index)
+    src = replace(src, title=src.title or src.path or "untitled")
+    return f"[{src.number}] {src.heading} · {src.side} · {src.score_label}"
 
 
 class ConversationStore:

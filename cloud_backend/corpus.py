@@ -32,6 +32,7 @@ from cloud_backend.corpus_build import (
 )
 from collab.paths import cloud_corpus_dir as default_corpus_dir
 from collab.paths import embedder_dir as default_embedder_dir
+from collab.sources import Source
 from retrieval.chunking import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP_TOKENS
 from retrieval.embedder import OnnxEmbedder, prepare_onnx_embedder
 from retrieval.store import Hit, IndexStore
@@ -53,15 +54,12 @@ LOCATION = f"Wikipedia summary ({PACKAGE}, {LICENSE})"
 
 
 @dataclass(frozen=True)
-class PublicHit:
-    """One retrieved chunk of a summary, with what a citation shows (the cloud side's source)."""
+class PublicHit(Source):
+    """A public source (the cloud side's citation) that also knows its summary's page and its
+    stored chunk (`rescore` reads the chunk's vector)."""
 
-    title: str
-    location: str
-    score: float
-    text: str
-    url: str
-    chunk_id: int
+    url: str = ""
+    chunk_id: int = -1
 
 
 @dataclass(frozen=True)

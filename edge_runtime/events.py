@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
-Side = Literal["device", "cloud"]
+from collab.sources import Source
 
 
 @dataclass(frozen=True)
@@ -15,18 +14,9 @@ class TextDelta:
     text: str
 
 
-@dataclass(frozen=True)
-class Citation:
-    """A numbered source: `side` says where it lives (private "device" text never left)."""
-
-    number: int
-    side: Side
-    title: str
-    location: str
-    score: float
-    excerpt: str
-    path: str | None = None
-    text: str = ""  # the whole chunk, for "open source" (device chunks never leave the device)
+Citation = Source
+"""A numbered source of the answer (`side` says where it lives: private "device" text never
+left). The event is the one source type itself, under the name the event handlers read."""
 
 
 @dataclass(frozen=True)

@@ -7,37 +7,25 @@ question) is one function so the sides can never drift apart."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
+from collab.sources import Source
 from model_runtime.tokenizer import chat_prompt_ids
 
 SYSTEM = "You are Tandem, a concise and helpful assistant."
 GROUNDING = "Use these sources when they are relevant and cite them as [n]:"
 
 
-@dataclass(frozen=True)
-class Passage:
-    """A retrieved text shown to a model: its number in the answer is its place in the list."""
-
-    title: str
-    location: str
-    text: str
-
-
 def build_messages(
-    question: str, history: Sequence[str] = (), passages: Sequence[Passage] = ()
+    question: str, history: Sequence[str] = (), passages: Sequence[Source] = ()
 ) -> list[dict[str, str]]:
     """System turn (with numbered sources if any), earlier user/assistant turns, the question."""
     if len(history) % 2:
         raise ValueError("history must hold user/assistant pairs")
     system = SYSTEM
     if passages:
-        listed = "\n\n".join(
-            f"[{i}] {p.title}" + (f" ({p.location})" if p.location else "") + f"\n{p.text}"
-            for i, p in enumerate(passages, 1)
-        )
+        listed = "\n\n".join(f"[{i}] {p.heading}\n{p.text}" for i, p in enumerate(passages, 1))
         system = f"{SYSTEM}\n\n{GROUNDING}\n\n{listed}"
     messages = [{"role": "system", "content": system}]
     for i in range(0, len(history), 2):
@@ -51,7 +39,7 @@ def prompt_ids(
     tokenizer: PreTrainedTokenizerBase,
     question: str,
     history: Sequence[str] = (),
-    passages: Sequence[Passage] = (),
+    passages: Sequence[Source] = (),
     budget: int | None = None,
 ) -> list[int]:
     """Token ids of the whole prompt, ending with the assistant's turn opened (within
@@ -63,7 +51,7 @@ def fit_prompt(
     tokenizer: PreTrainedTokenizerBase,
     question: str,
     history: Sequence[str] = (),
-    passages: Sequence[Passage] = (),
+    passages: Sequence[Source] = (),
     budget: int | None = None,
 ) -> tuple[list[int], int]:
     """(prompt ids, earlier exchanges left out). A long conversation must not end the chat:

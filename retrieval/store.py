@@ -35,6 +35,7 @@ from sqlite_utils import Database
 
 from collab import sqlite_migrations
 from collab.files import atomic_write, discard_temp_files
+from collab.sources import Side, Source, format_location
 from collab.sqlite_migrations import Migration, user_version
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,16 @@ class Hit:
     char_start: int | None
     char_end: int | None
     ordinal: int
+
+    @property
+    def location(self) -> str:
+        """Where the chunk is in its file, as its citation shows it ("p. 3, lines 4–9")."""
+        return format_location(self.page, self.line_start, self.line_end)
+
+    def source(self, number: int, side: Side) -> Source:
+        """This hit as citation `number` (titled by its file name if the file has no title)."""
+        title = self.title or os.path.basename(self.path)
+        return Source(title, self.location, float(self.score), self.text, number, side, self.path)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from model_runtime.prompting import Passage, fit_prompt, prompt_budget, prompt_ids
+from collab.sources import Source
+from model_runtime.prompting import fit_prompt, prompt_budget, prompt_ids
 
 HISTORY = [
     text
@@ -12,7 +13,7 @@ HISTORY = [
         f"Answer number {i}: " + "pedal " * 20,
     )
 ]
-PASSAGE = Passage("garage.txt", "lines 1-2", "The spare key is under the blue flower pot.")
+PASSAGE = Source("garage.txt", "lines 1-2", text="The spare key is under the blue flower pot.")
 
 
 def test_without_a_budget_or_within_it_nothing_is_left_out(tiny_tokenizer):

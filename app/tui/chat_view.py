@@ -24,6 +24,8 @@ from textual.widget import Widget
 from textual.widgets import Input, Label, Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
+from collab.sources import Source
+
 FOLLOW_ROWS = 2
 """The view follows new content while fewer than this many rows lie below what it shows. One
 mouse-wheel notch scrolls 2 rows, so a single notch up is enough to stop following."""
@@ -115,44 +117,25 @@ class CitationLine(Horizontal, can_focus=True):
     }
     """
 
-    def __init__(
-        self,
-        number: int,
-        side: str,
-        title: str,
-        location: str = "",
-        score: float | None = None,
-        excerpt: str = "",
-    ) -> None:
-        super().__init__(classes=f"-{_css_token(side)}")
-        self.number = number
-        self.side = side
-        self.title = title
-        self.location = location
-        self.score = score
-        self.excerpt = excerpt
-        if excerpt:
-            self.tooltip = excerpt
+    def __init__(self, source: Source) -> None:
+        super().__init__(classes=f"-{_css_token(source.side)}")
+        self.source = source
+        if source.excerpt:
+            self.tooltip = source.excerpt
 
     @property
-    def detail(self) -> str:
-        """What follows the badge: `notes.md (lines 3–9) · 0.82`."""
-        text = self.title
-        if self.location:
-            text = f"{text} ({self.location})" if text else f"({self.location})"
-        if self.score is not None:
-            text = f"{text} · {self.score:.2f}" if text else f"{self.score:.2f}"
-        return text
+    def number(self) -> int:
+        return self.source.number
 
     @property
     def plain(self) -> str:
         """The line as plain text: `[1] device · notes.md (lines 3–9) · 0.82`."""
-        return f"[{self.number}] {self.side} · {self.detail}"
+        return self.source.line()
 
     def compose(self) -> ComposeResult:
         yield Label(f"[{self.number}]", markup=False, classes="cite-number")
-        yield Label(self.side, markup=False, classes="cite-badge")
-        yield Label(self.detail, markup=False, classes="cite-text")
+        yield Label(self.source.side, markup=False, classes="cite-badge")
+        yield Label(self.source.detail, markup=False, classes="cite-text")
 
     def on_click(self, event: events.Click) -> None:
         event.stop()
@@ -305,7 +288,7 @@ class AnswerView(Widget):
         yield Static("", markup=False, classes="answer-footer")
         with Vertical(classes="answer-sources"):
             for c in self._initial_citations:
-                yield self._citation(**c)
+                yield CitationLine(Source.from_dict(c))
 
     def on_mount(self) -> None:
         self._conversation = next(
@@ -430,33 +413,22 @@ class AnswerView(Widget):
 
     # -- extras --------------------------------------------------------------------------------
 
-    @staticmethod
-    def _citation(
-        number: int,
-        side: str,
-        title: str = "",
-        location: str = "",
-        score: float | None = None,
-        excerpt: str = "",
-        **_: Any,
-    ) -> CitationLine:
-        return CitationLine(int(number), str(side), title or "", location or "", score, excerpt)
-
     def add_citation(
         self,
         number: int,
         side: str,
         title: str,
         location: str = "",
-        score: float | None = None,
+        score: float = 0.0,
         excerpt: str = "",
         **extra: Any,
     ) -> CitationLine:
         """Add a numbered source line (works before the answer is mounted, too). `extra`
         (path, the chunk's text…) is kept in `sources` for the app to open."""
-        self.sources.append(dict(number=number, side=side, title=title, location=location,
-                                 score=score, excerpt=excerpt, **extra))  # fmt: skip
-        line = self._citation(number, side, title, location, score, excerpt)
+        row = dict(number=number, side=side, title=title, location=location, score=score,
+                   excerpt=excerpt, **extra)  # fmt: skip
+        self.sources.append(row)
+        line = CitationLine(Source.from_dict(row))
         self._add(".answer-sources", line)
         return line
 

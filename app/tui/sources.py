@@ -1,11 +1,11 @@
 """Sources: the panel beside the conversation and the screen that shows one chunk.
 
-A source is a dict as the conversation store keeps it (number, side, title, location, score,
-excerpt, path, text): private ones are marked **device** (they never left), public ones
-**cloud**."""
+Each is a `collab.sources.Source` (given as one, or as the row the conversation store keeps):
+private ones are marked **device** (they never left), public ones **cloud**."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -16,7 +16,12 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Label, ListItem, ListView, Static
 
-Source = dict[str, Any]
+from collab.sources import Source
+
+
+def as_source(src: Source | Mapping[str, Any]) -> Source:
+    """The source itself, or the one a stored row describes."""
+    return src if isinstance(src, Source) else Source.from_dict(src)
 
 
 def badge(side: str) -> Text:
@@ -25,24 +30,24 @@ def badge(side: str) -> Text:
 
 
 def source_line(src: Source) -> Text:
-    """`[1] device · notes.md (lines 3–9) · 0.82`"""
-    text = Text(f"[{src['number']}] ")
-    text.append_text(badge(src["side"]))
-    text.append(f" {src['title']}")
-    if src.get("location"):
-        text.append(f" ({src['location']})", style="dim")
-    text.append(f" · {src['score']:.2f}", style="dim")
+    """`[1] device · notes.md (lines 3–9) · 0.82`, the side as a coloured badge."""
+    text = Text(f"[{src.number}] ")
+    text.append_text(badge(src.side))
+    text.append(f" {src.title}")
+    if src.location:
+        text.append(f" ({src.location})", style="dim")
+    text.append(f" · {src.score_label}", style="dim")
     return text
 
 
 class SourceItem(ListItem):
-    def __init__(self, src: Source) -> None:
+    def __init__(self, src: Source | Mapping[str, Any]) -> None:
         super().__init__()
-        self.src = src
+        self.src = as_source(src)
 
     def compose(self) -> ComposeResult:
         yield Label(source_line(self.src), classes="source-title")
-        excerpt = " ".join(str(self.src.get("excerpt", "")).split())
+        excerpt = " ".join(self.src.excerpt.split())
         yield Label(excerpt[:160] + ("…" if len(excerpt) > 160 else ""), classes="excerpt")
 
 
@@ -68,14 +73,14 @@ class SourcesPanel(VerticalScroll):
         yield Static("No sources yet: answers list theirs here.", id="sources-empty")
         yield ListView(id="sources-list")
 
-    def show(self, sources: list[Source]) -> None:
+    def show(self, sources: Sequence[Source | Mapping[str, Any]]) -> None:
         listing = self.query_one("#sources-list", ListView)
         listing.clear()
         listing.extend(SourceItem(s) for s in sources)
         listing.index = 0 if sources else None
         self.query_one("#sources-empty").display = not sources
 
-    def add(self, src: Source) -> None:
+    def add(self, src: Source | Mapping[str, Any]) -> None:
         listing = self.query_one("#sources-list", ListView)
         listing.append(SourceItem(src))
         if listing.index is None:
@@ -100,23 +105,20 @@ class SourceScreen(ModalScreen[None]):
     SourceScreen #source-where { color: $text-muted; margin-bottom: 1; }
     """
 
-    def __init__(self, src: Source) -> None:
+    def __init__(self, src: Source | Mapping[str, Any]) -> None:
         super().__init__()
-        self.src = src
+        self.src = as_source(src)
 
     def compose(self) -> ComposeResult:
         src = self.src
-        device = src["side"] == "device"
-        where = "this device (never sent)" if device else "the cloud's public corpus"
+        where = "this device (never sent)" if src.side == "device" else "the cloud's public corpus"
         detail = " · ".join(
-            p for p in (src.get("path") or "", src.get("location") or "",
-                        f"score {src['score']:.3f}", where) if p
-        )  # fmt: skip
+            p for p in (src.path or "", src.location, f"score {src.score:.3f}", where) if p
+        )
         with VerticalScroll():
             yield Static(source_line(src), id="source-title")
             yield Static(detail, id="source-where")
-            yield Static(str(src.get("text") or src.get("excerpt") or ""), id="source-text",
-                         markup=False)  # fmt: skip
+            yield Static(src.text, id="source-text", markup=False)
 
     async def action_dismiss(self, result: None = None) -> None:
         self.dismiss(result)

@@ -30,12 +30,12 @@ from collab.protocol import (
     ErrorCode,
     FinishReason,
     Generate,
-    Source,
     TokenChunk,
 )
 from collab.sampling import SamplingParams, sample
+from collab.sources import SOURCE_CHARS, Source
 from collab.split import Transcript
-from model_runtime.prompting import Passage, fit_prompt, prompt_budget
+from model_runtime.prompting import fit_prompt, prompt_budget
 from model_runtime.runtime import Cancelled
 from model_runtime.tokenizer import IM_END_ID
 
@@ -43,8 +43,6 @@ if TYPE_CHECKING:
     from cloud_backend.context import RequestContext
 
 log = logging.getLogger("tandem.cloud")
-
-SOURCE_CHARS = 2000  # the public chunk (a Wikipedia lead summary) the user can open
 
 
 class Stop(Exception):
@@ -119,14 +117,11 @@ class Request(ABC):
         """Produce the answer's tokens after the prefill (the mode's own loop)."""
 
     async def prompt(self) -> list[int]:
-        passages: list[Passage] = []
+        passages: list[Source] = []
         corpus = self.ctx.corpus
         if self.gen.retrieve and corpus is not None:
-            hits = await asyncio.to_thread(corpus.search, self.gen.question, self.ctx.corpus_k)
-            passages = [Passage(h.title, h.location, h.text) for h in hits]
-            sources = tuple(
-                Source(h.title, h.location, float(h.score), h.text[:SOURCE_CHARS]) for h in hits
-            )
+            passages = await asyncio.to_thread(corpus.search, self.gen.question, self.ctx.corpus_k)
+            sources = tuple(p.clipped(SOURCE_CHARS) for p in passages)
             await self.ctx.send(Citations(sources, request_id=self.gen.request_id))
         budget = prompt_budget(self.ctx.engine.lm.max_context, self.gen.max_new_tokens)
         ids, dropped = fit_prompt(

@@ -41,10 +41,10 @@ from collab.protocol.session import (
     Mode,
     Ping,
     Pong,
-    Source,
     TokenChunk,
 )
 from collab.protocol.split import CloudDecode, Draft, DsdDraft, DssdDraft, TopKDraft, Verdict
+from collab.sources import Source
 
 __all__ = [
     "DEFAULT_LIMITS",

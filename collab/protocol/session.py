@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from enum import IntEnum
 
 import numpy as np
@@ -27,6 +27,7 @@ from collab.protocol.codec import (
     _str,
     _uint,
 )
+from collab.sources import Source
 
 
 class Mode(IntEnum):
@@ -336,20 +337,11 @@ class Done(Message):
         return cls(_enum(FinishReason, reason, "finish reason"), *rest, **hdr)
 
 
-@dataclass(frozen=True)
-class Source:
-    """One retrieved passage as a citation shows it: where it lives, how relevant, an excerpt."""
-
-    title: str
-    location: str = ""
-    score: float = 0.0
-    excerpt: str = ""
-
-
 @_message
 class Citations(Message):
     """The cloud's public sources for a request (public text only: private text never
-    travels), numbered in the order given, before the first token."""
+    travels), numbered in the order given, before the first token. Each carries its title,
+    location, score and text (cut by the sender, `collab.sources.SOURCE_CHARS`)."""
 
     TYPE = MsgType.CITATIONS
     sources: tuple[Source, ...] = ()
@@ -361,13 +353,13 @@ class Citations(Message):
             raise ProtocolError(f"at most {self.MAX_SOURCES} sources")
         self._set(
             "sources",
-            tuple(Source(s.title, s.location, _f32(s.score), s.excerpt) for s in self.sources),
+            tuple(Source(s.title, s.location, _f32(s.score), s.text) for s in self.sources),
         )
 
     def body(self) -> bytes:
         out = [struct.pack("<I", len(self.sources))]
         for s in self.sources:
-            out += [_str(s.title), _str(s.location), struct.pack("<f", s.score), _str(s.excerpt)]
+            out += [_str(s.title), _str(s.location), struct.pack("<f", s.score), _str(s.text)]
         return b"".join(out)
 
     @classmethod
@@ -378,7 +370,7 @@ class Citations(Message):
         for _ in range(n):
             title, location = r.string("title"), r.string("location")
             (score,) = r.unpack(_F32)
-            sources.append(Source(title, location, score, r.string("excerpt")))
+            sources.append(Source(title, location, score, r.string("text")))
         return cls(tuple(sources), **hdr)
 
 

@@ -19,12 +19,13 @@ import numpy as np
 
 from collab.protocol import FinishReason
 from collab.sampling import sample
+from collab.sources import Source
 from collab.split import Transcript
 from edge_runtime.device import DeviceModel, Retriever, retrieve_private
 from edge_runtime.events import Event, Notice, Stats, TextDelta
 from edge_runtime.options import AnswerOptions
 from model_runtime.generate import TextStream
-from model_runtime.prompting import Passage, fit_prompt, prompt_budget
+from model_runtime.prompting import fit_prompt, prompt_budget
 from model_runtime.tokenizer import IM_END_ID
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ def cloud_history(history: Sequence[Turn]) -> list[str]:
 
 
 def device_prompt(
-    device: DeviceModel, question: str, history: Sequence[Turn], passages: Sequence[Passage],
+    device: DeviceModel, question: str, history: Sequence[Turn], passages: Sequence[Source],
     options: AnswerOptions,
 ) -> tuple[list[int], list[Notice]]:  # fmt: skip
     """The device model's prompt, the oldest exchanges left out if the conversation outgrew
@@ -209,11 +210,9 @@ class Orchestrator(ABC):
         """Retrieve private passages (yielding their citations) and build the device prompt
         into `answer.prompt` (yielding a notice if old exchanges were left out)."""
         device = need_device(self.ctx)
-        passages, citations = await retrieve_private(
-            self.ctx.index, question, options.k, options.min_score
-        )
-        for c in citations:
-            yield c
+        passages = await retrieve_private(self.ctx.index, question, options.k, options.min_score)
+        for source in passages:
+            yield source
         answer.prompt, notices = device_prompt(device, question, history, passages, options)
         for notice in notices:
             yield notice

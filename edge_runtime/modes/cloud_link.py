@@ -8,10 +8,10 @@ import itertools
 import time
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 
 from collab.protocol import Cancel, Citations, Done, Error, Generate, Message, Mode
 from edge_runtime.client import CloudClient, CloudError, CloudUnavailable
-from edge_runtime.device import EXCERPT_CHARS
 from edge_runtime.events import Citation, Event, Failure, Notice
 from edge_runtime.modes.base import (
     Answer,
@@ -174,9 +174,5 @@ class CloudBacked(Orchestrator):
 
 
 def citations_from(msg: Citations) -> list[Citation]:
-    return [
-        Citation(
-            n, "cloud", s.title, s.location, s.score, s.excerpt[:EXCERPT_CHARS], text=s.excerpt
-        )
-        for n, s in enumerate(msg.sources, 1)
-    ]
+    """The cloud's public sources, numbered in the order sent."""
+    return [replace(s, number=n, side="cloud") for n, s in enumerate(msg.sources, 1)]
