@@ -15,9 +15,7 @@ async def test_a_registered_mode_is_on_the_mode_bar(isolated_dirs, tiny_device):
     with toy_extensions.registered():
         app = TandemApp(settings, Assistant(settings, device=tiny_device), connect_cloud=False)
         async with app.run_test() as pilot:
-            for _ in range(400):
-                if app.query_one(ModeBar).infos:
-                    break
-                await pilot.pause(0.05)
+            await app.workers.wait_for_complete()  # the loaders have reported
+            await pilot.pause()
             names = [i.name for i in app.query_one(ModeBar).infos]
     assert names == ["local", "cloud", "split", "shout"]
