@@ -36,10 +36,12 @@ class RequestContext:
     session: EngineSession  # this websocket's engine session (one per websocket)
     corpus: Any | None  # PublicCorpus or None
     corpus_k: int
-    mode: Mode  # CLOUD or SPLIT
+    mode: Mode  # CLOUD, SPLIT or DRAGON
     variant: str  # for SPLIT: a name in collab.variants.VARIANTS
     limits: Limits
     send: Callable[[Message], Awaitable[None]]  # encodes, counts bytes, sends one frame
     inbox: asyncio.Queue[Message]  # drafts, CloudDecode, TokenChunk, Cancel for this request
     traffic: Callable[[], tuple[int, int]]  # (bytes_up, bytes_down) of this request so far
     metrics: RequestMetrics
+    ping: Callable[[], Awaitable[None]] | None = None  # ask the device for a Pong (RTT)
+    rtt: Callable[[], float | None] = lambda: None  # the session's measured round trip, s

@@ -31,6 +31,9 @@ from collab.protocol import (
     Cancel,
     CloudDecode,
     Done,
+    DragonDraft,
+    DragonSetup,
+    DragonTarget,
     DsdDraft,
     DssdDraft,
     Error,
@@ -57,7 +60,11 @@ from collab.variants import DEFAULT_VARIANT, variant_names
 log = logging.getLogger("tandem.cloud")
 
 # Frames that belong to the running request and go to its inbox.
-_REQUEST_FRAMES = (Cancel, DsdDraft, DssdDraft, TopKDraft, CloudDecode, TokenChunk)
+_REQUEST_FRAMES = (
+    Cancel, DsdDraft, DssdDraft, TopKDraft, CloudDecode, TokenChunk, DragonSetup, DragonDraft,
+    DragonTarget,
+)  # fmt: skip
+RTT_ALPHA = 0.2  # EWMA weight of a new round-trip sample (the device's client uses the same)
 
 
 def _error_label(code: int) -> str:
@@ -124,6 +131,8 @@ class Session:
         self.last_activity = self.opened  # last frame in either direction
         self._send_lock = asyncio.Lock()
         self._loop = asyncio.get_running_loop()
+        self.rtt_s: float | None = None  # round trip to the device, from our Pings
+        self._pings: set[int] = set()
 
     # ---- sending ---------------------------------------------------------------------------
     async def send(self, msg: Message) -> None:
@@ -358,6 +367,7 @@ class Session:
             )  # fmt: skip
             return True
         if isinstance(msg, Pong):
+            self._on_pong(msg, received_ns)
             return True
         if isinstance(msg, Hello):
             return await self._error(
@@ -368,6 +378,19 @@ class Session:
             f"{type(msg).__name__} is not a frame a device sends to this cloud; ignored",
             msg.request_id,
         )
+
+    async def ping(self) -> None:
+        """Ask the device for a Pong; its round trip updates `rtt_s` (DRAGON's scheduler)."""
+        sent = time.monotonic_ns()
+        self._pings.add(sent)
+        await self.send(Ping(sent))
+
+    def _on_pong(self, pong: Pong, received_ns: int) -> None:
+        if pong.ping_sent_ns not in self._pings:
+            return
+        self._pings.discard(pong.ping_sent_ns)
+        rtt = (received_ns - pong.ping_sent_ns) / 1e9
+        self.rtt_s = rtt if self.rtt_s is None else (1 - RTT_ALPHA) * self.rtt_s + RTT_ALPHA * rtt
 
     async def _route(self, msg: Message) -> bool:
         req = self.request
@@ -422,6 +445,8 @@ class Session:
             inbox=req.inbox,
             traffic=lambda: (req.bytes_up, req.bytes_down),
             metrics=req.metrics,
+            ping=self.ping,
+            rtt=lambda: self.rtt_s,
         )
         self.request = req
         req.task = asyncio.create_task(

@@ -53,12 +53,26 @@ class Stats:
     bytes_down: int = 0
     draft_bytes_up: int = 0  # the draft frames alone (split): uplink per drafted token
     finish: str | None = None
+    aggregator: str | None = None  # dragon: the side aggregating now (device or cloud)
+    switches: int = 0  # dragon: times the aggregator moved
+    device_drafted: int = 0  # dragon: each side's drafts, and those that became the target
+    device_accepted: int = 0
+    cloud_drafted: int = 0
+    cloud_accepted: int = 0
     per_round: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted)
     token_ids: list[int] = field(default_factory=list)  # the answer's ids (tests, benchmarks)
 
     @property
     def acceptance(self) -> float | None:
         return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def device_acceptance(self) -> float | None:
+        return self.device_accepted / self.device_drafted if self.device_drafted else None
+
+    @property
+    def cloud_acceptance(self) -> float | None:
+        return self.cloud_accepted / self.cloud_drafted if self.cloud_drafted else None
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -71,6 +85,8 @@ class Stats:
         out = {k: v for k, v in self.__dict__.items() if k not in ("per_round", "token_ids")}
         out["acceptance"] = self.acceptance
         out["tokens_per_s"] = self.tokens_per_s
+        out["device_acceptance"] = self.device_acceptance
+        out["cloud_acceptance"] = self.cloud_acceptance
         return out
 
 

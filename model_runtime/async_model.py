@@ -4,7 +4,8 @@ Model steps run on one worker thread (ONNX Runtime and torch release the GIL), s
 loop keeps streaming, receiving frames and answering cancels while the model computes. An
 `AsyncSequence` is one sequence's prefill / forward / rollback; how a step reaches the model is
 its subclass's business (the device runs it as is; the cloud swaps the session's KV cache in
-and out around it)."""
+and out around it). A `DocumentBatch` steps several sequences of one `AsyncSequence` together:
+one per retrieved document, as DRAGON decodes."""
 
 from __future__ import annotations
 
@@ -55,3 +56,46 @@ class AsyncSequence(ABC):
 
     async def rollback(self, length: int) -> None:
         await self.step("rollback", 0, lambda: self.lm.rollback(length))
+
+    @abstractmethod
+    def cancel(self) -> None:
+        """Stop this sequence's model step in flight (it raises `Cancelled`)."""
+
+
+class DocumentBatch:
+    """One sequence per document, [d; question; answer so far], fed the same answer tokens in
+    one batched step (DRAGON's per-document decoding, DESIGN §5.5). Prompts differ in length;
+    the runtime pads them, and a rewind rolls each back to its own prompt plus the answer."""
+
+    def __init__(self, seq: AsyncSequence) -> None:
+        self.seq = seq
+        self.prompt_lengths: list[int] = []
+        self.answer_tokens = 0
+
+    @property
+    def size(self) -> int:
+        return len(self.prompt_lengths)
+
+    async def start(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
+        """Prefill every document's prompt; next-token logits [D, V]."""
+        batch = [list(p) for p in prompts]
+        logits = await self.seq.step(
+            "prefill", sum(map(len, batch)), lambda: self.seq.lm.prefill(batch)
+        )
+        self.prompt_lengths, self.answer_tokens = [len(p) for p in batch], 0
+        return logits
+
+    async def advance(self, token: int) -> np.ndarray:
+        """Feed one answer token to every sequence; next-token logits [D, V]."""
+        n = self.size
+        logits = await self.seq.step("decode", n, lambda: self.seq.lm.decode([token] * n))
+        self.answer_tokens += 1
+        return logits
+
+    async def rewind(self, answer_tokens: int) -> None:
+        lengths = [p + answer_tokens for p in self.prompt_lengths]
+        await self.seq.step("rollback", 0, lambda: self.seq.lm.rollback(lengths))
+        self.answer_tokens = answer_tokens
+
+    def cancel(self) -> None:
+        self.seq.cancel()

@@ -25,7 +25,9 @@ def build_messages(
         raise ValueError("history must hold user/assistant pairs")
     system = SYSTEM
     if passages:
-        listed = "\n\n".join(f"[{i}] {p.heading}\n{p.text}" for i, p in enumerate(passages, 1))
+        listed = "\n\n".join(
+            f"[{p.number or i}] {p.heading}\n{p.text}" for i, p in enumerate(passages, 1)
+        )
         system = f"{SYSTEM}\n\n{GROUNDING}\n\n{listed}"
     messages = [{"role": "system", "content": system}]
     for i in range(0, len(history), 2):
@@ -79,3 +81,24 @@ def prompt_budget(max_context: int, max_new_tokens: int) -> int:
     """Tokens a prompt may take: the context less room for the answer, but never less than
     half the context (an answer longer than that is cut at the context's end anyway)."""
     return max(max_context - max_new_tokens, max_context // 2)
+
+
+def document_prompt(
+    tokenizer: PreTrainedTokenizerBase,
+    question: str,
+    history: Sequence[str],
+    passage: Source | None,
+    budget: int,
+) -> tuple[list[int], int]:
+    """(ids, exchanges left out) of one document's prompt [d; history; question] for
+    per-document decoding (DRAGON). A passage too long for the budget is clipped (its start
+    kept) until the prompt fits, rather than refused."""
+    passages = [passage] if passage is not None else []
+    ids, dropped = fit_prompt(tokenizer, question, history, passages, budget)
+    while passage is not None and len(ids) > budget and len(passage.text) > 40:
+        over = len(ids) - budget
+        chars = len(passage.text)
+        keep = max(40, int(chars * (1 - over / max(len(ids), 1))) - 40)
+        passage = passage.clipped(keep)
+        ids, dropped = fit_prompt(tokenizer, question, history, [passage], budget)
+    return ids, dropped

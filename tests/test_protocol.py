@@ -99,6 +99,13 @@ def messages(draw, kind: p.MsgType) -> p.Message:
         b = draw(st.lists(st.booleans(), min_size=2, max_size=2))
         side = draw(st.sampled_from(p.Side))
         return p.DragonTarget(draw(st.integers(0, v - 1)), b[0], b[1], side, **hdr)
+    if kind is p.MsgType.DRAGON_SETUP:
+        return p.DragonSetup(
+            draw(st.integers(0, 16)), draw(st.sampled_from(p.AggregatorPolicy)),
+            draw(st.sampled_from(p.Side)), draw(st.floats(0.0625, 1.0, width=32)),
+            draw(st.integers(1, SMALL.max_sparse)), draw(st.integers(0, SMALL.max_draft_tokens)),
+            draw(st.integers(0, 1000)), **hdr,
+        )  # fmt: skip
     if kind is p.MsgType.PING:
         return p.Ping(draw(u64), **hdr)
     if kind is p.MsgType.PONG:

@@ -339,7 +339,7 @@ async def test_tokenizer_mismatch_refused_naming_both_models(cloud):
     ("mode", "variant", "needle"),
     [
         (Mode.LOCAL, "", "local"),
-        (Mode.DRAGON, "", "dragon"),
+        (Mode.EXPERIMENTAL, "", "experimental"),
         (Mode.SPLIT, "medusa", "medusa"),
     ],
 )

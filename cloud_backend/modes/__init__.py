@@ -9,13 +9,18 @@ from typing import TYPE_CHECKING
 
 from cloud_backend.modes.base import Request, serve
 from cloud_backend.modes.cloud import CloudRequest
+from cloud_backend.modes.dragon import DragonRequest
 from cloud_backend.modes.split import SplitRequest
 from collab.protocol import Done, Generate, Mode
 
 if TYPE_CHECKING:
     from cloud_backend.context import RequestContext
 
-REQUESTS: dict[Mode, type[Request]] = {Mode.CLOUD: CloudRequest, Mode.SPLIT: SplitRequest}
+REQUESTS: dict[Mode, type[Request]] = {
+    Mode.CLOUD: CloudRequest,
+    Mode.SPLIT: SplitRequest,
+    Mode.DRAGON: DragonRequest,
+}
 
 
 def register_request(mode: Mode, request: type[Request]) -> type[Request]:

@@ -3,7 +3,7 @@
 - `codec`: header, limits, `ProtocolError`, the message base and registry, encode/decode;
 - `session`: handshake, requests, streamed tokens, pings, errors, Done, citations;
 - `split`: split speculation's drafts, Verdict and CloudDecode;
-- `dragon`: DRAGON's drafts and targets.
+- `dragon`: DRAGON's setup, drafts and targets.
 
 Importing the package imports every family, so `decode` knows every message type.
 """
@@ -27,7 +27,7 @@ from collab.protocol.codec import (
     peek_header,
     peek_version,
 )
-from collab.protocol.dragon import DragonDraft, DragonTarget, Side
+from collab.protocol.dragon import AggregatorPolicy, DragonDraft, DragonSetup, DragonTarget, Side
 from collab.protocol.session import (
     Cancel,
     Citations,
@@ -53,12 +53,14 @@ __all__ = [
     "MAGIC",
     "MESSAGE_TYPES",
     "PROTOCOL_VERSION",
+    "AggregatorPolicy",
     "Cancel",
     "Citations",
     "CloudDecode",
     "Done",
     "Draft",
     "DragonDraft",
+    "DragonSetup",
     "DragonTarget",
     "DsdDraft",
     "DssdDraft",

@@ -75,6 +75,7 @@ class MsgType(IntEnum):
     DONE = 15
     CITATIONS = 16
     CLOUD_DECODE = 17
+    DRAGON_SETUP = 18
 
 
 # ---------------------------------------------------------------------------- helpers

@@ -1,5 +1,8 @@
-"""DRAGON messages: each side's draft with its local mixture and side weight, and the
-aggregator's target token (DESIGN.md §5)."""
+"""DRAGON messages: how a request is set up, each side's draft with its local mixture and side
+weight, and the aggregator's target token (DESIGN.md §5.5).
+
+The header's epoch on a draft is its *sender's* draft epoch (bumped each time that side's draft
+is rejected); on a target it is 0. The step is the answer position the token is for."""
 
 from __future__ import annotations
 
@@ -32,6 +35,72 @@ from collab.protocol.codec import (
 class Side(IntEnum):
     DEVICE = 0
     CLOUD = 1
+
+    @property
+    def other(self) -> Side:
+        return Side.CLOUD if self is Side.DEVICE else Side.DEVICE
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class AggregatorPolicy(IntEnum):
+    """Where Speculative Aggregation runs: pinned to one side, or chosen before every token by
+    the greedy scheduler (DRAGON eq. 6–7)."""
+
+    DEVICE = 0
+    CLOUD = 1
+    AUTO = 2
+
+
+@_message
+class DragonSetup(Message):
+    """DRAGON: the device's settings for one request, sent right after its Generate: documents
+    per side, aggregator policy and first aggregator, the wire truncation of p^s (top-p with a
+    cap), the lookahead bound (0: synchronous DRDG/TW, the baseline), and dynamic re-ranking
+    every n tokens (0 = off)."""
+
+    TYPE = MsgType.DRAGON_SETUP
+    k: int = 2
+    policy: AggregatorPolicy = AggregatorPolicy.AUTO
+    first: Side = Side.DEVICE
+    top_p: float = 0.8  # collab.dragon.DRAGON_TOP_P
+    max_sparse: int = 32  # collab.dragon.DRAGON_MAX_SPARSE
+    lookahead: int = 4  # collab.dragon.DRAGON_LOOKAHEAD
+    rerank_every: int = 0
+
+    _ST = struct.Struct("<BBBfHBH")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _uint(self.k, 8, "k")
+        self._set("policy", _enum(AggregatorPolicy, int(self.policy), "aggregator policy"))
+        self._set("first", _enum(Side, int(self.first), "side"))
+        self._set("top_p", _f32(self.top_p))
+        _uint(self.max_sparse, 16, "max_sparse")
+        _uint(self.lookahead, 8, "lookahead")
+        _uint(self.rerank_every, 16, "rerank_every")
+        if not 0 < self.top_p <= 1:
+            raise ProtocolError("top_p must be in (0, 1]")
+
+    def body(self) -> bytes:
+        return self._ST.pack(
+            self.k, self.policy, self.first, self.top_p, self.max_sparse, self.lookahead,
+            self.rerank_every,
+        )  # fmt: skip
+
+    @classmethod
+    def parse(cls, r: _Reader, f32: bool, hdr: dict[str, int]) -> Message:
+        k, policy, first, top_p, max_sparse, lookahead, rerank = r.unpack(cls._ST)
+        policy = _enum(AggregatorPolicy, policy, "aggregator policy")
+        first = _enum(Side, first, "side")
+        return cls(k, policy, first, top_p, max_sparse, lookahead, rerank, **hdr)
+
+    def check(self, limits: Limits = DEFAULT_LIMITS) -> None:
+        _check_count(self.k, 0, 16, "documents per side")
+        _check_count(self.max_sparse, 1, limits.max_sparse, "sparse size")
+        _check_count(self.lookahead, 0, limits.max_draft_tokens, "lookahead")
 
 
 @_message

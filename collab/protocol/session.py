@@ -35,6 +35,7 @@ class Mode(IntEnum):
     CLOUD = 1
     DRAGON = 2
     SPLIT = 3
+    EXPERIMENTAL = 15  # for a mode added outside Tandem (tests/toy_extensions rides it)
 
 
 class FinishReason(IntEnum):

@@ -1,11 +1,11 @@
 """The answer modes behind one interface: `answer(question, history, options)` streams events.
 
-One module per mode (`local`, `cloud`, `split`), the parts they share in `base` (types, the
-history policy, the answer skeleton) and `cloud_link` (the cloud session), and the registry
-below: every mode the user can pick (CLI `--mode`, the TUI's mode bar and palette) comes from
-it, so a new mode is one module and one line in `_BUILT_IN` (or `register_mode` from
-outside). The table names classes rather than importing them, so the CLI can list the modes
-without loading the model code."""
+One module per mode (`local`, `cloud`, `split`, `dragon`), the parts they share in
+`base` (types, the history policy, the answer skeleton) and `cloud_link` (the cloud session),
+and the registry below: every mode the user can pick (CLI `--mode`, the TUI's mode bar and
+palette) comes from it, so a new mode is one module and one line in `_BUILT_IN` (or
+`register_mode` from outside). The table names classes rather than importing them, so the CLI
+can list the modes without loading the model code."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ _BUILT_IN: dict[str, str] = {  # name → module:class
     "local": "edge_runtime.modes.local:LocalMode",
     "cloud": "edge_runtime.modes.cloud:CloudMode",
     "split": "edge_runtime.modes.split:SplitMode",
+    "dragon": "edge_runtime.modes.dragon:DragonMode",
 }
 _registered: dict[str, type[Orchestrator]] = {}
 

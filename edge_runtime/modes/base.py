@@ -67,6 +67,8 @@ class ModeContext:
     finish_locally: bool = True  # if the cloud drops mid-answer, the device finishes it
     retrieve_public: bool = True  # cloud mode grounds the cloud in its public corpus
     split_retrieve_public: bool = False  # split: the cloud verifies with the bare question
+    aggregator: str = "auto"  # dragon: device, cloud, or auto (the scheduler picks per token)
+    rerank_every: int = 0  # dragon: re-score documents every n tokens (0 = static weights)
     clients: dict[tuple[Any, str], CloudClient] = field(default_factory=dict)
 
 
@@ -99,12 +101,15 @@ def device_prompt(
     ids, dropped = fit_prompt(device.tokenizer, question, full_history(history), passages, budget)
     if not dropped:
         return ids, []
+    return ids, [left_out_notice(dropped, device.lm.max_context)]
+
+
+def left_out_notice(dropped: int, max_context: int) -> Notice:
     what = "exchange" if dropped == 1 else "exchanges"
-    notice = Notice(
+    return Notice(
         f"the {dropped} oldest {what} left out: the conversation is longer than the device "
-        f"model's context ({device.lm.max_context} tokens)"
+        f"model's context ({max_context} tokens)"
     )
-    return ids, [notice]
 
 
 # ---------------------------------------------------------------------------- one answer

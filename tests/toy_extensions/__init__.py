@@ -19,11 +19,11 @@ def registered() -> Iterator[None]:
     from tests.toy_extensions.shout_device import ShoutMode
 
     device_modes.register_mode(ShoutMode)  # the mode, device side
-    cloud_modes.register_request(Mode.DRAGON, ShoutRequest)  # the mode, cloud side
+    cloud_modes.register_request(Mode.EXPERIMENTAL, ShoutRequest)  # the mode, cloud side
     variants.register(ArgmaxDraft())  # the variant, both sides (collab is shared)
     try:
         yield
     finally:
         device_modes.unregister_mode(ShoutMode.name)
-        cloud_modes.REQUESTS.pop(Mode.DRAGON, None)
+        cloud_modes.REQUESTS.pop(Mode.EXPERIMENTAL, None)
         variants.unregister(ArgmaxDraft.name)

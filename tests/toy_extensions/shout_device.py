@@ -1,5 +1,5 @@
 """A toy mode, device side: the cloud answers with the question in capitals. It rides on
-the protocol's DRAGON mode number, which the built-in cloud does not serve yet."""
+the protocol's EXPERIMENTAL mode number, reserved for modes added outside Tandem."""
 
 from __future__ import annotations
 
@@ -12,4 +12,4 @@ class ShoutMode(CloudMode):
 
     name = "shout"
     description = "the cloud repeats the question in capitals (a test of the mode registry)"
-    protocol_mode = Mode.DRAGON
+    protocol_mode = Mode.EXPERIMENTAL

@@ -1,0 +1,175 @@
+"""DRAGON, cloud side: decode over the public documents, one sequence per document, and take
+part in Speculative Aggregation (`collab.dragon_peer`, the same loop as the device's).
+
+device → Generate(question, history, sampling, retrieve) then DragonSetup(k, policy, …)
+cloud  → Citations (its public documents), then per-document prefill [d; question] ×k
+both   → DragonDraft(token, p^cloud, h^cloud, decode time; epoch, step) as each is decoded
+aggregator → DragonTarget(token, accepted?, accepted?, next aggregator)
+cloud  → Done when the answer ends (stop token or length)
+
+The cloud never sees the private documents, their embeddings or the device's cache: only the
+device's drafts (token, sparse p^device, h^device, timing) and targets."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from cloud_backend.modes.base import Request, Stop
+from collab.dragon import NO_DOCUMENT_COSINE, Ledger, Scheduler, relevance
+from collab.dragon_peer import DragonPeer, first_aggregator
+from collab.protocol import (
+    Cancel,
+    Citations,
+    DragonDraft,
+    DragonSetup,
+    DragonTarget,
+    ErrorCode,
+    FinishReason,
+    Generate,
+    Message,
+    Side,
+)
+from collab.sources import SOURCE_CHARS, Source
+from model_runtime.async_model import DocumentBatch
+from model_runtime.prompting import document_prompt, prompt_budget
+
+if TYPE_CHECKING:
+    from cloud_backend.context import RequestContext
+
+log = logging.getLogger("tandem.cloud")
+
+PING_EVERY_S = 1.0  # how often the cloud re-measures the round trip while it answers
+
+
+class DragonRequest(Request):
+    def __init__(self, gen: Generate, ctx: RequestContext, start: float) -> None:
+        super().__init__(gen, ctx, start)
+        self.passages: list[Source] = []
+        self.batch = DocumentBatch(ctx.session)
+        self.setup = DragonSetup()
+        self.scores = np.zeros(1)
+        self.first_logits = np.zeros((1, 1))
+        self.prefill_s = 0.0
+        self._last_ping = 0.0
+
+    async def run(self) -> None:
+        """DragonSetup, the public documents, one prefill of every document's prompt, then
+        the aggregation loop (`decode_answer`)."""
+        self.setup = await self._setup()
+        await self._ping()
+        prompts, cosines = await self._documents(self.setup.k)
+        self.scores = relevance(cosines)
+        room = self.ctx.engine.lm.max_context - max(map(len, prompts))
+        if room <= 0:
+            await self.error(ErrorCode.LIMIT, "the documents and question fill the context")
+            raise Stop(FinishReason.ERROR)
+        self.transcript.max_new_tokens = min(self.transcript.max_new_tokens, room)
+        t0 = time.perf_counter()
+        self.first_logits = await self.batch.start(prompts)
+        self.prefill_s = time.perf_counter() - t0
+        if self.transcript.max_new_tokens == 0:
+            self.transcript.commit([])
+            return
+        await self.decode_answer()
+
+    async def decode_answer(self) -> None:
+        setup, seed = self.setup, self.gen.seed
+        ledger = Ledger(Side.CLOUD, self.transcript, aggregator=first_aggregator(setup))
+        peer = DragonPeer(
+            ledger, self.batch, _CloudLink(self), setup, self.params, self.scores,
+            request_id=self.gen.request_id, rng=self.rng,
+            coin=np.random.default_rng(None if seed is None else [seed, 1]),
+            scheduler=Scheduler(setup.policy),
+            rescore=self._rescore if self.passages else None,
+            on_error=lambda text: self.error(ErrorCode.MALFORMED, text),
+        )  # fmt: skip
+        try:
+            async for kept in peer.run(self.first_logits, self.prefill_s):
+                self._committed(kept)
+        finally:
+            self.epoch = ledger.epochs[Side.CLOUD]
+            self.rounds = ledger.step
+            self.drafted = ledger.drafted[Side.CLOUD]
+            self.accepted = ledger.accepted[Side.CLOUD]
+
+    async def _setup(self) -> DragonSetup:
+        """The device's DragonSetup, which follows its Generate."""
+        while True:
+            msg = await self.ctx.inbox.get()
+            if isinstance(msg, Cancel):
+                raise Stop(FinishReason.CANCELLED)
+            if isinstance(msg, DragonSetup):
+                return msg
+            await self.error(
+                ErrorCode.MALFORMED, f"expected DragonSetup, got {type(msg).__name__}; ignored"
+            )
+
+    async def _documents(self, k: int) -> tuple[list[list[int]], np.ndarray]:
+        """One prompt per public document [d; history; question] and the documents' cosines;
+        with none (retrieval off, nothing found), one bare prompt at the no-document score."""
+        corpus = self.ctx.corpus
+        if self.gen.retrieve and corpus is not None and k > 0:
+            self.passages = await asyncio.to_thread(corpus.search, self.gen.question, k)
+            sources = tuple(p.clipped(SOURCE_CHARS) for p in self.passages)
+            await self.ctx.send(Citations(sources, request_id=self.gen.request_id))
+        tokenizer = self.ctx.engine.tokenizer
+        budget = prompt_budget(self.ctx.engine.lm.max_context, self.gen.max_new_tokens)
+        docs: list[Source | None] = [replace(p, number=n) for n, p in enumerate(self.passages, 1)]
+        prompts = [
+            document_prompt(tokenizer, self.gen.question, self.gen.history, doc, budget)[0]
+            for doc in docs or [None]
+        ]
+        if not self.passages:
+            return prompts, np.array([NO_DOCUMENT_COSINE])
+        return prompts, np.array([p.score for p in self.passages])
+
+    async def _rescore(self, tokens: list[int]) -> np.ndarray | None:
+        """DRAGON §4.1 dynamic weights: the documents' cosines with question + answer so far."""
+        corpus = self.ctx.corpus
+        if corpus is None:
+            return None
+        text = self.gen.question + " " + self.ctx.engine.tokenizer.decode(tokens)
+        cosines = await asyncio.to_thread(corpus.rescore, self.passages, text)
+        return relevance(cosines)
+
+    async def _ping(self) -> None:
+        if self.ctx.ping is not None and time.perf_counter() - self._last_ping > PING_EVERY_S:
+            self._last_ping = time.perf_counter()
+            await self.ctx.ping()
+
+    def _committed(self, kept: list[int]) -> None:
+        if kept and not self.first_token_seen:
+            self.first_token_seen = True
+            self.ctx.metrics.ttft(time.perf_counter() - self.start)
+        self.ctx.metrics.tokens(len(kept))
+
+
+class _CloudLink:
+    """The request's inbox and the session's sender, as the DRAGON loop needs them."""
+
+    def __init__(self, req: DragonRequest) -> None:
+        self.req = req
+
+    async def send(self, msg: Message) -> None:
+        await self.req.ctx.send(msg)
+
+    async def recv(self) -> DragonDraft | DragonTarget:
+        while True:
+            msg = await self.req.ctx.inbox.get()
+            if isinstance(msg, Cancel):
+                raise Stop(FinishReason.CANCELLED)
+            if isinstance(msg, DragonDraft | DragonTarget):
+                await self.req._ping()
+                return msg
+            await self.req.error(
+                ErrorCode.MALFORMED, f"{type(msg).__name__} is not a DRAGON frame; ignored"
+            )
+
+    def rtt(self) -> float | None:
+        return self.req.ctx.rtt()

@@ -1,0 +1,231 @@
+"""One side of a DRAGON answer over the link, the same code on the device and in the cloud
+(DRAGON §3–§5; DESIGN §5.5). The side decodes ahead over its own documents and streams every
+draft as soon as it exists; whichever side aggregates merges the two queues token by token:
+
+    decoder ──draft(token, p^s, h^s, decode time; epoch, step)──▶ both ledgers
+    aggregator: fronts of both queues for `step` → Algorithm 1 → DragonTarget(token,
+                accepted?, accepted?, next aggregator) ──▶ both ledgers (apply)
+    a side whose draft was rejected: cancel the model step in flight, roll every document
+                sequence back to the committed prefix, feed the target, new epoch
+
+Lookahead is bounded: a side stops drafting while `lookahead` of its drafts are unresolved.
+Lookahead 0 is the synchronous baseline DRDG/TW (token-wise aggregation without speculation):
+a side drafts one token, then waits for its target and feeds it before decoding on.
+A side's ledger drops the other side's drafts from an older epoch (sent before it learned of
+its rejection). The link (`PeerLink`) and the model (`Decoder`) are the side's own."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from collab.dragon import Ledger, Scheduler, aggregate, make_draft
+from collab.protocol import AggregatorPolicy, DragonDraft, DragonSetup, DragonTarget, Message, Side
+from collab.sampling import SamplingParams
+
+
+class Decoder(Protocol):
+    """A side's per-document sequences [d; question; answer so far], stepped together."""
+
+    answer_tokens: int  # answer tokens fed to every sequence
+
+    async def advance(self, token: int) -> np.ndarray:
+        """Feed one answer token to every sequence; next-token logits [D, V]."""
+
+    async def rewind(self, answer_tokens: int) -> None:
+        """Roll every sequence back to its prompt plus this many answer tokens."""
+
+    def cancel(self) -> None:
+        """Stop the model step in flight (it raises; no sequence changes)."""
+
+
+class PeerLink(Protocol):
+    """The request's frames to and from the other side."""
+
+    async def send(self, msg: Message) -> None: ...
+
+    async def recv(self) -> DragonDraft | DragonTarget:
+        """The other side's next DRAGON frame; raises when the request ends otherwise."""
+
+    def rtt(self) -> float | None:
+        """The measured round trip in seconds, if any."""
+
+
+class PeerError(Exception):
+    """The other side sent a frame that breaks the protocol (reported, then ignored)."""
+
+
+Rescore = Callable[[list[int]], Awaitable["np.ndarray | None"]]
+
+
+class DragonPeer:
+    """Drive one side's decoder and, while this side aggregates, Algorithm 1."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        decoder: Decoder,
+        link: PeerLink,
+        setup: DragonSetup,
+        params: SamplingParams,
+        scores: np.ndarray,
+        *,
+        request_id: int,
+        rng: np.random.Generator,
+        coin: np.random.Generator,
+        scheduler: Scheduler | None = None,
+        rescore: Rescore | None = None,
+        on_error: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
+        self.ledger, self.decoder, self.link, self.setup = ledger, decoder, link, setup
+        self.params, self.scores = params, np.asarray(scores, dtype=np.float64)
+        self.request_id, self.rng, self.coin = request_id, rng, coin
+        self.scheduler = scheduler or Scheduler(setup.policy)
+        self.rescore, self.on_error = rescore, on_error
+        self.me = ledger.me
+        self.greedy = params.temperature == 0.0
+        self._logits: tuple[np.ndarray, float] | None = None  # next draft's logits, decode time
+        self._step: asyncio.Future[tuple[np.ndarray, float]] | None = None  # model step running
+        self._commits: list[int] = []
+        self.rollbacks = 0
+
+    async def run(self, logits: np.ndarray, decode_time: float) -> AsyncIterator[list[int]]:
+        """Decode and aggregate until the answer ends; yields committed tokens as they come.
+        `logits` [D, V] are the prefill's, for the answer's first position."""
+        ledger = self.ledger
+        self._logits = (logits, decode_time)
+        recv: asyncio.Future[DragonDraft | DragonTarget] = asyncio.ensure_future(self.link.recv())
+        try:
+            while not ledger.finished:
+                while self._logits is not None and self._can_draft() and not ledger.finished:
+                    await self._draft()
+                    await self._aggregate()
+                if self._commits:
+                    yield self._flush()
+                if ledger.finished:
+                    break
+                waiting: set[asyncio.Future[Any]] = {recv}
+                if self._step is not None:
+                    waiting.add(self._step)
+                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if self._step is not None and self._step in done:
+                    self._logits, self._step = self._step.result(), None
+                if recv in done:
+                    msg = recv.result()
+                    recv = asyncio.ensure_future(self.link.recv())
+                    await self._on_frame(msg)
+                await self._aggregate()
+                if self._commits:
+                    yield self._flush()
+        finally:
+            recv.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await recv
+            await self._stop_step()
+
+    # ---- drafting --------------------------------------------------------------------------
+    def _can_draft(self) -> bool:
+        ledger = self.ledger
+        ahead = max(self.setup.lookahead, 1)
+        return not ledger.own_ended() and len(ledger.queues[self.me]) < ahead
+
+    async def _draft(self) -> None:
+        assert self._logits is not None
+        logits, seconds = self._logits
+        self._logits = None
+        ledger = self.ledger
+        draft = make_draft(
+            logits, self.scores, self.params, self.setup.top_p, self.setup.max_sparse, self.rng,
+            decode_time=seconds, epoch=ledger.epochs[self.me],
+            step=ledger.next_draft_step(self.me), request_id=self.request_id,
+        )  # fmt: skip
+        ledger.add_own(draft)
+        self.scheduler.observe_draft(self.me, draft)
+        await self.link.send(draft)
+        if self.setup.lookahead and not ledger.own_ended():
+            self._start_step(draft.token)
+
+    def _start_step(self, token: int) -> None:
+        async def timed() -> tuple[np.ndarray, float]:
+            t0 = time.perf_counter()
+            logits = await self.decoder.advance(token)
+            return logits, time.perf_counter() - t0
+
+        self._step = asyncio.ensure_future(timed())
+
+    async def _stop_step(self) -> None:
+        """Preempt the model step in flight (its result, if it finished anyway, is dropped)."""
+        step, self._step = self._step, None
+        self._logits = None
+        if step is None:
+            return
+        if not step.done():
+            self.decoder.cancel()
+        with contextlib.suppress(Exception):
+            await step
+
+    # ---- frames and targets ----------------------------------------------------------------
+    async def _on_frame(self, msg: DragonDraft | DragonTarget) -> None:
+        try:
+            if isinstance(msg, DragonDraft):
+                if self.ledger.receive(msg):
+                    self.scheduler.observe_draft(self.me.other, msg)
+            elif self.ledger.aggregating:
+                raise PeerError(f"a target for step {msg.step} from the side not aggregating")
+            else:
+                await self._apply(msg)
+        except (PeerError, ValueError) as exc:
+            if self.on_error is None:
+                raise
+            await self.on_error(f"{exc}; ignored")
+
+    async def _aggregate(self) -> None:
+        ledger = self.ledger
+        while ledger.aggregating and ledger.ready():
+            device, cloud = ledger.fronts()
+            token, ok_device, ok_cloud = aggregate(device, cloud, self.greedy, self.coin)
+            rtt = self.link.rtt()
+            if rtt is not None:
+                self.scheduler.rtt = rtt
+            after = self.scheduler.choose(self.me, ledger.step)
+            target = DragonTarget(token, ok_device, ok_cloud, after,
+                                  request_id=self.request_id, step=ledger.step)  # fmt: skip
+            await self.link.send(target)
+            await self._apply(target)
+
+    async def _apply(self, target: DragonTarget) -> None:
+        applied = self.ledger.apply(target)
+        self.scheduler.observe_target(target)
+        self._commits += applied.kept
+        if self.ledger.finished:
+            return
+        if applied.own_rejected:
+            self.rollbacks += 1
+            await self._stop_step()
+            await self.decoder.rewind(self.ledger.step - 1)
+            self._start_step(target.token)
+        elif not self.setup.lookahead:  # synchronous: the target is fed once it is known
+            self._start_step(target.token)
+        every = self.setup.rerank_every
+        if self.rescore is not None and every and self.ledger.step % every == 0:
+            scores = await self.rescore(list(self.ledger.transcript.tokens))
+            if scores is not None:
+                self.scores = np.asarray(scores, dtype=np.float64)
+
+    def _flush(self) -> list[int]:
+        out, self._commits = self._commits, []
+        return out
+
+
+def first_aggregator(setup: DragonSetup) -> Side:
+    """Where aggregation starts: the pinned side, or the setup's first side under AUTO."""
+    if setup.policy == AggregatorPolicy.DEVICE:
+        return Side.DEVICE
+    if setup.policy == AggregatorPolicy.CLOUD:
+        return Side.CLOUD
+    return setup.first

@@ -1,0 +1,262 @@
+"""DRAGON, device side: private and public knowledge in one answer (DRAGON §3–§5, DESIGN §5.5).
+
+The device decodes one sequence per private passage [d; question; answer so far], the cloud
+one per public passage; each side mixes its documents' next-token distributions into p^s with
+side weight h^s, and Speculative Aggregation (`collab.dragon_peer`, the same loop on both
+sides) draws every answer token from η^device p^device + η^cloud p^cloud. Only token ids,
+sparse p^s, h^s and timing cross the wire: the private passages, their embeddings and this
+cache never do.
+
+    device                                             cloud
+    Generate, DragonSetup ───────────────────────────▶ public retrieval → Citations
+    private retrieval, prefill ×k                      prefill ×k
+    drafts ◀──────────────────────────────────────────▶ drafts
+    the aggregator (scheduler's pick) → DragonTarget ─▶ both apply it; a rejected side rolls
+                                                        back and re-decodes (new epoch)
+    Done ◀──────────────────────────────────────────── the answer ended
+
+If the link breaks mid-answer, the device finishes from its own mixture (its documents
+only) and says so."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from collab.dragon import (
+    DRAGON_LOOKAHEAD,
+    DRAGON_MAX_SPARSE,
+    DRAGON_TOP_P,
+    NO_DOCUMENT_COSINE,
+    Ledger,
+    Scheduler,
+    draft_token,
+    relevance,
+    side_distribution,
+)
+from collab.dragon_peer import DragonPeer, first_aggregator
+from collab.protocol import (
+    AggregatorPolicy,
+    Citations,
+    Done,
+    DragonDraft,
+    DragonSetup,
+    DragonTarget,
+    Error,
+    ErrorCode,
+    Message,
+    Mode,
+    Side,
+)
+from collab.sources import Source
+from edge_runtime.client import CloudClient, CloudError
+from edge_runtime.device import retrieve_private
+from edge_runtime.events import Event, Notice
+from edge_runtime.modes.base import (
+    Answer,
+    AnswerOptions,
+    ModeContext,
+    Turn,
+    full_history,
+    left_out_notice,
+    need_device,
+)
+from edge_runtime.modes.cloud_link import CloudBacked, citations_from
+from model_runtime.async_model import DocumentBatch
+from model_runtime.prompting import document_prompt, prompt_budget
+
+POLICIES = {"device": AggregatorPolicy.DEVICE, "cloud": AggregatorPolicy.CLOUD,
+            "auto": AggregatorPolicy.AUTO}  # fmt: skip
+
+
+@dataclass
+class _Documents:
+    """The device's side of one answer: one prompt per private passage and their relevance."""
+
+    prompts: list[list[int]]
+    scores: np.ndarray
+    batch: DocumentBatch
+    first_logits: np.ndarray | None = None
+
+
+class DragonMode(CloudBacked):
+    name = "dragon"
+    description = "device and cloud each read their own documents; every token mixes both"
+    protocol_mode = Mode.DRAGON
+
+    def __init__(self, ctx: ModeContext) -> None:
+        super().__init__(ctx)
+        self._docs: _Documents | None = None
+
+    @property
+    def policy(self) -> AggregatorPolicy:
+        try:
+            return POLICIES[self.ctx.aggregator]
+        except KeyError:
+            raise ValueError(
+                f"aggregator must be one of {', '.join(POLICIES)} (got {self.ctx.aggregator!r})"
+            ) from None
+
+    async def prepare(
+        self, question: str, history: Sequence[Turn], options: AnswerOptions, answer: Answer
+    ) -> AsyncIterator[Event]:
+        """Private retrieval and one prompt per passage (the prefill waits until the request
+        is out, so the cloud's retrieval and prefill overlap the device's). The passages are
+        numbered after the cloud's (1..k), the way each side's prompts cite them."""
+        device = need_device(self.ctx)
+        passages = await retrieve_private(self.ctx.index, question, options.k, options.min_score)
+        passages = [replace(p, number=options.k + n) for n, p in enumerate(passages, 1)]
+        for source in passages:
+            yield source
+        budget = prompt_budget(device.lm.max_context, options.max_new_tokens)
+        prompts, dropped = [], 0
+        docs: list[Source | None] = list(passages) or [None]
+        for doc in docs:
+            ids, dropped = document_prompt(
+                device.tokenizer, question, full_history(history), doc, budget
+            )
+            prompts.append(ids)
+        if dropped:
+            yield left_out_notice(dropped, device.lm.max_context)
+        cosines = [p.score for p in passages] or [NO_DOCUMENT_COSINE]
+        self._docs = _Documents(prompts, relevance(np.array(cosines)), DocumentBatch(device))
+
+    async def converse(
+        self, client: CloudClient, rid: int, options: AnswerOptions, answer: Answer
+    ) -> AsyncIterator[Event]:
+        docs = self._docs
+        assert docs is not None  # prepare ran
+        setup = DragonSetup(
+            options.k, self.policy, Side.DEVICE, DRAGON_TOP_P, DRAGON_MAX_SPARSE,
+            DRAGON_LOOKAHEAD, self.ctx.rerank_every, request_id=rid,
+        )  # fmt: skip
+        await client.send(setup)
+        pinger = asyncio.ensure_future(_ping(client))
+        link = _DeviceLink(self, client, rid, answer)
+        try:
+            t0 = time.perf_counter()
+            docs.first_logits = await docs.batch.start(docs.prompts)
+            prefill_s = time.perf_counter() - t0
+            seed = options.seed
+            ledger = Ledger(Side.DEVICE, answer.transcript, aggregator=first_aggregator(setup))
+            peer = DragonPeer(
+                ledger, docs.batch, link, setup, options.sampling, docs.scores,
+                request_id=rid,
+                rng=np.random.default_rng(None if seed is None else [seed, 0xD2]),
+                coin=np.random.default_rng(None if seed is None else [seed, 0xC0]),
+                scheduler=Scheduler(setup.policy),
+            )  # fmt: skip
+            async for kept in peer.run(docs.first_logits, prefill_s):
+                _figures(answer, ledger)
+                for event in [*link.take_events(), *answer.emit(kept)]:
+                    yield event
+            _figures(answer, ledger)
+            while not answer.finished:
+                await link.recv()  # drafts after the end are dropped; Done ends it
+        except _Finished:
+            pass
+        finally:
+            pinger.cancel()
+        for event in link.take_events():
+            yield event
+
+    async def finish_on_device(
+        self, question: str, history: Sequence[Turn], options: AnswerOptions, answer: Answer
+    ) -> AsyncIterator[Event]:
+        """The link broke: go on from the device's own mixture p^device (its documents)."""
+        docs = self._docs
+        if docs is None or docs.first_logits is None:  # broke before the device prefilled
+            async for event in super().finish_on_device(question, history, options, answer):
+                yield event
+            return
+        device = need_device(self.ctx)
+        yield Notice(f"finishing the answer on the device ({device.name}, private documents)")
+        transcript, batch = answer.transcript, docs.batch
+        tokens = transcript.tokens
+        logits = docs.first_logits
+        if tokens:
+            have = min(batch.answer_tokens, len(tokens) - 1)
+            await batch.rewind(have)
+            for token in tokens[have:]:
+                logits = await batch.advance(token)
+        rng = np.random.default_rng(None if options.seed is None else [options.seed, 0xF1])
+        greedy = options.temperature == 0.0
+        while transcript.finish is None:
+            ids, probs = side_distribution(
+                logits, docs.scores, options.sampling, DRAGON_TOP_P, DRAGON_MAX_SPARSE
+            )
+            kept = transcript.commit([draft_token(ids, probs, greedy, rng)])
+            for event in answer.emit(kept):
+                yield event
+            if transcript.finish is None:
+                if max(batch.prompt_lengths) + batch.answer_tokens + 1 > device.lm.max_context:
+                    break
+                logits = await batch.advance(kept[-1])
+
+
+class _Finished(Exception):
+    """The cloud's Done arrived: the request is over."""
+
+
+class _DeviceLink:
+    """The request's frames as the DRAGON loop sees them: Citations become events, Done ends
+    the request, Error frames about a frame of ours are errors."""
+
+    def __init__(self, mode: DragonMode, client: CloudClient, rid: int, answer: Answer) -> None:
+        self.mode, self.client, self.rid, self.answer = mode, client, rid, answer
+        self.events: list[Event] = []
+
+    async def send(self, msg: Message) -> None:
+        await self.client.send(msg)
+
+    async def recv(self) -> DragonDraft | DragonTarget:
+        while True:
+            msg = await self.mode.recv(self.client, self.rid)
+            if isinstance(msg, DragonDraft | DragonTarget):
+                return msg
+            if isinstance(msg, Citations):
+                self.events.extend(citations_from(msg))
+            elif isinstance(msg, Done):
+                self.answer.finished = True
+                self.answer.stats.finish = msg.reason.name.lower()
+                if self.answer.transcript.finish is None:  # the cloud ended it early
+                    self.answer.transcript.finish = msg.reason
+                raise _Finished
+            elif isinstance(msg, Error):
+                if msg.code == ErrorCode.EVICTED:
+                    raise CloudError(f"the cloud dropped this answer's cache: {msg.message}")
+                raise CloudError(f"the cloud refused a frame: {msg.message}")
+            else:
+                raise CloudError(f"unexpected {type(msg).__name__} from the cloud")
+
+    def rtt(self) -> float | None:
+        return self.client.rtt_s
+
+    def take_events(self) -> list[Event]:
+        out, self.events = self.events, []
+        return out
+
+
+async def _ping(client: CloudClient) -> None:
+    """Measure the round trip once at the start, and again now and then (the scheduler's
+    c_trans); a lost ping only leaves the estimate as it was."""
+    with contextlib.suppress(CloudError, asyncio.TimeoutError):
+        while True:
+            await client.ping()
+            await asyncio.sleep(1.0)
+
+
+def _figures(answer: Answer, ledger: Ledger) -> None:
+    stats = answer.stats
+    stats.aggregator = ledger.aggregator.label
+    stats.switches = ledger.switches
+    stats.device_drafted = ledger.drafted[Side.DEVICE]
+    stats.device_accepted = ledger.accepted[Side.DEVICE]
+    stats.cloud_drafted = ledger.drafted[Side.CLOUD]
+    stats.cloud_accepted = ledger.accepted[Side.CLOUD]
+    stats.rounds = ledger.step
