@@ -4,20 +4,36 @@ Wikipedia summaries, a real private index), and every token is aggregated across
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
 import pytest
 from aiohttp.test_utils import TestServer
+from scipy import stats as scipy_stats
 
 from cloud_backend.config import ServerConfig
 from cloud_backend.engine import LLMEngine
 from cloud_backend.server import create_app
+from collab.dragon import (
+    DRAGON_MAX_SPARSE,
+    DRAGON_TOP_P,
+    NO_DOCUMENT_COSINE,
+    Scheduler,
+    relevance,
+    side_distribution,
+)
+from collab.sampling import GREEDY, SamplingParams
 from edge_runtime.device import DeviceModel
 from edge_runtime.events import Citation, Stats, TextDelta
 from edge_runtime.modes import build_mode
 from edge_runtime.modes.base import AnswerOptions, CloudSettings, ModeContext
+from model_runtime.prompting import document_prompt, prompt_budget
+from model_runtime.tokenizer import IM_END_ID
 from model_runtime.torch_runtime import TorchCausalLM
-from tests.tiny_models import build_tiny_hf
+from tests.tiny_models import TINY_CONTEXT, build_tiny_hf
 
 TOKEN = "test-token-0123456789"
+VOCAB = 151_936
 QUESTION = "Where is the spare key hidden, and what is Aachen known for?"
 
 
@@ -27,10 +43,15 @@ def cloud_engine(tiny, tiny_tokenizer) -> LLMEngine:
 
 
 @pytest.fixture(scope="module")
-def device(tiny, tiny_tokenizer, tmp_path_factory) -> DeviceModel:
-    """Other weights than the cloud's, same tokenizer, float32: the two sides disagree often."""
-    folder = build_tiny_hf(tiny["tokenizer"], tmp_path_factory.mktemp("dev") / "hf", seed=1)
-    return DeviceModel(TorchCausalLM(folder), tiny_tokenizer, "tiny-device")
+def device_dir(tiny, tmp_path_factory):
+    """Other weights than the cloud's, same tokenizer: the two sides disagree often."""
+    return build_tiny_hf(tiny["tokenizer"], tmp_path_factory.mktemp("dev") / "hf", seed=1)
+
+
+@pytest.fixture(scope="module")
+def device(device_dir, tiny_tokenizer) -> DeviceModel:
+    """The device model in float32 torch (exact comparisons with the reference)."""
+    return DeviceModel(TorchCausalLM(device_dir), tiny_tokenizer, "tiny-device")
 
 
 @pytest.fixture(scope="module")
@@ -82,13 +103,190 @@ def dragon(device, url, index, aggregator="auto", **kw):
     return build_mode("dragon", ctx)
 
 
-@pytest.mark.parametrize("aggregator", ["device", "cloud"])
-async def test_greedy_answer_runs(aggregator, device, cloud_url, private_index):
-    mode = dragon(device, cloud_url, private_index, aggregator)
-    options = AnswerOptions(max_new_tokens=24, temperature=0.0, k=2)
-    text, stats, events = await ask(mode, QUESTION, options)
+# ---------------------------------------------------------------------------- reference
+
+
+def reference_answer(device_dir, cloud_dir, tokenizer, question, private, public, n, k=2):
+    """A single process, no link: both sides' per-document sequences decoded in lockstep, the
+    two sparse mixtures as they are transmitted, and the argmax of their weighted sum."""
+    budget = prompt_budget(TINY_CONTEXT, n)
+    hits = private.search(question, k) if private is not None else []
+    d_docs = [h.source(k + i, "device") for i, h in enumerate(hits, 1)]
+    c_docs = [replace(p, number=i) for i, p in enumerate(public.search(question, k), 1)] if (
+        public is not None) else []  # fmt: skip
+    sides = []
+    for folder, docs in ((device_dir, d_docs), (cloud_dir, c_docs)):
+        lm = TorchCausalLM(folder)
+        prompts = [document_prompt(tokenizer, question, [], d, budget)[0] for d in docs or [None]]
+        cosines = np.array([d.score for d in docs] or [NO_DOCUMENT_COSINE])
+        sides.append([lm, relevance(cosines), lm.prefill(prompts)])
+    h = [float(np.log(np.sum(np.exp(r)))) for _, r, _ in sides]
+    eta = np.exp(np.array(h) - max(h))
+    eta /= eta.sum()
+    out: list[int] = []
+    for _ in range(n):
+        mixed = np.zeros(sides[0][2].shape[-1])
+        for (_, r, logits), w in zip(sides, eta, strict=True):
+            ids, probs = side_distribution(logits, r, GREEDY, DRAGON_TOP_P, DRAGON_MAX_SPARSE)
+            p = probs.astype(np.float64)
+            mixed[ids] += w * p / p.sum()
+        token = int(np.argmax(mixed))
+        if token == IM_END_ID:
+            break
+        out.append(token)
+        for side in sides:
+            side[2] = side[0].decode([token] * side[0].batch_size)
+    return out
+
+
+def alternate_every_3(self, current, step, frame_bytes=200):
+    return current.other if step % 3 == 2 else current
+
+
+@pytest.mark.parametrize("docs", ["both", "none"])
+@pytest.mark.parametrize("aggregator", ["device", "cloud", "switching"])
+async def test_greedy_dragon_equals_the_single_process_reference(
+    docs, aggregator, tiny, device_dir, device, tiny_tokenizer, cloud_url, private_index,
+    public_corpus, monkeypatch,
+):  # fmt: skip
+    if aggregator == "switching":
+        monkeypatch.setattr(Scheduler, "choose", alternate_every_3)
+    index = private_index if docs == "both" else None
+    mode = dragon(device, cloud_url, index, "auto" if aggregator == "switching" else aggregator,
+                  retrieve_public=docs == "both")  # fmt: skip
+    n = 20
+    options = AnswerOptions(max_new_tokens=n, temperature=0.0, k=2)
+    _, stats, events = await ask(mode, QUESTION, options)
     await mode.close()
+    expected = reference_answer(
+        device_dir, tiny["hf"], tiny_tokenizer, QUESTION, index,
+        public_corpus if docs == "both" else None, n,
+    )  # fmt: skip
+    assert stats.token_ids == expected
+    assert stats.device_drafted > 0 and stats.cloud_drafted > 0
+    if aggregator == "switching":
+        assert stats.switches >= 4
+    else:
+        assert stats.switches == 0 and stats.aggregator == aggregator
     sides = {e.side for e in events if isinstance(e, Citation)}
-    assert sides == {"device", "cloud"}
-    assert stats.tokens > 0 and stats.aggregator == aggregator
-    print(aggregator, stats.as_dict(), repr(text))
+    assert sides == ({"device", "cloud"} if docs == "both" else set())
+    if docs == "none":  # equal weights: the sides disagree, so both get rejected at times
+        assert stats.device_accepted < stats.device_drafted
+        assert stats.cloud_accepted < stats.cloud_drafted
+
+
+# ---------------------------------------------------------------------------- sampling
+
+
+def mixture_after(device_dir, cloud_dir, tokenizer, prefix, params, which="mix"):
+    """The exact target distribution (dense) after `prefix`, with no documents on either side
+    (equal weights): ½ p^device + ½ p^cloud as transmitted; or one side's own ("device")."""
+    budget = prompt_budget(TINY_CONTEXT, 8)
+    prompt = document_prompt(tokenizer, QUESTION, [], None, budget)[0]
+    out = np.zeros(VOCAB)
+    for name, folder in (("device", device_dir), ("cloud", cloud_dir)):
+        if which not in ("mix", name):
+            continue
+        lm = _lm(folder)
+        logits = lm.prefill([prompt])
+        for t in prefix:
+            logits = lm.decode([t])
+        ids, probs = side_distribution(logits, relevance(np.zeros(1)), params, DRAGON_TOP_P,
+                                       DRAGON_MAX_SPARSE)  # fmt: skip
+        p = probs.astype(np.float64)
+        out[ids] += p / p.sum()
+    return out / out.sum()
+
+
+_LMS: dict = {}
+
+
+def _lm(folder):
+    if folder not in _LMS:
+        _LMS[folder] = TorchCausalLM(folder)
+    return _LMS[folder]
+
+
+def chi_square_p(samples: list[int], probs: np.ndarray, groups: np.ndarray) -> float:
+    """Pearson's χ² of token samples against probs. Tokens expected ≥ 5 times are bins of
+    their own; the rest are pooled by `groups` (a label per token fixed before sampling: which
+    side's transmitted support holds it), so a bias between the sides stays visible."""
+    n = len(samples)
+    counts = np.bincount(samples, minlength=probs.size)
+    expected = probs * n
+    if (counts[expected == 0] > 0).any():
+        return 0.0  # a token the distribution says is impossible
+    big = expected >= 5
+    obs, exp = list(counts[big]), list(expected[big])
+    for label in np.unique(groups[~big]):
+        pool = ~big & (groups == label)
+        if expected[pool].sum() > 0:
+            obs.append(counts[pool].sum())
+            exp.append(expected[pool].sum())
+    return float(scipy_stats.chisquare(obs, exp).pvalue)
+
+
+def prefer_accepted(x_l, p_l, x_r, p_r, eta_l, eta_r, rng):
+    """Algorithm 1 with the coin replaced by "prefer a draft that survived" (biased)."""
+    from collab.verification import aggregate_sample
+
+    a = aggregate_sample(x_l, p_l, p_r, eta_r, rng)
+    b = aggregate_sample(x_r, p_r, p_l, eta_l, rng)
+    target = a if a == x_l else b if b == x_r else (a if rng.random() < 0.5 else b)
+    return target, target == x_l, target == x_r
+
+
+@pytest.mark.parametrize("control", [False, True])
+async def test_sampled_first_token_follows_the_exact_mixture(
+    control, tiny, device_dir, device, tiny_tokenizer, cloud_url, monkeypatch
+):
+    """Many one-token answers over the wire: the token follows ½ p^device + ½ p^cloud (as
+    transmitted), not either side's own; without the coin the same test fails."""
+    if control:
+        monkeypatch.setattr("collab.dragon.speculative_aggregation", prefer_accepted)
+    mode = dragon(device, cloud_url, None, "cloud", retrieve_public=False)
+    firsts = []
+    for seed in range(400):
+        options = AnswerOptions(max_new_tokens=1, temperature=1.0, seed=seed, k=2)
+        _, stats, _ = await ask(mode, QUESTION, options)
+        firsts.append(stats.token_ids[0] if stats.token_ids else IM_END_ID)
+    await mode.close()
+    params = SamplingParams(temperature=1.0)
+    mix = mixture_after(device_dir, tiny["hf"], tiny_tokenizer, [], params)
+    own = mixture_after(device_dir, tiny["hf"], tiny_tokenizer, [], params, "device")
+    cloud = mixture_after(device_dir, tiny["hf"], tiny_tokenizer, [], params, "cloud")
+    groups = (own > 0) + 2 * (cloud > 0)
+    if control:
+        assert chi_square_p(firsts, mix, groups) < 1e-4
+    else:
+        assert chi_square_p(firsts, mix, groups) > 1e-3
+        assert chi_square_p(firsts, own, groups) < 1e-6
+
+
+async def test_sampled_token_after_a_rejection_follows_the_exact_mixture(
+    tiny, device_dir, device, tiny_tokenizer, cloud_url
+):
+    """The second token of two-token answers, each after at least one rejection at the first
+    step: given its own prefix it follows the exact mixture (randomised PIT: uniform under
+    the mixture), and the device's own distribution could not have produced it."""
+    mode = dragon(device, cloud_url, None, "device", retrieve_public=False)
+    params = SamplingParams(temperature=1.0)
+    rng = np.random.default_rng(7)
+    u_mix, impossible_own = [], 0
+    rejected = 0
+    for seed in range(150):
+        options = AnswerOptions(max_new_tokens=2, temperature=1.0, seed=seed, k=2)
+        _, stats, _ = await ask(mode, QUESTION, options)
+        if len(stats.token_ids) < 2:
+            continue
+        rejected += stats.device_accepted + stats.cloud_accepted < 2 * stats.rounds
+        x0, x1 = stats.token_ids[:2]
+        pi = mixture_after(device_dir, tiny["hf"], tiny_tokenizer, [x0], params)
+        assert pi[x1] > 0
+        u_mix.append(pi[:x1].sum() + rng.random() * pi[x1])
+        own = mixture_after(device_dir, tiny["hf"], tiny_tokenizer, [x0], params, "device")
+        impossible_own += own[x1] == 0
+    await mode.close()
+    assert rejected >= 100  # the sides disagree: the step-1 token comes after a rejection
+    assert scipy_stats.kstest(u_mix, "uniform").pvalue > 1e-3
+    assert impossible_own >= 30  # about half come from the cloud's support: not p^device
