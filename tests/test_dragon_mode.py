@@ -290,3 +290,111 @@ async def test_sampled_token_after_a_rejection_follows_the_exact_mixture(
     assert rejected >= 100  # the sides disagree: the step-1 token comes after a rejection
     assert scipy_stats.kstest(u_mix, "uniform").pvalue > 1e-3
     assert impossible_own >= 30  # about half come from the cloud's support: not p^device
+
+
+# ---------------------------------------------------------------------------- privacy, faults
+
+
+async def test_dragon_never_sends_private_text_embeddings_or_cache(
+    device, cloud_url, private_index
+):
+    from tests.test_modes import WireTap
+
+    port = int(cloud_url.split(":")[2].split("/")[0])
+    tap = WireTap(port)
+    url = f"ws://127.0.0.1:{await tap.start()}/v1/session"
+    mode = dragon(device, url, private_index, "auto")
+    options = AnswerOptions(max_new_tokens=24, temperature=0.7, seed=3, k=2)
+    _, stats, events = await ask(mode, QUESTION, options)
+    await mode.close()
+    await tap.close()
+    assert {e.side for e in events if isinstance(e, Citation)} == {"device", "cloud"}
+    frames = tap.payloads()
+    wire = b"".join(frames)
+    assert QUESTION.encode() in wire  # the tap sees what the device sends
+    assert stats.device_drafted > 0
+    hits = private_index.search(QUESTION, k=5)
+    vectors = private_index.store.get_vectors([h.chunk_id for h in hits])
+    for hit, vector in zip(hits, vectors, strict=True):
+        chunk = hit.text.encode()
+        for i in range(max(1, len(chunk) - 31)):
+            assert chunk[i : i + 32] not in wire, f"private text left: {chunk[i : i + 32]}"
+        raw = np.asarray(vector, dtype=np.float32).tobytes()
+        for i in range(0, len(raw) - 31, 4):  # no embedding, in float32 or float16
+            assert raw[i : i + 32] not in wire
+        half = np.asarray(vector, dtype=np.float16).tobytes()
+        assert all(half[i : i + 32] not in wire for i in range(0, len(half) - 31, 2))
+    # no KV tensor either: one cached token of the tiny model alone is larger than any frame
+    kv_per_token = device.lm._bytes_per_slot()
+    assert max(len(f) for f in frames) < kv_per_token
+    assert stats.bytes_up / max(stats.tokens, 1) < 1024
+
+
+async def test_stale_drafts_from_an_old_epoch_are_dropped(
+    tiny, device_dir, device, tiny_tokenizer, cloud_url, monkeypatch
+):
+    """After each rejection the device also sends a copy of its new draft stamped with the
+    old epoch: the cloud drops every one, and the answer is the reference's."""
+    from collab.protocol import DragonDraft
+    from edge_runtime.client import CloudClient
+
+    send = CloudClient.send
+    injected = 0
+
+    async def send_with_stale(self, msg):
+        nonlocal injected
+        if isinstance(msg, DragonDraft) and msg.epoch > 0:
+            stale = DragonDraft(
+                msg.token,
+                msg.ids,
+                msg.probs,
+                msg.h,
+                msg.decode_time,
+                request_id=msg.request_id,
+                epoch=msg.epoch - 1,
+                step=msg.step,
+            )
+            await send(self, stale)  # fmt: skip
+            injected += 1
+        await send(self, msg)
+
+    monkeypatch.setattr(CloudClient, "send", send_with_stale)
+    mode = dragon(device, cloud_url, None, "cloud", retrieve_public=False)
+    n = 16
+    _, stats, _ = await ask(mode, QUESTION, AnswerOptions(max_new_tokens=n, temperature=0.0))
+    await mode.close()
+    assert injected > 0
+    expected = reference_answer(device_dir, tiny["hf"], tiny_tokenizer, QUESTION, None, None, n)
+    assert stats.token_ids == expected
+
+
+async def test_cloud_killed_mid_answer_is_reported_and_the_device_finishes(
+    tiny, device, private_index, tmp_path, monkeypatch
+):
+    from app.embedded import EmbeddedCloud
+    from edge_runtime.events import Failure, Notice
+
+    monkeypatch.setenv("TANDEM_DATA_DIR", str(tmp_path))
+    serve = ["--engine", "torch", "--dtype", "float32", "--model-dir", str(tiny["hf"]),
+             "--no-corpus"]  # fmt: skip
+    cloud = await EmbeddedCloud.start(serve, timeout_s=120)
+    try:
+        ctx = ModeContext(device, private_index, CloudSettings(cloud.url, cloud.token))
+        mode = build_mode("dragon", ctx)
+        events, killed = [], False
+        options = AnswerOptions(max_new_tokens=60, temperature=0.0, k=2)
+        async for event in mode.answer(QUESTION, [], options):
+            events.append(event)
+            if isinstance(event, TextDelta) and not killed and len(events) > 4:
+                cloud.proc.kill()
+                killed = True
+        assert killed
+        failure = next(e for e in events if isinstance(e, Failure))
+        assert failure.recoverable and "after" in failure.message
+        assert any(isinstance(e, Notice) and "device" in e.text for e in events)
+        stats = events[-1]
+        assert isinstance(stats, Stats) and stats.finish in ("stop", "length")
+        assert stats.tokens > int(failure.message.split("after ")[1].split()[0])
+        await mode.close()
+    finally:
+        await cloud.stop()

@@ -422,6 +422,44 @@ async def test_malformed_frames_get_errors_and_the_session_survives(cloud):
         assert pong.sent_ns >= pong.received_ns
 
 
+async def test_malformed_dragon_frames_get_errors_and_the_answer_goes_on(cloud):
+    """A device that sends broken DRAGON frames mid-answer gets an Error for each; the cloud's
+    answer (it aggregates) goes on with the valid drafts that follow, to its Done."""
+    from collab.protocol import AggregatorPolicy, DragonDraft, DragonSetup, DragonTarget, Side
+
+    def draft(step: int, epoch: int, token: int = 1000) -> DragonDraft:
+        return DragonDraft(token, [token, 1001], [0.75, 0.25], 0.0, 0.01, request_id=1,
+                           epoch=epoch, step=step)  # fmt: skip
+
+    async with raw(cloud, greet=hello(cloud.engine, Mode.DRAGON)) as s:
+        await s.send(Generate("Hi", max_new_tokens=4, retrieve=False, request_id=1))
+        await s.send(DragonSetup(2, AggregatorPolicy.CLOUD, Side.CLOUD, request_id=1))
+        bad_token = encode(draft(0, 0, token=5))[:-12] + encode(draft(0, 0))[-12:]
+        cases = [
+            (encode(draft(0, 0))[:-3], "body length"),  # truncated
+            (bad_token, "outside its transmitted distribution"),
+            (encode(DragonTarget(7, True, True, Side.CLOUD, request_id=1)), "not aggregating"),
+        ]
+        for frame, needle in cases:
+            await s.ws.send_bytes(frame)
+            frames = await s.recv_until(Error)
+            assert frames[-1].code == ErrorCode.MALFORMED and needle in frames[-1].message
+        step = epoch = 0
+        done = None
+        await s.send(draft(0, 0))
+        while done is None:
+            msg = await s.recv()
+            if isinstance(msg, DragonTarget):
+                assert msg.step == step
+                epoch += not msg.device_accepted
+                step += 1
+                await s.send(draft(step, epoch))
+            elif isinstance(msg, Done):
+                done = msg
+        assert done.reason in (FinishReason.STOP, FinishReason.LENGTH) and step >= 1
+        await s.ping_pong()
+
+
 async def test_idle_timeout_closes_with_an_error(start_cloud):
     cloud = await start_cloud(idle_timeout_s=0.3)
     async with raw(cloud) as s:
