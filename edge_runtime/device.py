@@ -4,10 +4,11 @@ run on a worker thread: `model_runtime.async_model`)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from collab.sources import Source
@@ -53,13 +54,24 @@ class Retriever(Protocol):
 
     def search(self, query: str, k: int = 5, min_score: float | None = None) -> list[Any]: ...
 
+    def rescore(self, hits: Sequence[Any], text: str) -> np.ndarray:
+        """Cosine of each hit with `text` (DRAGON's dynamic re-ranking)."""
+        ...
+
 
 async def retrieve_private(
     index: Retriever | None, question: str, k: int, min_score: float | None = None
 ) -> list[Source]:
     """Private passages for the device prompt, numbered and marked device: the same sources
     are the prompt's passages and the answer's citations."""
+    hits = await search_private(index, question, k, min_score)
+    return [hit.source(n, "device") for n, hit in enumerate(hits, 1)]
+
+
+async def search_private(
+    index: Retriever | None, question: str, k: int, min_score: float | None = None
+) -> list[Any]:
+    """The private index's hits for the question (none without an index or with k = 0)."""
     if index is None or k <= 0:
         return []
-    hits = await asyncio.to_thread(index.search, question, k, min_score)
-    return [hit.source(n, "device") for n, hit in enumerate(hits, 1)]
+    return await asyncio.to_thread(index.search, question, k, min_score)

@@ -398,3 +398,24 @@ async def test_cloud_killed_mid_answer_is_reported_and_the_device_finishes(
         await mode.close()
     finally:
         await cloud.stop()
+
+
+async def test_dynamic_reranking_rescores_both_sides_documents(
+    device, cloud_url, private_index, public_corpus, monkeypatch
+):
+    """With re-ranking every 4 tokens each side re-scores its own documents against the
+    question and the answer so far (DRAGON §4.1), and the answer still completes."""
+    calls = {"device": 0, "cloud": 0}
+    for side, obj in (("device", private_index), ("cloud", public_corpus)):
+        original = obj.rescore
+
+        def counted(hits, text, original=original, side=side):
+            calls[side] += 1
+            return original(hits, text)
+
+        monkeypatch.setattr(obj, "rescore", counted)
+    mode = dragon(device, cloud_url, private_index, "auto", rerank_every=4)
+    _, stats, _ = await ask(mode, QUESTION, AnswerOptions(max_new_tokens=16, temperature=0.0))
+    await mode.close()
+    assert stats.tokens == 16
+    assert calls["device"] >= 3 and calls["cloud"] >= 3

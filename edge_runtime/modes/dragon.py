@@ -24,7 +24,8 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -55,7 +56,7 @@ from collab.protocol import (
 )
 from collab.sources import Source
 from edge_runtime.client import CloudClient, CloudError
-from edge_runtime.device import retrieve_private
+from edge_runtime.device import search_private
 from edge_runtime.events import Event, Notice
 from edge_runtime.modes.base import (
     Answer,
@@ -81,6 +82,8 @@ class _Documents:
     prompts: list[list[int]]
     scores: np.ndarray
     batch: DocumentBatch
+    question: str
+    hits: list[Any]  # the index's hits, for re-ranking
     first_logits: np.ndarray | None = None
 
 
@@ -109,8 +112,8 @@ class DragonMode(CloudBacked):
         is out, so the cloud's retrieval and prefill overlap the device's). The passages are
         numbered after the cloud's (1..k), the way each side's prompts cite them."""
         device = need_device(self.ctx)
-        passages = await retrieve_private(self.ctx.index, question, options.k, options.min_score)
-        passages = [replace(p, number=options.k + n) for n, p in enumerate(passages, 1)]
+        hits = await search_private(self.ctx.index, question, options.k, options.min_score)
+        passages = [hit.source(options.k + n, "device") for n, hit in enumerate(hits, 1)]
         for source in passages:
             yield source
         budget = prompt_budget(device.lm.max_context, options.max_new_tokens)
@@ -124,7 +127,9 @@ class DragonMode(CloudBacked):
         if dropped:
             yield left_out_notice(dropped, device.lm.max_context)
         cosines = [p.score for p in passages] or [NO_DOCUMENT_COSINE]
-        self._docs = _Documents(prompts, relevance(np.array(cosines)), DocumentBatch(device))
+        self._docs = _Documents(
+            prompts, relevance(np.array(cosines)), DocumentBatch(device), question, hits
+        )
 
     async def converse(
         self, client: CloudClient, rid: int, options: AnswerOptions, answer: Answer
@@ -150,6 +155,7 @@ class DragonMode(CloudBacked):
                 rng=np.random.default_rng(None if seed is None else [seed, 0xD2]),
                 coin=np.random.default_rng(None if seed is None else [seed, 0xC0]),
                 scheduler=Scheduler(setup.policy),
+                rescore=self._rescore if docs.hits else None,
             )  # fmt: skip
             async for kept in peer.run(docs.first_logits, prefill_s):
                 _figures(answer, ledger)
@@ -164,6 +170,15 @@ class DragonMode(CloudBacked):
             pinger.cancel()
         for event in link.take_events():
             yield event
+
+    async def _rescore(self, tokens: list[int]) -> np.ndarray | None:
+        """DRAGON §4.1 dynamic weights: the passages' cosines with question + answer so far,
+        from their stored vectors (only the text is embedded; nothing leaves the device)."""
+        docs, index = self._docs, self.ctx.index
+        if docs is None or index is None:
+            return None
+        text = docs.question + " " + need_device(self.ctx).tokenizer.decode(tokens)
+        return relevance(await asyncio.to_thread(index.rescore, docs.hits, text))
 
     async def finish_on_device(
         self, question: str, history: Sequence[Turn], options: AnswerOptions, answer: Answer
