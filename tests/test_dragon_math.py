@@ -121,9 +121,10 @@ def run_aggregate(
         x_d, x_c = drafter(device, rng), drafter(cloud, rng)
         target, ok_d, ok_c = fn(with_token(0, device, x_d), with_token(1, cloud, x_c), False, coin)
         out[i] = target, ok_d, ok_c, x_d, x_c
-    targets, ok_d, ok_c, x_d, x_c = out.T
-    assert np.array_equal(ok_d, targets == x_d) and np.array_equal(ok_c, targets == x_c)
-    return targets, ok_d.astype(bool), ok_c.astype(bool)
+    targets, acc_d, acc_c, drafts_d, drafts_c = out.T
+    assert np.array_equal(acc_d, targets == drafts_d)
+    assert np.array_equal(acc_c, targets == drafts_c)
+    return targets, acc_d.astype(bool), acc_c.astype(bool)
 
 
 def fisher_pvalue(pvalues: list[float]) -> float:
@@ -514,12 +515,9 @@ class ToyDecoder:
     ) -> None:
         self.model, self.transcript, self.rng, self.max_delay = model, transcript, rng, max_delay
         self.fed: list[int] = []
+        self.answer_tokens = 0
         self._running = False
         self._cancel = False
-
-    @property
-    def answer_tokens(self) -> int:
-        return len(self.fed)
 
     async def advance(self, token: int) -> np.ndarray:
         self._running, self._cancel = True, False
@@ -529,6 +527,7 @@ class ToyDecoder:
                 if self._cancel:
                     raise ToyCancelled
             self.fed.append(token)
+            self.answer_tokens = len(self.fed)
             return self.model.logits(self.fed)
         finally:
             self._running = False
@@ -536,6 +535,7 @@ class ToyDecoder:
     async def rewind(self, answer_tokens: int) -> None:
         assert answer_tokens <= len(self.fed), "rewind past the tokens fed"
         del self.fed[answer_tokens:]
+        self.answer_tokens = answer_tokens
         assert self.fed == self.transcript.tokens[:answer_tokens], "kept a rejected token"
 
     def cancel(self) -> None:
