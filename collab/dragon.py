@@ -72,8 +72,8 @@ def side_distribution(
     mix = local_mixture(per_doc, np.asarray(scores, dtype=np.float64))
     cand = top_candidates(mix, need=1, mass=top_p)
     order = cand[np.argsort(-mix[cand], kind="stable")]
-    cum = np.cumsum(mix[order])
-    n = min(int(np.searchsorted(cum, top_p * cum[-1])) + 1, max_sparse, order.size)
+    cum = np.cumsum(mix[order])  # of all the mass: the candidates may hold less than 1
+    n = min(int(np.searchsorted(cum, min(top_p, cum[-1]))) + 1, max_sparse, order.size)
     ids = order[:n]
     probs = wire_probs(mix[ids] / mix[ids].sum(), f32)
     keep = probs > 0  # float16 underflow: a token the wire says is impossible is never drawn
