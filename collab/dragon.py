@@ -151,6 +151,9 @@ def aggregate(
     transmitted distributions (device as l, cloud as r, whichever side runs it: the fair coin
     makes the order irrelevant to the output). Greedy: the mixture's argmax, lowest id on a
     tie."""
+    for draft in (device, cloud):
+        if not np.any(draft.ids == draft.token):  # the codec refuses these on the wire too
+            raise ValueError(f"draft {draft.token} is outside the distribution it was sent with")
     support, p_d, p_c = dense_pair(device, cloud)
     eta_d, eta_c = side_etas(device.h, cloud.h)
     if greedy:
