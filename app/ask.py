@@ -46,9 +46,9 @@ def settings_for(args: argparse.Namespace):
     except SettingsError as exc:
         print(f"warning: {exc}; using the defaults", file=sys.stderr)
         settings = Settings()
-    flags = {"variant": args.variant, "k": args.k, "max_tokens": args.max_tokens,
-             "temperature": args.temperature, "cloud_url": args.cloud_url,
-             "cloud_engine": args.cloud_engine}  # fmt: skip
+    flags = {"variant": args.variant, "aggregator": args.aggregator, "k": args.k,
+             "max_tokens": args.max_tokens, "temperature": args.temperature,
+             "cloud_url": args.cloud_url, "cloud_engine": args.cloud_engine}  # fmt: skip
     return dataclasses.replace(settings, **{k: v for k, v in flags.items() if v is not None})
 
 

@@ -32,3 +32,23 @@ def test_ask_without_prepared_models_says_what_to_run(tmp_path):
     )
     assert out.returncode == 2
     assert "tandem models prepare" in out.stderr
+
+
+def test_ask_offers_dragon_and_its_aggregator(capsys):
+    """dragon is a --mode choice (from the registry); --aggregator takes only the three
+    policies; -k says what it means in dragon."""
+    import pytest
+
+    from app.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["ask", "q", "--mode", "dragon", "--aggregator", "cloud", "-k", "2"])
+    assert (args.mode, args.aggregator, args.k) == ("dragon", "cloud", 2)
+    assert parser.parse_args(["ask", "q"]).aggregator is None  # the settings file's
+    with pytest.raises(SystemExit):
+        parser.parse_args(["ask", "q", "--aggregator", "both"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["ask", "--help"])
+    usage = " ".join(capsys.readouterr().out.split())
+    assert "dragon" in usage and "--aggregator {auto,device,cloud}" in usage
+    assert "in dragon, documents per side" in usage
