@@ -11,6 +11,8 @@ import json
 import sys
 from typing import Any
 
+from app.figures import dragon_parts
+
 
 def _show_progress(status) -> None:
     """The embedded cloud's first start (its corpus build), on one stderr line."""
@@ -29,6 +31,7 @@ def _format_stats(s: dict[str, Any], device: str) -> str:
         parts.append(f"{s['tokens_per_s']:.1f} tok/s")
     if s.get("acceptance") is not None:
         parts.append(f"acceptance {s['acceptance']:.2f} · γ {s['gamma']} · {s['rounds']} rounds")
+    parts += dragon_parts(s)
     if s.get("cloud_only"):
         parts.append(f"AS²: {s['cloud_tokens']} tokens decoded in the cloud")
     if s["bytes_up"] or s["bytes_down"]:
@@ -89,7 +92,9 @@ async def run_ask(args: argparse.Namespace) -> int:
                 pass  # collected by the exchange
     finally:
         await assistant.close()
-    out["answer"], out["citations"] = exchange.text, exchange.citations
+    # by number: dragon's device passages (numbered after the cloud's) arrive first
+    out["answer"] = exchange.text
+    out["citations"] = sorted(exchange.citations, key=lambda row: row["number"])
     summary = exchange.stats.as_dict() if exchange.stats else {}
     if args.json:
         print(json.dumps({**out, "stats": summary, "device_model": device.name},
