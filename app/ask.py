@@ -11,6 +11,8 @@ import json
 import sys
 from typing import Any
 
+from app.figures import dragon_parts
+
 
 def _show_progress(status) -> None:
     """The embedded cloud's first start (its corpus build), on one stderr line."""
@@ -29,6 +31,7 @@ def _format_stats(s: dict[str, Any], device: str) -> str:
         parts.append(f"{s['tokens_per_s']:.1f} tok/s")
     if s.get("acceptance") is not None:
         parts.append(f"acceptance {s['acceptance']:.2f} · γ {s['gamma']} · {s['rounds']} rounds")
+    parts += dragon_parts(s)
     if s.get("cloud_only"):
         parts.append(f"AS²: {s['cloud_tokens']} tokens decoded in the cloud")
     if s["bytes_up"] or s["bytes_down"]:
@@ -46,9 +49,9 @@ def settings_for(args: argparse.Namespace):
     except SettingsError as exc:
         print(f"warning: {exc}; using the defaults", file=sys.stderr)
         settings = Settings()
-    flags = {"variant": args.variant, "k": args.k, "max_tokens": args.max_tokens,
-             "temperature": args.temperature, "cloud_url": args.cloud_url,
-             "cloud_engine": args.cloud_engine}  # fmt: skip
+    flags = {"variant": args.variant, "aggregator": args.aggregator, "k": args.k,
+             "max_tokens": args.max_tokens, "temperature": args.temperature,
+             "cloud_url": args.cloud_url, "cloud_engine": args.cloud_engine}  # fmt: skip
     return dataclasses.replace(settings, **{k: v for k, v in flags.items() if v is not None})
 
 
@@ -89,7 +92,9 @@ async def run_ask(args: argparse.Namespace) -> int:
                 pass  # collected by the exchange
     finally:
         await assistant.close()
-    out["answer"], out["citations"] = exchange.text, exchange.citations
+    # by number: dragon's device passages (numbered after the cloud's) arrive first
+    out["answer"] = exchange.text
+    out["citations"] = sorted(exchange.citations, key=lambda row: row["number"])
     summary = exchange.stats.as_dict() if exchange.stats else {}
     if args.json:
         print(json.dumps({**out, "stats": summary, "device_model": device.name},

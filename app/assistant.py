@@ -278,6 +278,7 @@ class Assistant:
             from edge_runtime.modes.base import ModeContext
 
             self._ctx = ModeContext(variant=self.settings.variant,
+                                    aggregator=self.settings.aggregator,
                                     finish_locally=self.finish_locally)  # fmt: skip
         self._ctx.device = self.device
         self._ctx.index = self.index if self.index_has_documents() else None
@@ -363,6 +364,7 @@ class Assistant:
         old, self.settings = self.settings, settings
         if self._ctx is not None:
             self._ctx.variant = settings.variant
+            self._ctx.aggregator = settings.aggregator  # dragon reads it per answer
         self._modes.pop("split", None)
         relink = (effective_cloud(old) != effective_cloud(settings)
                   or old.cloud_engine != settings.cloud_engine

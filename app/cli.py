@@ -146,7 +146,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from app.settings import CLOUD_ENGINES
+    from app.settings import AGGREGATORS, CLOUD_ENGINES
     from collab.variants import variant_names
     from edge_runtime.modes import mode_names
 
@@ -186,7 +186,16 @@ def build_parser() -> argparse.ArgumentParser:
         choices=variant_names(),
         help="split mode's verification scheme (dssd-topk is approximate)" + from_settings,
     )
-    ask.add_argument("-k", type=int, help="private passages to retrieve" + from_settings)
+    ask.add_argument(
+        "--aggregator",
+        choices=AGGREGATORS,
+        help="dragon mode's aggregating side (auto: the scheduler picks before every token)"
+        + from_settings,
+    )
+    ask.add_argument(
+        "-k", type=int,
+        help="private passages to retrieve; in dragon, documents per side" + from_settings,
+    )  # fmt: skip
     ask.add_argument(
         "--cloud-url", help="ws://host:port/v1/session (default: $TANDEM_CLOUD_URL, the "
         "settings file's, else the embedded backend)",

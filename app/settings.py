@@ -26,6 +26,9 @@ CLOUD_URL_ENV = "TANDEM_CLOUD_URL"
 CLOUD_TOKEN_ENV = "TANDEM_CLOUD_TOKEN"
 
 CLOUD_ENGINES = ("ort", "torch")
+AGGREGATORS = ("auto", "device", "cloud")
+"""dragon: where each token is aggregated; auto = the scheduler picks before every token
+(the names of edge_runtime.modes.dragon.POLICIES, kept here so start-up loads no numpy)."""
 
 _HEADER = (
     "# Tandem settings. Edit here or in the TUI's settings screen.\n"
@@ -50,6 +53,7 @@ class Settings:
     cloud_model: str = ""  # "" = the prepared default; else a folder (embedded backend)
     default_mode: str = "local"
     variant: str = DEFAULT_VARIANT  # split variant: a name in collab.variants
+    aggregator: str = "auto"  # dragon: a name in AGGREGATORS
     k: int = DEFAULTS.k  # private passages retrieved
     max_tokens: int = DEFAULTS.max_new_tokens
     temperature: float = DEFAULTS.temperature
@@ -65,6 +69,7 @@ _FIELD_TYPES: dict[str, type] = {
     "cloud_model": str,
     "default_mode": str,
     "variant": str,
+    "aggregator": str,
     "k": int,
     "max_tokens": int,
     "temperature": float,
@@ -95,6 +100,10 @@ def settings_problems(settings: Settings) -> list[str]:
     if settings.variant not in variant_names():
         problems.append(
             f"variant must be one of {', '.join(variant_names())} (got {settings.variant!r})"
+        )
+    if settings.aggregator not in AGGREGATORS:
+        problems.append(
+            f"aggregator must be one of {', '.join(AGGREGATORS)} (got {settings.aggregator!r})"
         )
     if settings.cloud_url and not settings.cloud_url.startswith(("ws://", "wss://")):
         problems.append(

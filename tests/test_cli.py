@@ -32,3 +32,93 @@ def test_ask_without_prepared_models_says_what_to_run(tmp_path):
     )
     assert out.returncode == 2
     assert "tandem models prepare" in out.stderr
+
+
+def test_ask_offers_dragon_and_its_aggregator(capsys):
+    """dragon is a --mode choice (from the registry); --aggregator takes only the three
+    policies; -k says what it means in dragon."""
+    import pytest
+
+    from app.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["ask", "q", "--mode", "dragon", "--aggregator", "cloud", "-k", "2"])
+    assert (args.mode, args.aggregator, args.k) == ("dragon", "cloud", 2)
+    assert parser.parse_args(["ask", "q"]).aggregator is None  # the settings file's
+    with pytest.raises(SystemExit):
+        parser.parse_args(["ask", "q", "--aggregator", "both"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["ask", "--help"])
+    usage = " ".join(capsys.readouterr().out.split())
+    assert "dragon" in usage and "--aggregator {auto,device,cloud}" in usage
+    assert "in dragon, documents per side" in usage
+
+
+async def test_ask_dragon_json_and_last_line_carry_its_figures_and_both_sides_sources(
+    tmp_path, monkeypatch, capsys, tiny, embedder_dir
+):
+    """`tandem ask --mode dragon` end to end: the tiny device model from the settings file, a
+    real private index, a real cloud on loopback (tiny model, public corpus)."""
+    import json
+
+    from aiohttp.test_utils import TestServer
+
+    from app.ask import run_ask
+    from app.cli import build_parser
+    from app.settings import Settings, save_settings
+    from cloud_backend.config import ServerConfig
+    from cloud_backend.corpus import PublicCorpus
+    from cloud_backend.engine import LLMEngine
+    from cloud_backend.server import create_app
+    from collab.paths import embedder_dir as prepared_embedder
+    from collab.paths import index_paths
+    from model_runtime.tokenizer import load_tokenizer
+    from model_runtime.torch_runtime import TorchCausalLM
+    from personal_index.index import PersonalIndex
+
+    monkeypatch.setenv("TANDEM_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("TANDEM_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.delenv("TANDEM_CLOUD_URL", raising=False)
+    monkeypatch.delenv("TANDEM_CLOUD_TOKEN", raising=False)
+    prepared_embedder().parent.mkdir(parents=True)
+    prepared_embedder().symlink_to(embedder_dir)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "garage.txt").write_text("The tandem bicycle in the garage belongs to Ada.\n")
+    with PersonalIndex(*index_paths(), chunk_tokens=48, overlap_tokens=8) as index:
+        index.ingest([docs])
+    corpus = PublicCorpus.open(tmp_path / "public", embedder_dir, limit=40, progress=False,
+                               chunk_tokens=48, overlap_tokens=8)  # fmt: skip
+    engine = LLMEngine(TorchCausalLM(tiny["hf"]), load_tokenizer(tiny["tokenizer"]), "tiny")
+    server = TestServer(create_app(ServerConfig(token="t" * 24), engine, corpus), host="127.0.0.1")
+    await server.start_server()
+    try:
+        save_settings(Settings(device_model=str(tiny["onnx-quant"]), k=1, max_tokens=10,
+                               cloud_url=f"ws://127.0.0.1:{server.port}/v1/session",
+                               cloud_token="t" * 24))  # fmt: skip
+        question = "Who owns the tandem bicycle, and what is Paris?"
+        parser = build_parser()
+        args = parser.parse_args(["ask", question, "--mode", "dragon", "--aggregator", "cloud",
+                                  "--json"])  # fmt: skip
+        assert await run_ask(args) == 0
+        out = json.loads(capsys.readouterr().out)
+        stats = out["stats"]
+        assert out["answer"] and not out["errors"]
+        assert (stats["mode"], stats["aggregator"], stats["switches"]) == ("dragon", "cloud", 0)
+        assert stats["cloud_acceptance"] is not None and stats["device_acceptance"] is not None
+        assert stats["ttft_s"] > 0 and stats["bytes_up"] > 0 and stats["bytes_down"] > 0
+        assert "tokens_per_s" in stats
+        cited = [(c["number"], c["side"]) for c in out["citations"]]
+        assert cited == sorted(cited) and {side for _, side in cited} == {"device", "cloud"}
+
+        args = parser.parse_args(["ask", question, "--mode", "dragon", "--aggregator", "device"])
+        assert await run_ask(args) == 0
+        printed = capsys.readouterr()
+        last = printed.err.strip().splitlines()[-1]
+        assert last.startswith("[dragon · tiny") and "aggregator device · accept device" in last
+        assert "0 switches" in last and "TTFT" in last and "↑" in last
+        listed = [line for line in printed.out.splitlines() if line.startswith("[")]
+        assert [line.split()[1] for line in listed] == [side for _, side in cited]
+    finally:
+        await server.close()
+        corpus.close()

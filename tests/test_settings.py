@@ -58,6 +58,7 @@ def test_round_trip_writes_every_key() -> None:
         cloud_model="/models/cloud",
         default_mode="split",
         variant="dssd-topk",
+        aggregator="cloud",
         k=5,
         max_tokens=64,
         temperature=0.7,
@@ -114,6 +115,7 @@ def test_non_utf8_file_is_a_settings_error() -> None:
         ('temperature = "hot"', "temperature"),
         ("cloud_url = 5", "cloud_url"),
         ("k = true", "k"),
+        ("aggregator = 1", "aggregator"),
         ('keymap = "ctrl+o"', "keymap"),
     ],
 )
@@ -136,6 +138,7 @@ def test_wrong_type_names_the_file_and_key(line: str, key: str) -> None:
         ("temperature = -0.1", "temperature"),
         ('cloud_engine = "tensorflow"', "cloud_engine"),
         ('variant = "magic"', "variant"),
+        ('aggregator = "both"', "aggregator"),
         ('cloud_url = "http://example.com"', "cloud_url"),
         ('default_mode = "  "', "default_mode"),
         ('[keymap]\ncycle_mode = ""', "keymap.cycle_mode"),

@@ -25,7 +25,7 @@ from textual.widgets import Footer, Static
 from app.assistant import Assistant, CloudStatus
 from app.settings import Settings, SettingsError, load_settings, save_settings
 from app.tui.chat_view import AnswerView, ConversationView, PromptInput
-from app.tui.sources import SourceScreen, SourcesPanel
+from app.tui.sources import SourceScreen, SourcesPanel, by_number
 from app.tui.status import ModeBar, StatusBar, figures
 from collab.paths import config_path, describe_paths, export_dir
 
@@ -300,7 +300,7 @@ class TandemApp(App[None]):
         view.load(messages)
         self.query_one("#conversation-title", Static).update(row.title)
         answers = [m for m in messages if m.role == "assistant"]
-        self.sources = list(answers[-1].citations) if answers else []
+        self.sources = by_number(answers[-1].citations) if answers else []
         self.query_one(SourcesPanel).show(self.sources)
         prompt.set_history([m.text for m in messages if m.role == "user"])
 
@@ -387,7 +387,7 @@ class TandemApp(App[None]):
                 elif isinstance(event, Citation):
                     src = exchange.citations[-1]
                     answer.add_citation(**src)
-                    self.sources.append(src)
+                    self.sources = by_number([*self.sources, src])
                     self.query_one(SourcesPanel).add(src)
                 elif isinstance(event, Notice):
                     answer.add_notice(event.text)

@@ -24,6 +24,7 @@ from textual.widget import Widget
 from textual.widgets import Input, Label, Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
+from app.tui.sources import by_number, position
 from collab.sources import Source
 
 FOLLOW_ROWS = 2
@@ -244,9 +245,9 @@ class AnswerView(Widget):
         self._queued: list[tuple[str, Widget]] = []  # extras added before mounting
         self._status = status
         self._note = note
-        self._initial_citations = [dict(c) for c in citations]
+        self._initial_citations = by_number(dict(c) for c in citations)
         self.sources: list[dict[str, Any]] = list(self._initial_citations)
-        """Every source of this answer, as given (the app opens them by number)."""
+        """Every source of this answer, by number (the app opens them by number)."""
         self.add_class(f"-mode-{_css_token(mode)}" if mode else "-mode-none")
         self.add_class(f"-{status}" if status else "-streaming")
 
@@ -427,7 +428,7 @@ class AnswerView(Widget):
         (path, the chunk's text…) is kept in `sources` for the app to open."""
         row = dict(number=number, side=side, title=title, location=location, score=score,
                    excerpt=excerpt, **extra)  # fmt: skip
-        self.sources.append(row)
+        self.sources.insert(position((r["number"] for r in self.sources), number), row)
         line = CitationLine(Source.from_dict(row))
         self._add(".answer-sources", line)
         return line
@@ -439,9 +440,15 @@ class AnswerView(Widget):
         return notice
 
     def _add(self, selector: str, widget: Widget) -> None:
+        """Mount `widget` at the end of `selector`; a citation line goes in number order."""
         if self._ready.is_set():
             if not self._gone:
-                self.query_one(selector, Vertical).mount(widget)
+                box = self.query_one(selector, Vertical)
+                later = None
+                if isinstance(widget, CitationLine):
+                    later = next((c for c in box.query_children(CitationLine)
+                                  if c.number > widget.number), None)  # fmt: skip
+                box.mount(widget, before=later)
         else:
             self._queued.append((selector, widget))
 

@@ -21,6 +21,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Footer, Input, Label, Select, Static
 
 from app.settings import (
+    AGGREGATORS,
     CLOUD_ENGINES,
     Settings,
     SettingsError,
@@ -121,6 +122,13 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 yield _select(self.modes, s.default_mode, "default_mode")
                 yield Label("Split variant")
                 yield _select(variant_names(), s.variant, "variant")
+                yield Label("Aggregator")
+                aggregator = _select(AGGREGATORS, s.aggregator, "aggregator")
+                aggregator.tooltip = (
+                    "dragon: the side that aggregates each token "
+                    "(auto: the scheduler picks before every token)"
+                )
+                yield aggregator
                 yield Label("Retrieval k")
                 yield Input(str(s.k), type="integer", id="k", compact=True)
                 yield Label("Max tokens")
@@ -167,6 +175,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
             cloud_model=self._text("cloud_model"),
             default_mode=self._choice("default_mode"),
             variant=self._choice("variant"),
+            aggregator=self._choice("aggregator"),
             k=int(numbers["k"]),
             max_tokens=int(numbers["max_tokens"]),
             temperature=float(numbers["temperature"]),

@@ -5,8 +5,8 @@ private ones are marked **device** (they never left), public ones **cloud**."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, ClassVar, TypeVar
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -18,10 +18,23 @@ from textual.widgets import Label, ListItem, ListView, Static
 
 from collab.sources import Source
 
+S = TypeVar("S", bound=Source | Mapping[str, Any])
+
 
 def as_source(src: Source | Mapping[str, Any]) -> Source:
     """The source itself, or the one a stored row describes."""
     return src if isinstance(src, Source) else Source.from_dict(src)
+
+
+def by_number(sources: Iterable[S]) -> list[S]:
+    """Sources in citation order. They arrive by side (dragon: the device's own, numbered after
+    the cloud's, come first), but an answer cites them by number."""
+    return sorted(sources, key=lambda s: as_source(s).number)
+
+
+def position(numbers: Iterable[int], number: int) -> int:
+    """Where a source numbered `number` goes among sources numbered `numbers` (in order)."""
+    return sum(n <= number for n in numbers)
 
 
 def badge(side: str) -> Text:
@@ -76,13 +89,15 @@ class SourcesPanel(VerticalScroll):
     def show(self, sources: Sequence[Source | Mapping[str, Any]]) -> None:
         listing = self.query_one("#sources-list", ListView)
         listing.clear()
-        listing.extend(SourceItem(s) for s in sources)
+        listing.extend(SourceItem(s) for s in by_number(sources))
         listing.index = 0 if sources else None
         self.query_one("#sources-empty").display = not sources
 
     def add(self, src: Source | Mapping[str, Any]) -> None:
         listing = self.query_one("#sources-list", ListView)
-        listing.append(SourceItem(src))
+        item = SourceItem(src)
+        numbers = [i.src.number for i in listing.query_children(SourceItem)]
+        listing.insert(position(numbers, item.src.number), [item])
         if listing.index is None:
             listing.index = 0
         self.query_one("#sources-empty").display = False

@@ -176,6 +176,24 @@ async def test_cloud_and_split_answers_with_cloud_sources(tiny_device, index, cl
         assert [m.mode for m in stored] == ["cloud", "cloud", "split", "split"]
 
 
+async def test_dragon_answer_with_both_sides_sources_and_its_figures(tiny_device, index, cloud):
+    """dragon through the TUI, the real pair on loopback: the sources of both sides, in number
+    order (the cloud's 1..k, the device's after), and dragon's figures on the status bar."""
+    app = make_app(tiny_device, index, url_of(cloud), default_mode="dragon", max_tokens=12)
+    async with app.run_test(size=(200, 36)) as pilot:
+        await ready(pilot)
+        assert app.mode_name == "dragon"
+        answer = await ask(pilot, "Who owns the tandem bicycle, and what is Paris?")
+        assert answer.text and answer.status == "complete"
+        sides = [(s["number"], s["side"]) for s in app.sources]
+        assert sides == sorted(sides) and {side for _, side in sides} == {"device", "cloud"}
+        assert [n for n, _ in sides] == [r["number"] for r in answer.sources]
+        line = status_text(app)
+        assert "aggregator " in line and "switch" in line and "accept device" in line
+        assert "TTFT" in line and "↑" in line and "↓" in line
+        assert app.store.messages(app.conversation_id)[-1].mode == "dragon"
+
+
 async def test_escape_cancels_and_keeps_the_partial_answer(tiny_device, index, cloud, slow_cloud):
     app = make_app(tiny_device, index, url_of(cloud), default_mode="cloud", max_tokens=120)
     async with app.run_test(size=SIZE) as pilot:

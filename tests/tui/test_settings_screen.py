@@ -85,6 +85,8 @@ async def test_edit_save_and_reload(isolated_dirs: SimpleNamespace) -> None:
         screen.query_one("#default_mode", Select).value = "split"
         screen.query_one("#cloud_engine", Select).value = "torch"
         screen.query_one("#theme", Select).value = "nord"
+        assert screen.query_one("#aggregator", Select).value == "auto"
+        screen.query_one("#aggregator", Select).value = "cloud"
         await pilot.press("ctrl+s")
         await pilot.pause()
     expected = Settings(
@@ -94,6 +96,7 @@ async def test_edit_save_and_reload(isolated_dirs: SimpleNamespace) -> None:
         device_model="/models/dev",
         default_mode="split",
         variant="dssd",
+        aggregator="cloud",
         k=5,
         max_tokens=128,
         temperature=0.7,
@@ -113,6 +116,7 @@ async def test_edit_save_and_reload(isolated_dirs: SimpleNamespace) -> None:
         assert screen.query_one("#cloud_url", Input).value == "wss://cloud.example:9000"
         assert screen.query_one("#k", Input).value == "5"
         assert screen.query_one("#variant", Select).value == "dssd"
+        assert screen.query_one("#aggregator", Select).value == "cloud"
         assert screen.query_one("#theme", Select).value == "nord"
         await pilot.press("escape")
         await pilot.pause()

@@ -1,0 +1,26 @@
+"""The figures of an answer that both front ends print the same way (the TUI's status bar and
+`tandem ask`'s last line). Headless: `tandem ask` must not import Textual."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def dragon_parts(stats: Mapping[str, Any]) -> list[str]:
+    """dragon's own figures from `Stats.as_dict()`: who aggregates now, how often each side's
+    draft became the target token, and how many times the aggregator moved. Empty for the
+    other modes (they never set an aggregator)."""
+    if not stats.get("aggregator"):
+        return []
+    parts = [f"aggregator {stats['aggregator']}"]
+    rates = [
+        f"{side} {rate:.2f}"
+        for side in ("device", "cloud")
+        if (rate := stats.get(f"{side}_acceptance")) is not None
+    ]
+    if rates:
+        parts.append("accept " + " / ".join(rates))
+    switches = int(stats.get("switches") or 0)
+    parts.append(f"{switches} switch{'es' if switches != 1 else ''}")
+    return parts
