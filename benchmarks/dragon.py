@@ -368,10 +368,11 @@ def print_summary(summary: dict) -> None:
             s["cells"], key=lambda c: (c["latency_ms"], list(METHODS).index(c["method"]))
         ):
             print(
-                f"  {c['method']:14} {c['latency_ms']:>4.0f} {fmt(c['per_token_ms'], '9.1f')} "
-                f"{fmt(c['ttft_ms'], '8.0f')} {fmt(c['device_acceptance'], '7.2f')} "
-                f"{fmt(c['cloud_acceptance'], '9.2f')} {fmt(c['switches'], '8.1f')} "
-                f"{fmt(c['up_bytes_per_token'], '8.1f')} {fmt(c['down_bytes_per_token'], '8.1f')}"
+                f"  {c['method']:14} {c['latency_ms']:>4.0f} {fmt(c['per_token_ms'], '.1f'):>9} "
+                f"{fmt(c['ttft_ms'], '.0f'):>8} {fmt(c['device_acceptance'], '.2f'):>7} "
+                f"{fmt(c['cloud_acceptance'], '.2f'):>9} {fmt(c['switches'], '.1f'):>8} "
+                f"{fmt(c['up_bytes_per_token'], '.1f'):>8} "
+                f"{fmt(c['down_bytes_per_token'], '.1f'):>8}"
                 + (f"  ({c['failures']} failures)" if c["failures"] else "")
             )
         lo, hi = BAND_MS
