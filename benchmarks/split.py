@@ -23,13 +23,10 @@ import json
 import logging
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from app.embedded import EmbeddedCloud
+from benchmarks.common import fmt, host_port, mean_of, pin_device, start_cloud
 
 
 def methods() -> list[str]:
@@ -49,16 +46,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-async def start_cloud(engine: str, core: int | None) -> tuple[EmbeddedCloud, str, str]:
-    from app.embedded import EmbeddedCloud
-
-    serve = ["--engine", engine, "--threads", "1", "--no-corpus"]
-    if engine == "torch":
-        serve += ["--dtype", "bfloat16"]
-    cloud = await EmbeddedCloud.start(serve, cores=None if core is None else {core})
-    return cloud, cloud.url, cloud.token
-
-
 async def run(args: argparse.Namespace) -> list[dict]:
     from benchmarks.link_emulator import LinkEmulator, LinkProfile
     from benchmarks.prompts import load_prompts
@@ -74,13 +61,13 @@ async def run(args: argparse.Namespace) -> list[dict]:
     rows: list[dict] = []
     for engine in args.engines:
         cloud, url, token = await start_cloud(engine, args.cloud_core)
-        host, port = url.split("//")[1].split("/")[0].rsplit(":", 1)
+        host, port = host_port(url)
         try:
             for rtt in args.rtt_ms:
                 for mbit in args.mbit:
                     rate = mbit * 1e6 / 8
                     one_way = LinkProfile(rtt / 2000, 0.0, rate)
-                    link = LinkEmulator(host, int(port), one_way, one_way)
+                    link = LinkEmulator(host, port, one_way, one_way)
                     await link.start()
                     link_url = f"ws://127.0.0.1:{link.port}/v1/session"
                     modes = {}
@@ -161,24 +148,15 @@ def _cost_model(costs) -> dict | None:
     }  # fmt: skip
 
 
-def _fmt(v, spec: str) -> str:
-    return "—" if v is None else format(v, spec)
-
-
 def _line(r: dict) -> str:
     return (
         f"{r['engine']:5} rtt {r['rtt_ms']:>3} ms {r['mbit']:>4} Mbit {r['sampling']:7} "
         f"{r['prompt']:>14} {r['method']:6} {r['tokens_per_s']:6.2f} tok/s "
-        f"TTFT {_fmt(r['ttft_s'], '.2f')} s acc {_fmt(r['acceptance'], '.2f')} "
-        f"γ {_fmt(r['gamma'], 'd')} cloud {r['cloud_cpu_ms_per_token']:6.1f} ms/tok "
-        f"(decode {_fmt(r.get('cloud_decode_cpu_ms_per_token'), '5.1f')}) "
+        f"TTFT {fmt(r['ttft_s'], '.2f')} s acc {fmt(r['acceptance'], '.2f')} "
+        f"γ {fmt(r['gamma'], 'd')} cloud {r['cloud_cpu_ms_per_token']:6.1f} ms/tok "
+        f"(decode {fmt(r.get('cloud_decode_cpu_ms_per_token'), '5.1f')}) "
         f"↑ {r['up_bytes_per_token']:7.1f} ↓ {r['down_bytes_per_token']:7.1f} B/tok"
     )
-
-
-def _mean_of(rows: list[dict], key: str) -> float | None:
-    values = [r[key] for r in rows if r.get(key) is not None]
-    return statistics.mean(values) if values else None
 
 
 def summarise(rows: list[dict]) -> None:
@@ -189,7 +167,7 @@ def summarise(rows: list[dict]) -> None:
         base = [r for r in group if r["method"] == "cloud"]
         base_tps = statistics.mean(r["tokens_per_s"] for r in base) if base else None
         base_cpu = statistics.mean(r["cloud_cpu_ms_per_token"] for r in base) if base else None
-        base_dec = _mean_of(base, "cloud_decode_cpu_ms_per_token")
+        base_dec = mean_of(base, "cloud_decode_cpu_ms_per_token")
         print(f"\n{key[0]} · RTT {key[1]} ms · {key[2]} Mbit/s · {key[3]}")
         ran = ["cloud", *sorted({r["method"] for r in group} - {"cloud"})]
         for m in ran:
@@ -202,16 +180,16 @@ def summarise(rows: list[dict]) -> None:
             drafted = [r["up_bytes_per_drafted"] for r in rs if r["up_bytes_per_drafted"]]
             ratio = f"{tps / base_tps:5.2f}×" if base_tps else "  —  "
             cpu_ratio = f"{cpu / base_cpu:5.0%}" if base_cpu else "—"
-            dec = _mean_of(rs, "cloud_decode_cpu_ms_per_token")
+            dec = mean_of(rs, "cloud_decode_cpu_ms_per_token")
             dec_ratio = f"{dec / base_dec:.0%}" if dec and base_dec else "—"
             print(
                 f"  {m:6} {tps:6.2f} tok/s {ratio}  TTFT "
                 f"{statistics.mean(r['ttft_s'] or 0 for r in rs):5.2f} s  acceptance "
-                f"{_fmt(statistics.mean(acc) if acc else None, '.2f')}  cloud CPU "
+                f"{fmt(statistics.mean(acc) if acc else None, '.2f')}  cloud CPU "
                 f"{cpu:6.1f} ms/tok ({cpu_ratio} of cloud-only; after the first token "
-                f"{_fmt(dec, '.1f')} ms, {dec_ratio})  ↑ "
+                f"{fmt(dec, '.1f')} ms, {dec_ratio})  ↑ "
                 f"{statistics.mean(r['up_bytes_per_token'] for r in rs):7.1f} B/tok "
-                f"({_fmt(statistics.mean(drafted) if drafted else None, '.1f')} B/drafted) ↓ "
+                f"({fmt(statistics.mean(drafted) if drafted else None, '.1f')} B/drafted) ↓ "
                 f"{statistics.mean(r['down_bytes_per_token'] for r in rs):8.1f} B/tok  "
                 f"AS² tokens {sum(r['cloud_only_tokens'] for r in rs)}"
             )
@@ -219,16 +197,16 @@ def summarise(rows: list[dict]) -> None:
             last = [r["cost_model"] for r in group if r["method"] == m and r.get("cost_model")]
             if last:
                 c = last[-1]
-                verify = ", ".join(f"{r} rows {_fmt(v, '.0f')}" for r, v in c["verify_ms"].items())
+                verify = ", ".join(f"{r} rows {fmt(v, '.0f')}" for r, v in c["verify_ms"].items())
                 print(
-                    f"  {m} cost model at the end: draft {_fmt(c['draft_ms_per_token'], '.1f')} "
-                    f"ms/token, cloud alone {_fmt(c['cloud_ms_per_token'], '.1f')} ms/token, "
-                    f"verify {verify} ms, link {_fmt(c['link_ms'], '.1f')} ms, α "
+                    f"  {m} cost model at the end: draft {fmt(c['draft_ms_per_token'], '.1f')} "
+                    f"ms/token, cloud alone {fmt(c['cloud_ms_per_token'], '.1f')} ms/token, "
+                    f"verify {verify} ms, link {fmt(c['link_ms'], '.1f')} ms, α "
                     f"{c['alpha']:.2f}"
                 )
         tk = [r for r in group if r["method"] == "tk-slt"]
         if tk:
-            per = ", ".join(f"{r['prompt']} {_fmt(r['acceptance'], '.2f')}" for r in tk)
+            per = ", ".join(f"{r['prompt']} {fmt(r['acceptance'], '.2f')}" for r in tk)
             print(f"  per-prompt TK-SLT acceptance: {per}")
 
 
@@ -259,12 +237,7 @@ def main() -> None:
             summarise(json.loads(path.read_text()))
         return
     logging.basicConfig(level=logging.WARNING)
-    if (os.cpu_count() or 1) > 1:
-        os.sched_setaffinity(0, {args.device_core})
-    else:
-        args.cloud_core = None
-    print(f"device on core {args.device_core} (sched_setaffinity), cloud on core "
-          f"{args.cloud_core} (taskset); link: TCP delay proxy", file=sys.stderr)  # fmt: skip
+    args.cloud_core = pin_device(args.device_core, args.cloud_core)
     rows = asyncio.run(run(args))
     args.out.write_text(json.dumps(rows, indent=1))
     summarise(rows)

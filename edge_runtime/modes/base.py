@@ -69,6 +69,7 @@ class ModeContext:
     split_retrieve_public: bool = False  # split: the cloud verifies with the bare question
     aggregator: str = "auto"  # dragon: device, cloud, or auto (the scheduler picks per token)
     rerank_every: int = 0  # dragon: re-score documents every n tokens (0 = static weights)
+    dragon_lookahead: int | None = None  # dragon: drafts ahead (None = default; 0 = DRDG/TW)
     clients: dict[tuple[Any, str], CloudClient] = field(default_factory=dict)
 
 

@@ -136,9 +136,11 @@ class DragonMode(CloudBacked):
     ) -> AsyncIterator[Event]:
         docs = self._docs
         assert docs is not None  # prepare ran
+        lookahead = self.ctx.dragon_lookahead
         setup = DragonSetup(
             options.k, self.policy, Side.DEVICE, DRAGON_TOP_P, DRAGON_MAX_SPARSE,
-            DRAGON_LOOKAHEAD, self.ctx.rerank_every, request_id=rid,
+            DRAGON_LOOKAHEAD if lookahead is None else lookahead, self.ctx.rerank_every,
+            request_id=rid,
         )  # fmt: skip
         await client.send(setup)
         pinger = asyncio.ensure_future(_ping(client))

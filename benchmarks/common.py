@@ -1,0 +1,57 @@
+"""What the latency benchmarks with the real pair share (DESIGN §7): the cloud in its own
+process pinned to one core with `taskset`, this process (the device and the link emulator)
+pinned to another, the link's address, and the figures' formatting."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.embedded import EmbeddedCloud
+
+
+async def start_cloud(
+    engine: str, core: int | None, corpus: bool = False
+) -> tuple[EmbeddedCloud, str, str]:
+    """`tandem serve` with `engine` on one thread (pinned to `core`), with or without the
+    public corpus: the cloud, its session URL and its token."""
+    from app.embedded import EmbeddedCloud
+
+    serve = ["--engine", engine, "--threads", "1"]
+    if not corpus:
+        serve.append("--no-corpus")
+    if engine == "torch":
+        serve += ["--dtype", "bfloat16"]
+    cloud = await EmbeddedCloud.start(serve, cores=None if core is None else {core})
+    return cloud, cloud.url, cloud.token
+
+
+def host_port(url: str) -> tuple[str, int]:
+    """The host and port of a ws://host:port/... URL (where the link emulator forwards to)."""
+    host, port = url.split("//")[1].split("/")[0].rsplit(":", 1)
+    return host, int(port)
+
+
+def pin_device(device_core: int, cloud_core: int | None) -> int | None:
+    """Pin this process (the device) to `device_core` so the cloud's core stays its own; the
+    core the cloud gets (None on a one-core machine: nothing to separate)."""
+    if (os.cpu_count() or 1) > 1:
+        os.sched_setaffinity(0, {device_core})
+    else:
+        cloud_core = None
+    print(f"device on core {device_core} (sched_setaffinity), cloud on core "
+          f"{cloud_core} (taskset); link: TCP delay proxy", file=sys.stderr)  # fmt: skip
+    return cloud_core
+
+
+def fmt(v: float | None, spec: str) -> str:
+    return "—" if v is None else format(v, spec)
+
+
+def mean_of(rows: list[dict], key: str) -> float | None:
+    """The mean of `key` over the rows that have it (None where none has)."""
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.mean(values) if values else None

@@ -1,0 +1,481 @@
+"""DRAGON's latency with the real model pair over an emulated link (issue 13; DESIGN §5.5, §7).
+
+    python -m benchmarks.dragon                  # the full grid: both engines, 20 prompts (hours)
+    python -m benchmarks.dragon --quick          # CI's smoke run: 2 prompts, 0 and 100 ms, ort
+    python -m benchmarks.dragon --engines torch --latency-ms 100 200 --prompts 8
+    python -m benchmarks.dragon --report benchmarks/results/dragon/*.json   # saved runs' means
+
+The cloud (`tandem serve` with its public corpus, 1 thread) runs in its own process pinned to
+core 1 with `taskset`; this process (the device: ONNX Runtime int8 0.5B, 1 thread, its
+private index, and the link emulator, a TCP proxy) is pinned to core 0. The private index is
+built once, in a temporary folder, from a few generated notes (`NOTES`); each side retrieves
+its top-k (default 2) documents. The extra latency L is added to the round trip as in the
+paper (netem on the server, jitter L/5): L/2 each way, with jitter uniform in [0, L/10] each
+way. For every engine × latency × sampling × prompt, the same question is answered by every
+method, one after the other on the same link:
+
+    dragon-auto    DRAGON, the live scheduler picks the aggregator before every token
+    dragon-device  DRAGON, aggregation pinned to the device
+    dragon-cloud   DRAGON, aggregation pinned to the cloud
+    drdg-tw        DRDG/TW: token-wise synchronous aggregation on the device (lookahead 0:
+                   each side drafts one token and waits for its target)
+    local-rag      device-only RAG (local mode, the same k private passages): TTFT's baseline
+
+It prints per-token latency (the mean time between commits after the first token), TTFT
+(retrieval included), each side's acceptance, aggregator switches and bytes per token each
+way; then, from this run alone, the issue's targets averaged over latencies of 100–300 ms,
+each with PASS or FAIL. JSON goes to benchmarks/results/dragon/<name>.json."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if __package__ in (None, ""):  # run as a file: the repository root is the import root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import fmt, host_port, pin_device, start_cloud
+
+if TYPE_CHECKING:
+    from benchmarks.prompts import Prompt
+    from edge_runtime.device import DeviceModel, Retriever
+    from edge_runtime.modes.base import AnswerOptions, Orchestrator
+
+log = logging.getLogger("benchmarks.dragon")
+
+RESULTS = Path(__file__).resolve().parent / "results" / "dragon"
+LATENCIES_MS = (0, 50, 100, 200, 300)
+BAND_MS = (100, 300)  # the targets average over these latencies (inclusive)
+TEMPERATURE = 0.7  # sampled runs
+
+
+@dataclass(frozen=True)
+class Method:
+    """One way to answer: a registry mode and the context settings that make it this method."""
+
+    mode: str
+    aggregator: str = "auto"
+    lookahead: int | None = None  # None: DRAGON's default lookahead
+
+
+METHODS: dict[str, Method] = {
+    "dragon-auto": Method("dragon", "auto"),
+    "dragon-device": Method("dragon", "device"),
+    "dragon-cloud": Method("dragon", "cloud"),
+    "drdg-tw": Method("dragon", "device", lookahead=0),  # the paper aggregates it on the device
+    "local-rag": Method("local"),
+}
+
+# The private notes the device's index holds: a person's own text, loosely about the topics
+# of the prompt set, so that private retrieval finds passages of some relevance.
+NOTES: dict[str, str] = {
+    "hawaii-trip.md": "# Maui, last spring\nWe stayed at the Hale Kai guesthouse in Paia for "
+    "nine days. The luau at Lahaina was the highlight; Keoni taught us a few hula steps and "
+    "how poi is made. Road to Hana: start before 7 am, buy banana bread at mile 16.\n",
+    "planner.md": "# How I plan my week\nSunday evening: list three priorities. Deep work "
+    "9-11 am, no meetings. Email twice a day only. Friday 4 pm review what slipped and why. "
+    "Pomodoro 25/5 works for writing, not for debugging.\n",
+    "health.txt": "Doctor's advice (March): sleep 7.5 h, walk 30 minutes a day, box breathing "
+    "4-4-4-4 when stressed before presentations. Cut coffee after 2 pm. Magnesium at night.\n",
+    "work-q3.md": "# Quarterly Financial Report (Q3)\nRevenue up 8 % to 2.4 M EUR; costs flat. "
+    "My supervisor Dana wants the cash-flow table on page 2 and the forecast in one chart. "
+    "Joint venture idea with Nordlicht GmbH: shared warehouse in Hamburg, 50/50 split.\n",
+    "scripts.md": "# Handy scripts\nword_count.py walks a folder with pathlib.rglob('*.txt'), "
+    "lower-cases, splits on non-letters and keeps a collections.Counter; most_common(5). "
+    "The C++ version uses std::ifstream and std::getline line by line.\n",
+    "restaurants.txt": "Places locals actually go: Tasca do Chico (fado on Thursdays), the "
+    "noodle bar behind the station (cash only, queue at noon), Maria's bakery. Rule of thumb: "
+    "menus only in the local language and prices without photos.\n",
+    "reading.md": "# Reading notes\nQuantum superposition: a state is a sum of basis states "
+    "until measured; entanglement means the joint state does not factor. Renaissance: the "
+    "printing press (Gutenberg, c. 1450) spread ideas within decades.\n",
+}
+
+
+def write_notes(folder: Path) -> Path:
+    """The private notes as files in `folder` (what the device's index is built from)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in NOTES.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+def build_private_index(root: Path, embedder_dir: Path | None = None) -> Any:
+    """A private index over the notes, built once under `root`."""
+    from cloud_backend.corpus import default_embedder_dir
+    from personal_index.index import PersonalIndex
+
+    index = PersonalIndex(root / "index", embedder_dir or default_embedder_dir())
+    index.ingest([write_notes(root / "notes")])
+    return index
+
+
+def make_modes(
+    device: DeviceModel, index: Retriever, url: str, token: str, methods: Sequence[str]
+) -> dict[str, Orchestrator]:
+    """One mode per method, each with its own context and so its own session on the link."""
+    from edge_runtime.modes import build_mode
+    from edge_runtime.modes.base import CloudSettings, ModeContext
+
+    modes = {}
+    for name in methods:
+        m = METHODS[name]
+        ctx = ModeContext(device=device, index=index, cloud=CloudSettings(url, token),
+                          aggregator=m.aggregator, dragon_lookahead=m.lookahead)  # fmt: skip
+        modes[name] = build_mode(m.mode, ctx)
+    return modes
+
+
+async def measure(mode: Orchestrator, question: str, options: AnswerOptions) -> dict:
+    """Answer once and return its figures. Per-token latency is the time between the first
+    and the last commit that produced text over the tokens committed in between (each text
+    delta is stamped with the committed count at that moment)."""
+    from edge_runtime.events import Failure, Stats, TextDelta
+
+    first: tuple[float, int] | None = None
+    last: tuple[float, int] | None = None
+    stats: Stats | None = None
+    failures: list[str] = []
+    async for ev in mode.answer(question, [], options):
+        if isinstance(ev, TextDelta):
+            live = mode.live_stats()
+            assert live is not None  # an answer is in progress
+            last = (time.perf_counter(), live.tokens)
+            first = first or last
+        elif isinstance(ev, Stats):
+            stats = ev
+        elif isinstance(ev, Failure):
+            failures.append(ev.message)
+    assert stats is not None  # every answer ends with its Stats
+    per_token = None
+    if first is not None and last is not None and last[1] > first[1]:
+        per_token = (last[0] - first[0]) / (last[1] - first[1])
+    n = max(stats.tokens, 1)
+    return {
+        "tokens": stats.tokens, "ttft_s": stats.ttft_s, "per_token_s": per_token,
+        "elapsed_s": stats.elapsed_s, "finish": stats.finish, "aggregator": stats.aggregator,
+        "switches": stats.switches,
+        "device_drafted": stats.device_drafted, "device_accepted": stats.device_accepted,
+        "cloud_drafted": stats.cloud_drafted, "cloud_accepted": stats.cloud_accepted,
+        "device_acceptance": stats.device_acceptance, "cloud_acceptance": stats.cloud_acceptance,
+        "up_bytes_per_token": stats.bytes_up / n, "down_bytes_per_token": stats.bytes_down / n,
+        "failures": failures, "token_ids": stats.token_ids,
+    }  # fmt: skip
+
+
+async def run_latency(
+    device: DeviceModel,
+    index: Retriever,
+    cloud_url: str,
+    token: str,
+    latency_ms: float,
+    prompts: Sequence[Prompt],
+    *,
+    engine: str,
+    samplings: Sequence[str] = ("greedy", "sampled"),
+    max_tokens: int = 32,
+    k: int = 2,
+    methods: Sequence[str] = tuple(METHODS),
+    mbit: float | None = None,
+) -> list[dict]:
+    """Every method on every prompt over one emulated link to the cloud at `cloud_url`: the
+    link adds `latency_ms` to the round trip (jitter a fifth of it). One row per answer."""
+    from benchmarks.link_emulator import LinkEmulator, LinkProfile
+    from edge_runtime.modes.base import AnswerOptions
+
+    host, port = host_port(cloud_url)
+    one_way = LinkProfile(latency_ms / 2000, latency_ms / 10_000, mbit * 1e6 / 8 if mbit else None)
+    link = LinkEmulator(host, port, one_way, one_way, seed=int(latency_ms))
+    await link.start()
+    modes = make_modes(device, index, f"ws://127.0.0.1:{link.port}/v1/session", token, methods)
+    rows: list[dict] = []
+    try:
+        # connect and ping; no documents, so no long prefill (`warm_up` did that once)
+        warm = AnswerOptions(max_new_tokens=2, temperature=0.0, k=0)
+        for mode in modes.values():
+            async for _ in mode.answer("Say hello.", [], warm):
+                pass
+        for sampling in samplings:
+            temperature = 0.0 if sampling == "greedy" else TEMPERATURE
+            for i, prompt in enumerate(prompts):
+                options = AnswerOptions(max_tokens, temperature=temperature, seed=i, k=k)
+                for name, mode in modes.items():  # methods interleaved: drift hits all alike
+                    row = {"engine": engine, "latency_ms": latency_ms,
+                           "jitter_ms": latency_ms / 5, "mbit": mbit, "sampling": sampling,
+                           "prompt": prompt.id, "method": name}  # fmt: skip
+                    row |= await measure(mode, prompt.text, options)
+                    rows.append(row)
+                    print(_line(row), flush=True)
+    finally:
+        for mode in modes.values():
+            await mode.close()
+        await link.close()
+    return rows
+
+
+async def warm_up(
+    device: DeviceModel, index: Retriever, cloud_url: str, token: str, k: int
+) -> None:
+    """One short DRAGON answer with k documents a side straight to the cloud (no link): the
+    runtimes' first batched prefill and decode, and both retrievers, before any measurement."""
+    from edge_runtime.modes.base import AnswerOptions
+
+    mode = make_modes(device, index, cloud_url, token, ["dragon-auto"])["dragon-auto"]
+    try:
+        async for _ in mode.answer("Say hello.", [], AnswerOptions(2, temperature=0.0, k=k)):
+            pass
+    finally:
+        await mode.close()
+
+
+# ---------------------------------------------------------------------------- the figures
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    have = [v for v in values if v is not None]
+    return statistics.mean(have) if have else None
+
+
+def _rate(rows: Sequence[dict], side: str) -> float | None:
+    """Pooled acceptance: accepted drafts over drafted ones, over all answers of a cell."""
+    drafted = sum(r[f"{side}_drafted"] for r in rows)
+    return sum(r[f"{side}_accepted"] for r in rows) / drafted if drafted else None
+
+
+def cell_means(rows: Sequence[dict]) -> dict:
+    """The means of one method at one latency (over prompts, and engines or samplings pooled)."""
+    return {
+        "answers": len(rows),
+        "per_token_ms": _ms(_mean([r["per_token_s"] for r in rows])),
+        "ttft_ms": _ms(_mean([r["ttft_s"] for r in rows])),
+        "device_acceptance": _rate(rows, "device"), "cloud_acceptance": _rate(rows, "cloud"),
+        "switches": _mean([r["switches"] for r in rows]),
+        "up_bytes_per_token": _mean([r["up_bytes_per_token"] for r in rows]),
+        "down_bytes_per_token": _mean([r["down_bytes_per_token"] for r in rows]),
+        "failures": sum(len(r.get("failures", ())) for r in rows),
+    }  # fmt: skip
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1000 * seconds
+
+
+@dataclass(frozen=True)
+class Target:
+    """One of the issue's targets: a value averaged over the band's latencies, and its bound
+    (`at_least`: the value must reach it; else it must not exceed it)."""
+
+    name: str
+    value: float | None
+    bound: float
+    at_least: bool
+    per_latency: dict[float, float]
+
+    @property
+    def passed(self) -> bool | None:
+        if self.value is None:
+            return None
+        return self.value >= self.bound if self.at_least else self.value <= self.bound
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "value": self.value, "bound": self.bound,
+                "at_least": self.at_least, "passed": self.passed,
+                "per_latency": {str(k): v for k, v in self.per_latency.items()}}  # fmt: skip
+
+
+def targets(cells: dict[tuple[str, float], dict], band: tuple[float, float] = BAND_MS) -> list:
+    """The issue's three targets from the cell means of one group, each averaged over the
+    latencies in `band` at which both of its methods ran:
+    DRAGON(auto)'s per-token latency reduction vs DRDG/TW (≥ 45 %), auto vs the better pinned
+    side (at most 5 % slower), and auto's TTFT vs device-only RAG (at most 10 % more)."""
+
+    def value(method: str, latency: float, key: str) -> float | None:
+        cell = cells.get((method, latency))
+        return None if cell is None else cell[key]
+
+    latencies = sorted({lat for _, lat in cells if band[0] <= lat <= band[1]})
+
+    def per_latency(fn: Any) -> dict[float, float]:
+        out = {}
+        for lat in latencies:
+            v = fn(lat)
+            if v is not None:
+                out[lat] = v
+        return out
+
+    def vs_tw(lat: float) -> float | None:
+        auto, tw = value("dragon-auto", lat, "per_token_ms"), value("drdg-tw", lat, "per_token_ms")
+        return 1 - auto / tw if auto is not None and tw else None
+
+    def vs_pinned(lat: float) -> float | None:
+        auto = value("dragon-auto", lat, "per_token_ms")
+        pinned = [value(m, lat, "per_token_ms") for m in ("dragon-device", "dragon-cloud")]
+        best = min((p for p in pinned if p is not None), default=None)
+        return auto / best - 1 if auto is not None and best else None
+
+    def vs_local(lat: float) -> float | None:
+        auto, local = value("dragon-auto", lat, "ttft_ms"), value("local-rag", lat, "ttft_ms")
+        return auto / local - 1 if auto is not None and local else None
+
+    out = []
+    for name, fn, bound, at_least in (
+        ("per-token latency reduction vs DRDG/TW", vs_tw, 0.45, True),
+        ("per-token latency vs the better pinned side", vs_pinned, 0.05, False),
+        ("TTFT vs device-only RAG", vs_local, 0.10, False),
+    ):
+        got = per_latency(fn)
+        out.append(Target(name, _mean(list(got.values())), bound, at_least, got))
+    return out
+
+
+def summarise(rows: Sequence[dict], band: tuple[float, float] = BAND_MS) -> dict:
+    """Cell means per (engine, sampling) group and pooled over all ("all", "all"), and each
+    group's targets."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["engine"], r["sampling"]), []).append(r)
+    if len(groups) > 1:
+        groups[("all", "all")] = list(rows)
+    out = {}
+    for (engine, sampling), group in groups.items():
+        cells: dict[tuple[str, float], dict] = {}
+        for key in sorted({(r["method"], r["latency_ms"]) for r in group}):
+            cells[key] = cell_means([r for r in group if (r["method"], r["latency_ms"]) == key])
+        out[f"{engine}/{sampling}"] = {
+            "cells": [{"method": m, "latency_ms": lat, **c} for (m, lat), c in cells.items()],
+            "targets": [t.as_dict() for t in targets(cells, band)],
+        }
+    return out
+
+
+def print_summary(summary: dict) -> None:
+    for group, s in summary.items():
+        print(f"\n{group} — means over prompts (per-token: mean time between commits after "
+              "the first token)")  # fmt: skip
+        print(f"  {'method':14} {'+ms':>4} {'ms/token':>9} {'TTFT ms':>8} {'acc dev':>7} "
+              f"{'acc cloud':>9} {'switches':>8} {'↑ B/tok':>8} {'↓ B/tok':>8}")  # fmt: skip
+        for c in sorted(
+            s["cells"], key=lambda c: (c["latency_ms"], list(METHODS).index(c["method"]))
+        ):
+            print(
+                f"  {c['method']:14} {c['latency_ms']:>4.0f} {fmt(c['per_token_ms'], '.1f'):>9} "
+                f"{fmt(c['ttft_ms'], '.0f'):>8} {fmt(c['device_acceptance'], '.2f'):>7} "
+                f"{fmt(c['cloud_acceptance'], '.2f'):>9} {fmt(c['switches'], '.1f'):>8} "
+                f"{fmt(c['up_bytes_per_token'], '.1f'):>8} "
+                f"{fmt(c['down_bytes_per_token'], '.1f'):>8}"
+                + (f"  ({c['failures']} failures)" if c["failures"] else "")
+            )
+        lo, hi = BAND_MS
+        for t in s["targets"]:
+            verdict = {True: "PASS", False: "FAIL", None: "n/a "}[t["passed"]]
+            sign = "≥" if t["at_least"] else "≤"
+            per = ", ".join(f"{float(k):.0f} ms {v:+.1%}" for k, v in t["per_latency"].items())
+            print(
+                f"  {verdict} {t['name']}: {fmt(t['value'], '+.1%')} ({sign} {t['bound']:+.0%}, "
+                f"averaged over {lo}–{hi} ms: {per or 'none ran'})"
+            )
+
+
+def _line(r: dict) -> str:
+    return (
+        f"{r['engine']:5} +{r['latency_ms']:>3.0f} ms {r['sampling']:7} {r['prompt']:>14} "
+        f"{r['method']:13} {fmt(_ms(r['per_token_s']), '6.1f')} ms/tok TTFT "
+        f"{fmt(_ms(r['ttft_s']), '6.0f')} ms acc {fmt(r['device_acceptance'], '.2f')}/"
+        f"{fmt(r['cloud_acceptance'], '.2f')} sw {r['switches']} ↑ "
+        f"{r['up_bytes_per_token']:6.1f} ↓ {r['down_bytes_per_token']:6.1f} B/tok"
+        + (f" FAILED: {'; '.join(r['failures'])}" if r["failures"] else "")
+    )
+
+
+# ---------------------------------------------------------------------------- the run
+
+
+async def run(args: argparse.Namespace) -> list[dict]:
+    from benchmarks.prompts import load_prompts
+    from edge_runtime.device import DeviceModel
+    from tandem_packaging.prepare import model_path
+
+    prompts = load_prompts(n=args.prompts)
+    device = DeviceModel.load(model_path("device", "onnx-quant"), threads=1)
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="tandem-dragon-bench-") as tmp:
+        index = build_private_index(Path(tmp))
+        try:
+            for engine in args.engines:
+                cloud, url, token = await start_cloud(engine, args.cloud_core, corpus=True)
+                try:
+                    await warm_up(device, index, url, token, args.k)
+                    for latency in args.latency_ms:
+                        rows += await run_latency(
+                            device, index, url, token, latency, prompts, engine=engine,
+                            samplings=args.sampling, max_tokens=args.max_tokens, k=args.k,
+                            methods=args.methods, mbit=args.mbit,
+                        )  # fmt: skip
+                finally:
+                    await cloud.stop()
+        finally:
+            index.close()
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--engines", nargs="+", default=["torch", "ort"], choices=["torch", "ort"])
+    parser.add_argument("--latency-ms", nargs="+", type=float, default=list(LATENCIES_MS))
+    parser.add_argument("--mbit", type=float, help="link bandwidth each way (default: unlimited)")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--sampling", nargs="+", default=["greedy", "sampled"],
+                        choices=["greedy", "sampled"])  # fmt: skip
+    parser.add_argument("--prompts", type=int, default=20)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("-k", type=int, default=2, help="documents per side")
+    parser.add_argument("--device-core", type=int, default=0)
+    parser.add_argument("--cloud-core", type=int, default=1)
+    parser.add_argument(
+        "--quick", action="store_true",
+        help="CI's smoke run: 2 prompts, +0 and +100 ms, 12 tokens, greedy, ort",
+    )  # fmt: skip
+    parser.add_argument(
+        "--name", help="results/dragon/<name>.json (default: quick, or a timestamp)"
+    )
+    parser.add_argument("--out", type=Path, help="write the JSON here instead")
+    parser.add_argument(
+        "--report", nargs="+", type=Path, metavar="JSON",
+        help="print the means and targets of earlier runs (run nothing)",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    if args.report:
+        for path in args.report:
+            print(f"\n=== {path}")
+            print_summary(summarise(json.loads(path.read_text())["rows"]))
+        return
+    if args.quick:
+        args.prompts, args.latency_ms, args.max_tokens = 2, [0.0, 100.0], 12
+        args.sampling, args.engines = ["greedy"], ["ort"]
+    logging.basicConfig(level=logging.WARNING)
+    args.cloud_core = pin_device(args.device_core, args.cloud_core)
+    started = time.time()
+    rows = asyncio.run(run(args))
+    summary = summarise(rows)
+    name = args.name or ("quick" if args.quick else time.strftime("%Y%m%d-%H%M%S"))
+    out = args.out or RESULTS / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    out.write_text(json.dumps({"config": config, "seconds": time.time() - started,
+                               "rows": rows, "summary": summary}, indent=1))  # fmt: skip
+    print_summary(summary)
+    print(f"\n{time.time() - started:.0f} s; written to {out}")
+
+
+if __name__ == "__main__":
+    main()
