@@ -1,7 +1,7 @@
 """DRAGON's latency with the real model pair over an emulated link (issue 13; DESIGN §5.5, §7).
 
     python -m benchmarks.dragon                  # the full grid: both engines, 20 prompts (hours)
-    python -m benchmarks.dragon --quick          # CI's smoke run: 2 prompts, 0 and 100 ms, ort
+    python -m benchmarks.dragon --quick          # CI's smoke run: 1 prompt, 0 and 100 ms, ort
     python -m benchmarks.dragon --engines torch --latency-ms 100 200 --prompts 8
     python -m benchmarks.dragon --report benchmarks/results/dragon/*.json   # saved runs' means
 
@@ -443,7 +443,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--cloud-core", type=int, default=1)
     parser.add_argument(
         "--quick", action="store_true",
-        help="CI's smoke run: 2 prompts, +0 and +100 ms, 12 tokens, greedy, ort",
+        help="CI's smoke run: 1 prompt, k = 1, +0 and +100 ms, 8 tokens, greedy, ort",
     )  # fmt: skip
     parser.add_argument(
         "--name", help="results/dragon/<name>.json (default: quick, or a timestamp)"
@@ -460,7 +460,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             print_summary(summarise(json.loads(path.read_text())["rows"]))
         return
     if args.quick:
-        args.prompts, args.latency_ms, args.max_tokens = 2, [0.0, 100.0], 12
+        args.prompts, args.latency_ms, args.max_tokens, args.k = 1, [0.0, 100.0], 8, 1
         args.sampling, args.engines = ["greedy"], ["ort"]
     logging.basicConfig(level=logging.WARNING)
     args.cloud_core = pin_device(args.device_core, args.cloud_core)
