@@ -195,7 +195,11 @@ class Ledger:
     queues: dict[Side, deque[DragonDraft]] = field(
         default_factory=lambda: {Side.DEVICE: deque(), Side.CLOUD: deque()}
     )
+    # drafts judged by a target (one per side per step), and those that became the target:
+    # acceptance as DRAGON eq. (5) means it. Drafts made ahead and dropped by a rejection
+    # are counted in `made` only.
     drafted: dict[Side, int] = field(default_factory=lambda: {Side.DEVICE: 0, Side.CLOUD: 0})
+    made: dict[Side, int] = field(default_factory=lambda: {Side.DEVICE: 0, Side.CLOUD: 0})
     accepted: dict[Side, int] = field(default_factory=lambda: {Side.DEVICE: 0, Side.CLOUD: 0})
     switches: int = 0
     stale: int = 0  # drafts dropped for an old epoch or a step already resolved
@@ -223,7 +227,7 @@ class Ledger:
 
     def add_own(self, draft: DragonDraft) -> None:
         self.queues[self.me].append(draft)
-        self.drafted[self.me] += 1
+        self.made[self.me] += 1
 
     def receive(self, draft: DragonDraft) -> bool:
         """File the other side's draft; False (and counted) if it is stale or out of order."""
@@ -232,7 +236,7 @@ class Ledger:
             self.stale += 1
             return False
         self.queues[side].append(draft)
-        self.drafted[side] += 1
+        self.made[side] += 1
         return True
 
     def ready(self) -> bool:
@@ -250,6 +254,7 @@ class Ledger:
         own_rejected = False
         for side, ok in _verdicts(target):
             queue = self.queues[side]
+            self.drafted[side] += 1
             if ok and queue and queue[0].step == self.step:
                 queue.popleft()
                 self.accepted[side] += 1

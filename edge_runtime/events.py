@@ -55,7 +55,7 @@ class Stats:
     finish: str | None = None
     aggregator: str | None = None  # dragon: the side aggregating now (device or cloud)
     switches: int = 0  # dragon: times the aggregator moved
-    device_drafted: int = 0  # dragon: each side's drafts, and those that became the target
+    device_drafted: int = 0  # dragon: each side's drafts judged by a target, and the accepted
     device_accepted: int = 0
     cloud_drafted: int = 0
     cloud_accepted: int = 0
