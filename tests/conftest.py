@@ -33,3 +33,15 @@ def embedder_dir(request) -> Path:
     key = hashlib.sha256(inspect.getsource(embedder).encode()).hexdigest()[:12]
     folder = Path(request.config.cache.mkdir(f"minilm-onnx-{key}")) / "model"
     return embedder.prepare_onnx_embedder(folder)
+
+
+@pytest.fixture(scope="session")
+def public_corpus(tmp_path_factory, embedder_dir):
+    """A real public corpus of the first 60 summaries, built once (the DRAGON tests' cloud)."""
+    from cloud_backend.corpus import PublicCorpus
+
+    corpus = PublicCorpus.open(
+        tmp_path_factory.mktemp("corpus"), embedder_dir, limit=60, progress=False
+    )
+    yield corpus
+    corpus.close()

@@ -111,17 +111,6 @@ def device(tiny, tiny_tokenizer, tmp_path_factory) -> DeviceModel:
     return DeviceModel(TorchCausalLM(folder), tiny_tokenizer, "tiny-device")
 
 
-@pytest.fixture(scope="module")
-def public_corpus(tmp_path_factory, embedder_dir):
-    from cloud_backend.corpus import PublicCorpus
-
-    corpus = PublicCorpus.open(
-        tmp_path_factory.mktemp("corpus"), embedder_dir, limit=60, progress=False
-    )
-    yield corpus
-    corpus.close()
-
-
 @pytest.fixture
 async def cloud_url(cloud_engine, public_corpus):
     config = ServerConfig(token=TOKEN, corpus_enabled=False, corpus_k=2)

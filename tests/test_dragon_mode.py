@@ -55,17 +55,6 @@ def device(device_dir, tiny_tokenizer) -> DeviceModel:
 
 
 @pytest.fixture(scope="module")
-def public_corpus(tmp_path_factory, embedder_dir):
-    from cloud_backend.corpus import PublicCorpus
-
-    corpus = PublicCorpus.open(
-        tmp_path_factory.mktemp("corpus"), embedder_dir, limit=60, progress=False
-    )
-    yield corpus
-    corpus.close()
-
-
-@pytest.fixture(scope="module")
 def private_index(tmp_path_factory, embedder_dir):
     from personal_index.index import PersonalIndex
 
