@@ -221,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--threads", type=int)
     serve.add_argument("--no-corpus", action="store_true", help="serve without the public corpus")
     serve.add_argument("--corpus-limit", type=int, help="index only the first N summaries")
+    serve.add_argument("--corpus-k", type=int, help="public passages per cloud-mode answer")
     serve.add_argument("--announce", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(func=_cmd_serve)
 

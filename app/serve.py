@@ -57,6 +57,7 @@ def _config(args: argparse.Namespace, load_config):
         threads=args.threads,
         corpus_enabled=False if args.no_corpus else None,
         corpus_limit=args.corpus_limit,
+        corpus_k=args.corpus_k,
     )
     config.require_token()
     return config

@@ -14,15 +14,18 @@ if TYPE_CHECKING:
 
 
 async def start_cloud(
-    engine: str, core: int | None, corpus: bool = False
+    engine: str, core: int | None, corpus: bool = False, corpus_k: int | None = None
 ) -> tuple[EmbeddedCloud, str, str]:
     """`tandem serve` with `engine` on one thread (pinned to `core`), with or without the
-    public corpus: the cloud, its session URL and its token."""
+    public corpus (`corpus_k` passages per cloud-mode answer): the cloud, its session URL and
+    its token."""
     from app.embedded import EmbeddedCloud
 
     serve = ["--engine", engine, "--threads", "1"]
     if not corpus:
         serve.append("--no-corpus")
+    elif corpus_k is not None:
+        serve += ["--corpus-k", str(corpus_k)]
     if engine == "torch":
         serve += ["--dtype", "bfloat16"]
     cloud = await EmbeddedCloud.start(serve, cores=None if core is None else {core})

@@ -3,7 +3,9 @@
     python -m benchmarks.dragon                  # the full grid: both engines, 20 prompts (hours)
     python -m benchmarks.dragon --quick          # CI's smoke run: 1 prompt, 0 and 100 ms, ort
     python -m benchmarks.dragon --engines torch --latency-ms 100 200 --prompts 8
-    python -m benchmarks.dragon --report benchmarks/results/dragon/*.json   # saved runs' means
+    python -m benchmarks.dragon --engines ort --sampling greedy --prompt-range 0 10   # a piece
+    python -m benchmarks.dragon --trace --engines ort --prompts 10   # §7.4: latency changes
+    python -m benchmarks.dragon --report benchmarks/results/dragon/*.json   # pieces pooled
 
 The cloud (`tandem serve` with its public corpus, 1 thread) runs in its own process pinned to
 core 1 with `taskset`; this process (the device: ONNX Runtime int8 0.5B, 1 thread, its
@@ -19,7 +21,13 @@ method, one after the other on the same link:
     dragon-cloud   DRAGON, aggregation pinned to the cloud
     drdg-tw        DRDG/TW: token-wise synchronous aggregation on the device (lookahead 0:
                    each side drafts one token and waits for its target)
-    local-rag      device-only RAG (local mode, the same k private passages): TTFT's baseline
+    local-rag      CRCG/Device: device-only RAG (local mode, the same k private passages)
+    crcg-cloud     CRCG/Cloud: cloud-only RAG (cloud mode, k public passages in its prompt)
+    drcg-text      DRCG/Text: the cloud's k public passages sent as text, the device answers
+                   with all 2k in its prompt (`benchmarks.baselines`)
+    drdg-sw        DRDG/SW: each side answers alone, the two whole answers are scored under
+                   both mixtures and aggregated once (`benchmarks.baselines`); nothing streams,
+                   so its per-token latency is its decoding time (prefills excluded) per token
 
 It prints per-token latency (the mean time between commits after the first token), TTFT
 (retrieval included), each side's acceptance, aggregator switches and bytes per token each
@@ -36,7 +44,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,7 +71,7 @@ TEMPERATURE = 0.7  # sampled runs
 class Method:
     """One way to answer: a registry mode and the context settings that make it this method."""
 
-    mode: str
+    mode: str  # a registry mode, or a baseline of `benchmarks.baselines`
     aggregator: str = "auto"
     lookahead: int | None = None  # None: DRAGON's default lookahead
 
@@ -73,7 +81,10 @@ METHODS: dict[str, Method] = {
     "dragon-device": Method("dragon", "device"),
     "dragon-cloud": Method("dragon", "cloud"),
     "drdg-tw": Method("dragon", "device", lookahead=0),  # the paper aggregates it on the device
-    "local-rag": Method("local"),
+    "local-rag": Method("local"),  # CRCG/Device
+    "crcg-cloud": Method("cloud"),
+    "drcg-text": Method("drcg-text"),
+    "drdg-sw": Method("drdg-sw"),
 }
 
 # The private notes the device's index holds: a person's own text, loosely about the topics
@@ -124,7 +135,8 @@ def make_modes(
     device: DeviceModel, index: Retriever, url: str, token: str, methods: Sequence[str]
 ) -> dict[str, Orchestrator]:
     """One mode per method, each with its own context and so its own session on the link."""
-    from edge_runtime.modes import build_mode
+    from benchmarks.baselines import BASELINES
+    from edge_runtime.modes import get_mode
     from edge_runtime.modes.base import CloudSettings, ModeContext
 
     modes = {}
@@ -132,19 +144,25 @@ def make_modes(
         m = METHODS[name]
         ctx = ModeContext(device=device, index=index, cloud=CloudSettings(url, token),
                           aggregator=m.aggregator, dragon_lookahead=m.lookahead)  # fmt: skip
-        modes[name] = build_mode(m.mode, ctx)
+        modes[name] = (BASELINES.get(m.mode) or get_mode(m.mode))(ctx)
     return modes
 
 
-async def measure(mode: Orchestrator, question: str, options: AnswerOptions) -> dict:
+async def measure(
+    mode: Orchestrator, question: str, options: AnswerOptions,
+    on_tokens: Callable[[int], None] | None = None,
+) -> dict:  # fmt: skip
     """Answer once and return its figures. Per-token latency is the time between the first
     and the last commit that produced text over the tokens committed in between (each text
-    delta is stamped with the committed count at that moment)."""
+    delta is stamped with the committed count at that moment). `on_tokens(n)` is told the
+    committed count at each text delta (a latency trace keyed to the answer's position)."""
     from edge_runtime.events import Failure, Stats, TextDelta
 
     first: tuple[float, int] | None = None
     last: tuple[float, int] | None = None
+    commits: list[tuple[float, int]] = []  # (seconds since the question, tokens committed)
     stats: Stats | None = None
+    start = time.perf_counter()
     failures: list[str] = []
     async for ev in mode.answer(question, [], options):
         if isinstance(ev, TextDelta):
@@ -152,6 +170,9 @@ async def measure(mode: Orchestrator, question: str, options: AnswerOptions) -> 
             assert live is not None  # an answer is in progress
             last = (time.perf_counter(), live.tokens)
             first = first or last
+            commits.append((last[0] - start, live.tokens))
+            if on_tokens is not None:
+                on_tokens(live.tokens)
         elif isinstance(ev, Stats):
             stats = ev
         elif isinstance(ev, Failure):
@@ -161,6 +182,9 @@ async def measure(mode: Orchestrator, question: str, options: AnswerOptions) -> 
     if first is not None and last is not None and last[1] > first[1]:
         per_token = (last[0] - first[0]) / (last[1] - first[1])
     n = max(stats.tokens, 1)
+    span = getattr(mode, "decode_span_s", None)  # DRDG/SW: the whole answer lands at once
+    if span is not None:
+        per_token = span / n
     return {
         "tokens": stats.tokens, "ttft_s": stats.ttft_s, "per_token_s": per_token,
         "elapsed_s": stats.elapsed_s, "finish": stats.finish, "aggregator": stats.aggregator,
@@ -168,8 +192,9 @@ async def measure(mode: Orchestrator, question: str, options: AnswerOptions) -> 
         "device_drafted": stats.device_drafted, "device_accepted": stats.device_accepted,
         "cloud_drafted": stats.cloud_drafted, "cloud_accepted": stats.cloud_accepted,
         "device_acceptance": stats.device_acceptance, "cloud_acceptance": stats.cloud_acceptance,
+        "device_decode_s": stats.device_decode_s, "cloud_decode_s": stats.cloud_decode_s,
         "up_bytes_per_token": stats.bytes_up / n, "down_bytes_per_token": stats.bytes_down / n,
-        "failures": failures, "token_ids": stats.token_ids,
+        "failures": failures, "token_ids": stats.token_ids, "commits": commits,
     }  # fmt: skip
 
 
@@ -221,6 +246,124 @@ async def run_latency(
             await mode.close()
         await link.close()
     return rows
+
+
+TRACE = ((0, 20.0), (10, 250.0), (22, 20.0))  # (from answer token n, extra RTT ms): §7.4
+TRACE_METHODS = ("dragon-auto", "dragon-device", "dragon-cloud")
+
+
+async def run_trace(
+    device: DeviceModel,
+    index: Retriever,
+    cloud_url: str,
+    token: str,
+    prompts: Sequence[Prompt],
+    *,
+    engine: str,
+    trace: Sequence[tuple[int, float]] = TRACE,
+    max_tokens: int = 32,
+    k: int = 2,
+) -> list[dict]:
+    """DRAGON §7.4 on the real link: the extra latency changes during every answer, keyed to
+    its position (`trace`: from token n on, this many ms added to the round trip, jitter a
+    fifth of it), for the live scheduler and both pinned sides; greedy. One row per answer."""
+    from benchmarks.link_emulator import LinkEmulator, LinkProfile
+    from edge_runtime.modes.base import AnswerOptions
+
+    def one_way(ms: float) -> LinkProfile:
+        return LinkProfile(ms / 2000, ms / 10_000)
+
+    host, port = host_port(cloud_url)
+    link = LinkEmulator(host, port, one_way(trace[0][1]), one_way(trace[0][1]), seed=13)
+    await link.start()
+    modes = make_modes(device, index, f"ws://127.0.0.1:{link.port}/v1/session", token,
+                       TRACE_METHODS)  # fmt: skip
+    rows: list[dict] = []
+
+    def follow(n: int) -> None:
+        ms = [extra for start, extra in trace if n >= start][-1]
+        link.retune(one_way(ms), one_way(ms))
+
+    try:
+        warm = AnswerOptions(max_new_tokens=2, temperature=0.0, k=0)
+        for mode in modes.values():
+            async for _ in mode.answer("Say hello.", [], warm):
+                pass
+        label = " → ".join(f"{extra:.0f} ms from token {start}" for start, extra in trace)
+        for i, prompt in enumerate(prompts):
+            options = AnswerOptions(max_tokens, temperature=0.0, seed=i, k=k)
+            for name, mode in modes.items():
+                follow(0)
+                row: dict[str, Any] = {"engine": engine, "trace": label, "sampling": "greedy",
+                       "prompt": prompt.id, "method": name}  # fmt: skip
+                row |= await measure(mode, prompt.text, options, on_tokens=follow)
+                rows.append(row)
+                print(f"trace {prompt.id:>14} {name:13} {fmt(_ms(row['per_token_s']), '6.1f')} "
+                      f"ms/tok, {row['switches']} switches", flush=True)  # fmt: skip
+    finally:
+        for mode in modes.values():
+            await mode.close()
+        await link.close()
+    return rows
+
+
+def _segment(commits: Sequence[Sequence[float]], lo: int, hi: int) -> tuple[float, int] | None:
+    """(seconds, tokens) an answer spent from its lo-th to its hi-th committed token."""
+    at_lo = next(((t, n) for t, n in commits if n >= lo), None)
+    at_hi = next(((t, n) for t, n in commits if n >= hi), None) or (commits[-1] if commits
+                                                                    else None)  # fmt: skip
+    if at_lo is None or at_hi is None or at_hi[1] <= at_lo[1]:
+        return None
+    return at_hi[0] - at_lo[0], int(at_hi[1] - at_lo[1])
+
+
+def trace_summary(rows: Sequence[dict], trace: Sequence[tuple[int, float]] = TRACE) -> dict:
+    """The trace study (§7.4): per method, the per-token latency in each segment of the trace
+    (pooled over answers; a segment's first token is timed from the previous one) and over
+    the whole decoding; the targets: the live scheduler within 5 % of the better pinned side
+    in every segment, and strictly faster than both over the whole trace."""
+    bounds = [*(start for start, _ in trace), 10**9]
+    out: dict[str, Any] = {"segments": [], "whole": {}}
+    for (start, extra), end in zip(trace, bounds[1:], strict=True):
+        seg: dict[str, Any] = {"from_token": start, "extra_ms": extra, "ms_per_token": {}}
+        for name in TRACE_METHODS:
+            parts = [x for r in rows if r["method"] == name
+                     if (x := _segment(r["commits"], max(start, 1), end)) is not None]  # fmt: skip
+            seg["ms_per_token"][name] = (1000 * sum(t for t, _ in parts) / sum(n for _, n in parts)
+                                         if parts else None)  # fmt: skip
+        out["segments"].append(seg)
+    for name in TRACE_METHODS:
+        parts = [x for r in rows if r["method"] == name
+                 if (x := _segment(r["commits"], 1, 10**9)) is not None]  # fmt: skip
+        out["whole"][name] = (1000 * sum(t for t, _ in parts) / sum(n for _, n in parts)
+                              if parts else None)  # fmt: skip
+
+    def vs_best(cell: dict) -> float | None:
+        auto, pinned = cell["dragon-auto"], (cell["dragon-device"], cell["dragon-cloud"])
+        return None if auto is None or None in pinned else auto / min(pinned) - 1
+
+    out["segment_vs_better_pinned"] = [vs_best(s["ms_per_token"]) for s in out["segments"]]
+    out["whole_vs_better_pinned"] = vs_best(out["whole"])
+    return out
+
+
+def print_trace(summary: dict) -> None:
+    print("\ntrace — ms per token (greedy; per segment of the answer, then over all of it)")
+    names = "".join(f"{m:>15}" for m in TRACE_METHODS)
+    print(f"  {'segment':28}{names}{'auto vs best':>14}")
+    rows = [(f"+{s['extra_ms']:.0f} ms from token {s['from_token']}", s["ms_per_token"], v)
+            for s, v in zip(summary["segments"], summary["segment_vs_better_pinned"],
+                            strict=True)]  # fmt: skip
+    rows.append(("whole answer", summary["whole"], summary["whole_vs_better_pinned"]))
+    for label, cells, versus in rows:
+        print(f"  {label:28}" + "".join(f"{fmt(cells[m], '.1f'):>15}" for m in TRACE_METHODS)
+              + f"{fmt(versus, '+.1%'):>14}")  # fmt: skip
+    whole = summary["whole_vs_better_pinned"]
+    segs = [v for v in summary["segment_vs_better_pinned"] if v is not None]
+    print(f"  {'PASS' if segs and max(segs) <= 0.05 else 'FAIL'} auto within 5 % of the better "
+          "pinned side in every segment")  # fmt: skip
+    print(f"  {'PASS' if whole is not None and whole < 0 else 'FAIL'} auto strictly faster than "
+          "both pinned sides over the whole trace")  # fmt: skip
 
 
 async def warm_up(
@@ -405,16 +548,22 @@ async def run(args: argparse.Namespace) -> list[dict]:
     from edge_runtime.device import DeviceModel
     from tandem_packaging.prepare import model_path
 
-    prompts = load_prompts(n=args.prompts)
+    prompts = load_prompts(n=args.prompts)[slice(*args.prompt_range)]
     device = DeviceModel.load(model_path("device", "onnx-quant"), threads=1)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="tandem-dragon-bench-") as tmp:
         index = build_private_index(Path(tmp))
         try:
             for engine in args.engines:
-                cloud, url, token = await start_cloud(engine, args.cloud_core, corpus=True)
+                cloud, url, token = await start_cloud(
+                    engine, args.cloud_core, corpus=True, corpus_k=args.k
+                )  # CRCG/Cloud and DRCG/Text get k public passages, as DRAGON does
                 try:
                     await warm_up(device, index, url, token, args.k)
+                    if args.trace:
+                        rows += await run_trace(device, index, url, token, prompts, engine=engine,
+                                                max_tokens=args.max_tokens, k=args.k)  # fmt: skip
+                        continue
                     for latency in args.latency_ms:
                         rows += await run_latency(
                             device, index, url, token, latency, prompts, engine=engine,
@@ -437,6 +586,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--sampling", nargs="+", default=["greedy", "sampled"],
                         choices=["greedy", "sampled"])  # fmt: skip
     parser.add_argument("--prompts", type=int, default=20)
+    parser.add_argument(
+        "--prompt-range", nargs=2, type=int, default=(0, None), metavar=("START", "END"),
+        help="run only prompts START..END-1 of the --prompts chosen (a grid in pieces)",
+    )  # fmt: skip
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("-k", type=int, default=2, help="documents per side")
     parser.add_argument("--device-core", type=int, default=0)
@@ -448,16 +601,25 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--name", help="results/dragon/<name>.json (default: quick, or a timestamp)"
     )
+    parser.add_argument(
+        "--trace", action="store_true",
+        help="DRAGON §7.4 instead of the grid: the link's latency changes during each answer "
+        "(+20 ms, +250 ms from token 10, +20 ms from token 22); auto vs both pinned, greedy",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, help="write the JSON here instead")
     parser.add_argument(
         "--report", nargs="+", type=Path, metavar="JSON",
         help="print the means and targets of earlier runs (run nothing)",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    if args.report:
-        for path in args.report:
-            print(f"\n=== {path}")
-            print_summary(summarise(json.loads(path.read_text())["rows"]))
+    if args.report:  # the pieces of one grid, pooled
+        saved = [json.loads(path.read_text()) for path in args.report]
+        traces = [r for data in saved for r in data.get("trace", [])]
+        if traces:
+            print_trace(trace_summary(traces))
+        rows = [r for data in saved for r in data.get("rows", [])]
+        print(f"{len(rows)} answers from {len(args.report)} file(s)")
+        print_summary(summarise(rows))
         return
     if args.quick:
         args.prompts, args.latency_ms, args.max_tokens, args.k = 1, [0.0, 100.0], 8, 1
@@ -466,14 +628,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     args.cloud_core = pin_device(args.device_core, args.cloud_core)
     started = time.time()
     rows = asyncio.run(run(args))
-    summary = summarise(rows)
+    summary = trace_summary(rows) if args.trace else summarise(rows)
     name = args.name or ("quick" if args.quick else time.strftime("%Y%m%d-%H%M%S"))
     out = args.out or RESULTS / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    key = "trace" if args.trace else "rows"  # trace rows have no fixed latency: kept apart
     out.write_text(json.dumps({"config": config, "seconds": time.time() - started,
-                               "rows": rows, "summary": summary}, indent=1))  # fmt: skip
-    print_summary(summary)
+                               key: rows, "summary": summary}, indent=1))  # fmt: skip
+    (print_trace if args.trace else print_summary)(summary)
     print(f"\n{time.time() - started:.0f} s; written to {out}")
 
 

@@ -102,6 +102,14 @@ class LinkEmulator:
         self._rng = random.Random(seed)
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._shapers: list[tuple[_Shaper, str]] = []
+
+    def retune(self, up: LinkProfile, down: LinkProfile) -> None:
+        """Change the link from now on, open connections included (a latency trace replayed
+        during an answer). Bytes already in flight keep their delivery times."""
+        self.up, self.down = up, down
+        for shaper, direction in self._shapers:
+            shaper.profile = up if direction == "up" else down
 
     @property
     def port(self) -> int:
@@ -141,15 +149,16 @@ class LinkEmulator:
                 with contextlib.suppress(OSError):
                     # Nagle would add delay of its own; the emulator adds exactly what it is told.
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        shapers = [(_Shaper(self.up, self._rng), "up"), (_Shaper(self.down, self._rng), "down")]
+        self._shapers += shapers
         pipes = [
-            asyncio.create_task(self._pipe(client_r, server_w, _Shaper(self.up, self._rng), "up")),
-            asyncio.create_task(
-                self._pipe(server_r, client_w, _Shaper(self.down, self._rng), "down")
-            ),
+            asyncio.create_task(self._pipe(client_r, server_w, *shapers[0])),
+            asyncio.create_task(self._pipe(server_r, client_w, *shapers[1])),
         ]
         self._tasks.update(pipes)
         await asyncio.gather(*pipes, return_exceptions=True)
         self._tasks.difference_update(pipes)
+        self._shapers = [s for s in self._shapers if s not in shapers]
         for w in (client_w, server_w):
             w.close()
 

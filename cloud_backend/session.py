@@ -32,6 +32,7 @@ from collab.protocol import (
     CloudDecode,
     Done,
     DragonDraft,
+    DragonScore,
     DragonSetup,
     DragonTarget,
     DsdDraft,
@@ -62,7 +63,7 @@ log = logging.getLogger("tandem.cloud")
 # Frames that belong to the running request and go to its inbox.
 _REQUEST_FRAMES = (
     Cancel, DsdDraft, DssdDraft, TopKDraft, CloudDecode, TokenChunk, DragonSetup, DragonDraft,
-    DragonTarget,
+    DragonTarget, DragonScore,
 )  # fmt: skip
 RTT_ALPHA = 0.2  # EWMA weight of a new round-trip sample (the device's client uses the same)
 

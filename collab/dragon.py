@@ -30,7 +30,13 @@ from collab.scheduling import (
     fit_decode_latency,
 )
 from collab.split import Transcript, wire_probs
-from collab.verification import local_mixture, side_etas, side_weight, speculative_aggregation
+from collab.verification import (
+    local_mixture,
+    logsumexp,
+    side_etas,
+    side_weight,
+    speculative_aggregation,
+)
 
 # Relevance R(d, x) = RELEVANCE_SCALE · cosine(d, query): the bi-encoder's cosines (≈ 0.1–0.7
 # for MiniLM) would give nearly uniform softmax weights; scaled by 1/τ with τ = 0.05 a document
@@ -78,6 +84,40 @@ def side_distribution(
     probs = wire_probs(mix[ids] / mix[ids].sum(), f32)
     keep = probs > 0  # float16 underflow: a token the wire says is impossible is never drawn
     return ids[keep].astype(np.int64), probs[keep].astype(np.float32 if f32 else np.float16)
+
+
+def side_logprobs(logits: np.ndarray, scores: np.ndarray, tokens: np.ndarray,
+                  temperature: float = 1.0) -> np.ndarray:  # fmt: skip
+    """log p^s(tokens[t]) at every position t under the side's whole mixture (not cut for the
+    wire): logits [D, T, V] of each document's sequence at the T positions, scores [D]. What a
+    side scores an answer with (DRDG/SW, teacher-forced perplexity). Temperature 0 scores the
+    T = 1 distributions, as `side_distribution` mixes them."""
+    z = np.asarray(logits, dtype=np.float64) / (temperature or 1.0)
+    if z.ndim != 3 or z.shape[1] != len(tokens):
+        raise ValueError(f"need logits [D, T, V] for {len(tokens)} tokens, got {z.shape}")
+    picked = np.take_along_axis(z, np.asarray(tokens, dtype=np.int64)[None, :, None], axis=2)
+    per_doc = picked[:, :, 0] - logsumexp(z, axis=2)  # log softmax at the tokens, [D, T]
+    log_w = np.asarray(scores, dtype=np.float64) - logsumexp(np.asarray(scores, np.float64))
+    out: np.ndarray = logsumexp(per_doc + log_w[:, None], axis=0)
+    return out
+
+
+def sequence_choice(
+    device: tuple[float, float], cloud: tuple[float, float], h: tuple[float, float],
+    greedy: bool, rng: np.random.Generator,
+) -> Side:  # fmt: skip
+    """DRDG/SW's one aggregation (RAG-Sequence): each side's whole answer y^s is scored under
+    both mixtures, P(y) = η^device P^device(y) + η^cloud P^cloud(y), with (η) = softmax(h); the
+    answer is the likelier one (greedy; the device's on a tie) or drawn in proportion to P.
+    `device` and `cloud` are (log P^device(y), log P^cloud(y)) of that side's answer."""
+    eta_d, eta_c = side_etas(*h)
+    with np.errstate(divide="ignore"):
+        log_eta = np.log([eta_d, eta_c])
+    score = [float(logsumexp(log_eta + np.array(pair))) for pair in (device, cloud)]
+    if greedy or not np.isfinite(max(score)):
+        return Side.DEVICE if score[0] >= score[1] else Side.CLOUD
+    p_cloud = 1.0 / (1.0 + np.exp(score[0] - score[1]))
+    return Side.CLOUD if rng.random() < p_cloud else Side.DEVICE
 
 
 def transmitted(probs: np.ndarray) -> np.ndarray:
@@ -320,7 +360,12 @@ class Scheduler:
     )
 
     def observe_draft(self, side: Side, draft: DragonDraft) -> None:
-        self.profiles[side].observe_decode(draft.step, draft.decode_time, self.weight)
+        if draft.step == 0:  # the first draft comes from the prefill: its time is no decode
+            return
+        self.observe_decode(side, draft.step, draft.decode_time)
+
+    def observe_decode(self, side: Side, step: int, seconds: float) -> None:
+        self.profiles[side].observe_decode(step, seconds, self.weight)
 
     def observe_target(self, target: DragonTarget) -> None:
         for side, ok in _verdicts(target):

@@ -159,15 +159,21 @@ class DragonPeer:
         self._step = asyncio.ensure_future(timed())
 
     async def _stop_step(self) -> None:
-        """Preempt the model step in flight (its result, if it finished anyway, is dropped)."""
+        """Preempt the model step in flight (its result, if it finished anyway, is dropped).
+        A step only scheduled is cancelled before it starts: the runtimes' cancel reaches
+        only a running step, and the step a side starts right after drafting is still queued
+        when the target that rejects that draft comes at once (the aggregator's own draft
+        completing the pair): it would otherwise cost a whole decode."""
         step, self._step = self._step, None
         self._logits = None
         if step is None:
             return
         if not step.done():
-            self.decoder.cancel()
-        with contextlib.suppress(Exception):
-            await step
+            self.decoder.cancel()  # stops a step the model is running
+            step.cancel()  # and one not started yet never starts
+        await asyncio.wait([step])
+        if not step.cancelled():
+            step.exception()  # retrieved: a cancelled model step raises, and that is expected
 
     # ---- frames and targets ----------------------------------------------------------------
     async def _on_frame(self, msg: DragonDraft | DragonTarget) -> None:

@@ -317,7 +317,7 @@ def rapid_verify_one(
 # ---------------------------------------------------------------------------------------------
 
 
-def _logsumexp(a: np.ndarray, axis: int | None = None) -> np.ndarray:
+def logsumexp(a: np.ndarray, axis: int | None = None) -> np.ndarray:
     """log Σ exp(a), stable, with all −∞ slices giving −∞ (not NaN)."""
     a = np.asarray(a, dtype=np.float64)
     m = np.max(a, axis=axis, keepdims=True)
@@ -339,7 +339,7 @@ def local_mixture(p_per_doc: np.ndarray, scores: np.ndarray) -> np.ndarray:
     scores = np.asarray(scores, dtype=np.float64)
     if p_per_doc.ndim != 2 or scores.shape != (p_per_doc.shape[0],):
         raise ValueError("need p_per_doc [D, V] and scores [D]")
-    mixture: np.ndarray = np.exp(scores - _logsumexp(scores)) @ p_per_doc
+    mixture: np.ndarray = np.exp(scores - logsumexp(scores)) @ p_per_doc
     return mixture
 
 
@@ -347,7 +347,7 @@ def side_weight(scores: np.ndarray) -> float:
     """h^s = logsumexp_{d∈D_s} R(d, x_<t), the side's (log) aggregation weight.
 
     DRAGON §4.1 (h^s = Σ_d exp R) in the corrected log form of Appendix A.1; DESIGN §5.5."""
-    return float(_logsumexp(np.asarray(scores, dtype=np.float64)))
+    return float(logsumexp(np.asarray(scores, dtype=np.float64)))
 
 
 def side_etas(h_l: float, h_r: float) -> tuple[float, float]:

@@ -59,6 +59,8 @@ class Stats:
     device_accepted: int = 0
     cloud_drafted: int = 0
     cloud_accepted: int = 0
+    device_decode_s: float | None = None  # dragon: each side's decode time per token (EWMA of
+    cloud_decode_s: float | None = None  # its drafts' decode times: the scheduler's profile)
     per_round: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted)
     token_ids: list[int] = field(default_factory=list)  # the answer's ids (tests, benchmarks)
 

@@ -92,6 +92,16 @@ class DocumentBatch:
         self.answer_tokens += 1
         return logits
 
+    async def feed(self, tokens: Sequence[int]) -> np.ndarray:
+        """Feed the same answer tokens to every sequence in one step (teacher forcing);
+        logits at every fed position, [D, T, V]."""
+        batch = [list(tokens)] * self.size
+        logits = await self.seq.step(
+            "verify", self.size * len(batch[0]), lambda: self.seq.lm.forward(batch)
+        )
+        self.answer_tokens += len(batch[0])
+        return logits
+
     async def rewind(self, answer_tokens: int) -> None:
         lengths = [p + answer_tokens for p in self.prompt_lengths]
         await self.seq.step("rollback", 0, lambda: self.seq.lm.rollback(lengths))

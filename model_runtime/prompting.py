@@ -91,14 +91,23 @@ def document_prompt(
     budget: int,
 ) -> tuple[list[int], int]:
     """(ids, exchanges left out) of one document's prompt [d; history; question] for
-    per-document decoding (DRAGON). A passage too long for the budget is clipped (its start
-    kept) until the prompt fits, rather than refused."""
-    passages = [passage] if passage is not None else []
+    per-document decoding (DRAGON), the passage clipped to fit (`clipped_prompt`)."""
+    return clipped_prompt(tokenizer, question, history, [passage] if passage else [], budget)
+
+
+def clipped_prompt(
+    tokenizer: PreTrainedTokenizerBase,
+    question: str,
+    history: Sequence[str],
+    passages: Sequence[Source],
+    budget: int,
+) -> tuple[list[int], int]:
+    """(ids, exchanges left out) of the prompt with `passages`; passages too long for the
+    budget are clipped (each keeps its start, all by the same share) until the prompt fits,
+    rather than refused: a context budget limits how much retrieved text a prompt holds."""
     ids, dropped = fit_prompt(tokenizer, question, history, passages, budget)
-    while passage is not None and len(ids) > budget and len(passage.text) > 40:
-        over = len(ids) - budget
-        chars = len(passage.text)
-        keep = max(40, int(chars * (1 - over / max(len(ids), 1))) - 40)
-        passage = passage.clipped(keep)
-        ids, dropped = fit_prompt(tokenizer, question, history, [passage], budget)
+    while len(ids) > budget and any(len(p.text) > 40 for p in passages):
+        share = 1 - (len(ids) - budget) / max(len(ids), 1)
+        passages = [p.clipped(max(40, int(len(p.text) * share) - 40)) for p in passages]
+        ids, dropped = fit_prompt(tokenizer, question, history, passages, budget)
     return ids, dropped

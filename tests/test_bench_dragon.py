@@ -1,14 +1,11 @@
 """The DRAGON latency benchmark (benchmarks/dragon.py): its targets' arithmetic on made-up
 cells, its measuring loop on the tiny pair over the real link emulator and a loopback server
-with a real public corpus and the benchmark's own private index, and (slow tier) `--quick`
-with the real pair, as CI runs it."""
+with a real public corpus and the benchmark's own private index (`--quick` with the real pair
+runs in tests/test_dragon_eval.py)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestServer
@@ -25,12 +22,12 @@ from benchmarks.prompts import Prompt
 from cloud_backend.config import ServerConfig
 from cloud_backend.engine import LLMEngine
 from cloud_backend.server import create_app
+from collab.sources import Source
 from edge_runtime.device import DeviceModel
 from model_runtime.torch_runtime import TorchCausalLM
 from tests.tiny_models import build_tiny_hf
 
 TOKEN = "bench-token-0123456789"
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _row(method: str, latency: float, per_token_ms: float, ttft_ms: float, **kw) -> dict:
@@ -120,6 +117,7 @@ async def cloud_url(cloud_engine, public_corpus):
     await server.close()
 
 
+DRAGONS = ("dragon-auto", "dragon-device", "dragon-cloud", "drdg-tw")
 PROMPTS = [
     Prompt("test/1", "travel", "Write a short note about our trip to Maui."),
     Prompt("test/2", "generic", "How can I plan my week better?"),
@@ -143,6 +141,12 @@ async def test_every_method_measured_over_the_link(
         assert r["jitter_ms"] == r["latency_ms"] / 5
         if r["method"] == "local-rag":
             assert r["up_bytes_per_token"] == 0 and r["aggregator"] is None
+        elif r["method"] in ("crcg-cloud", "drcg-text"):  # one side answers: no drafts
+            assert r["up_bytes_per_token"] > 0 and r["aggregator"] is None
+            assert r["device_drafted"] == r["cloud_drafted"] == 0
+        elif r["method"] == "drdg-sw":  # whose whole answer was kept
+            assert r["aggregator"] in ("device", "cloud") and r["per_token_s"] > 0
+            assert r["device_drafted"] == r["cloud_drafted"] == 0
         else:
             assert r["up_bytes_per_token"] > 0 and r["down_bytes_per_token"] > 0
             assert r["device_drafted"] > 0 and r["cloud_drafted"] > 0
@@ -155,7 +159,7 @@ async def test_every_method_measured_over_the_link(
         for p in PROMPTS:
             answers = {r["method"]: r["token_ids"] for r in rows
                        if r["sampling"] == "greedy" and r["prompt"] == p.id
-                       and r["latency_ms"] == latency and r["method"] != "local-rag"}  # fmt: skip
+                       and r["latency_ms"] == latency and r["method"] in DRAGONS}  # fmt: skip
             assert len(answers) == 4 and len({tuple(a) for a in answers.values()}) == 1, answers
     # synchronous DRDG/TW waits a round trip for every token (40 ms added, ≥ 20 ms each way)
     tw = [r["per_token_s"] for r in rows
@@ -168,17 +172,88 @@ async def test_every_method_measured_over_the_link(
     assert "TTFT vs device-only RAG" in capsys.readouterr().out
 
 
-@pytest.mark.slow
-def test_quick_run_with_the_real_pair(tmp_path):
-    """CI's smoke run: `--quick` ends, writes every method at both latencies, no failures."""
-    out = tmp_path / "quick.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.dragon", "--quick", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    data = json.loads(out.read_text())
-    cells = {(r["method"], r["latency_ms"]) for r in data["rows"]}
-    assert cells == {(m, lat) for m in METHODS for lat in (0.0, 100.0)}
-    assert not any(r["failures"] for r in data["rows"])
-    assert "per-token latency reduction vs DRDG/TW" in done.stdout
+async def test_drcg_text_answers_on_the_device_from_both_sides_passages(
+    device, cloud_url, public_corpus, embedder_dir, tmp_path
+):
+    """DRCG/Text: the cloud's k public passages come back as text (a request for no tokens:
+    no cloud prefill, no cloud token), numbered 1..k before the device's; the device's greedy
+    answer is exactly its own greedy decoding of the prompt holding all 2k passages."""
+    from benchmarks.baselines import DrcgTextMode
+    from edge_runtime.events import Stats, TextDelta
+    from edge_runtime.modes.base import AnswerOptions, CloudSettings, ModeContext
+    from model_runtime.generate import TextStream
+    from model_runtime.prompting import clipped_prompt, fit_prompt, prompt_budget
+
+    index = build_private_index(tmp_path, embedder_dir)
+    mode = DrcgTextMode(
+        ModeContext(device=device, index=index, cloud=CloudSettings(cloud_url, TOKEN))
+    )
+    question = "Write a short note about our trip to Maui."
+    options = AnswerOptions(12, temperature=0.0, k=2)
+    events = [e async for e in mode.answer(question, [], options)]
+    await mode.close()
+    sources = [e for e in events if isinstance(e, Source)]
+    stats = next(e for e in events if isinstance(e, Stats))
+    assert [(s.number, s.side) for s in sources] == [
+        (1, "cloud"), (2, "cloud"), (3, "device"), (4, "device")
+    ]  # fmt: skip
+    public = public_corpus.search(question, 2)
+    assert [s.text for s in sources[:2]] == [p.text for p in public]
+    assert stats.bytes_down > 0 and not stats.drafted and stats.tokens > 0
+    # the same answer from the device alone, given the same prompt
+    budget = prompt_budget(device.lm.max_context, options.max_new_tokens)
+    ids, _ = clipped_prompt(device.tokenizer, question, [], sources, budget)
+    whole = fit_prompt(device.tokenizer, question, [], sources)[0]
+    assert len(ids) <= budget < len(whole)  # the tiny model's context: the passages clipped
+    logits = await device.prefill(ids)
+    want = []
+    for _ in range(stats.tokens):
+        want.append(int(logits.argmax()))
+        logits = (await device.forward([want[-1]]))[-1]
+    assert stats.token_ids == want
+    text = TextStream(device.tokenizer)
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "".join(
+        text.push(t) for t in want
+    )
+    index.close()
+
+
+def test_trace_summary_times_each_segment_from_the_commits():
+    """Commits every 100 ms for tokens 1–10 then every 300 ms (auto), or 200 ms throughout
+    (device), or 400 ms (cloud): segment and whole-answer latencies, and the verdicts."""
+    from benchmarks.dragon import trace_summary
+
+    def row(method, gaps):
+        t, commits = 0.0, []
+        for n, gap in enumerate(gaps, 1):
+            t += gap
+            commits.append((t, n))
+        return {"method": method, "commits": commits}
+
+    rows = [row("dragon-auto", [0.1] * 10 + [0.3] * 10), row("dragon-device", [0.2] * 20),
+            row("dragon-cloud", [0.4] * 20)]  # fmt: skip
+    out = trace_summary(rows, trace=((0, 20.0), (10, 250.0)))
+    first, second = (s["ms_per_token"] for s in out["segments"])
+    assert first == pytest.approx({"dragon-auto": 100, "dragon-device": 200, "dragon-cloud": 400})
+    assert second == pytest.approx({"dragon-auto": 300, "dragon-device": 200, "dragon-cloud": 400})
+    assert out["segment_vs_better_pinned"] == pytest.approx([-0.5, 0.5])
+    assert out["whole"]["dragon-auto"] == pytest.approx((0.9 + 3.0) / 19 * 1000)
+
+
+async def test_trace_run_retunes_the_link_during_each_answer(
+    device, cloud_url, embedder_dir, tmp_path
+):
+    from benchmarks.dragon import TRACE_METHODS, run_trace, trace_summary
+
+    index = build_private_index(tmp_path, embedder_dir)
+    trace = ((0, 0.0), (3, 250.0), (6, 0.0))
+    rows = await run_trace(device, index, cloud_url, TOKEN, PROMPTS[:1], engine="torch",
+                           trace=trace, max_tokens=9)  # fmt: skip
+    index.close()
+    assert [r["method"] for r in rows] == list(TRACE_METHODS)
+    assert all(not r["failures"] and r["commits"] for r in rows)
+    out = trace_summary(rows, trace)
+    slow = out["segments"][1]["ms_per_token"]
+    fast = out["segments"][2]["ms_per_token"]
+    # the cloud-pinned side waits for the device's drafts: the +250 ms segment is slower
+    assert slow["dragon-cloud"] > fast["dragon-cloud"] + 50, (slow, fast)

@@ -900,3 +900,64 @@ def test_auto_scheduler_stays_until_rtt_and_both_decode_times_are_known():
     no_device = fed_scheduler(c, acc, 0.2, sides=(Side.CLOUD,))
     assert no_device.choose(Side.DEVICE, 6) == Side.DEVICE
     assert fed_scheduler(c, acc, 0.2).choose(Side.DEVICE, 6) == Side.CLOUD  # all known: moves
+
+
+# ---------------------------------------------------------------------------- DRDG/SW's math
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0, 0.5])
+def test_side_logprobs_is_the_log_of_the_whole_mixture(temperature):
+    """log Σ_d softmax(R)_d softmax(z_d / T)[x_t] at every position, with a −inf logit (an
+    impossible token for one document), a one-hot document and tied logits."""
+    from collab.dragon import side_logprobs
+
+    rng = np.random.default_rng(4)
+    logits = rng.normal(size=(3, 5, 7))
+    logits[0, :, 2] = -np.inf
+    logits[1] = np.where(np.arange(7) == 4, 50.0, -50.0)
+    logits[2, 0] = 1.0
+    scores = np.array([2.0, -1.0, 0.3])
+    tokens = np.array([2, 4, 0, 6, 2])
+    got = side_logprobs(logits, scores, tokens, temperature)
+    t = temperature or 1.0
+    w = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
+    for pos, x in enumerate(tokens):
+        z = logits[:, pos] / t
+        p = np.exp(z - z.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        assert got[pos] == pytest.approx(np.log(w @ p[:, x]), rel=1e-9, abs=1e-9)
+
+
+def test_sequence_choice_greedy_and_sampled():
+    """P(y) = η^d P^d(y) + η^c P^c(y) over the two whole answers: greedy keeps the likelier
+    (the device's on a tie); sampling keeps each in proportion (χ² over 4,000 draws), and an
+    impossible answer under both mixtures is never kept."""
+    from collab.dragon import sequence_choice
+
+    rng = np.random.default_rng(0)
+    h = (0.0, np.log(3.0))  # η = (1/4, 3/4)
+    device_answer = (np.log(0.2), np.log(0.1))  # P = 0.25·0.2 + 0.75·0.1 = 0.125
+    cloud_answer = (np.log(0.05), np.log(0.5))  # P = 0.0125 + 0.375 = 0.3875
+    assert sequence_choice(device_answer, cloud_answer, h, True, rng) == Side.CLOUD
+    assert sequence_choice(cloud_answer, cloud_answer, h, True, rng) == Side.DEVICE
+    draws = [sequence_choice(device_answer, cloud_answer, h, False, rng) for _ in range(4000)]
+    n_cloud = sum(d == Side.CLOUD for d in draws)
+    p = 0.3875 / (0.3875 + 0.125)
+    assert stats.binomtest(n_cloud, 4000, p).pvalue > 1e-3
+    impossible = (-np.inf, -np.inf)
+    assert all(sequence_choice(impossible, cloud_answer, h, False, rng) == Side.CLOUD
+               for _ in range(200))  # fmt: skip
+
+
+def test_the_first_draft_s_prefill_time_is_not_a_decode_time():
+    """A side's first draft comes from its prefill (seconds, with documents); taking that as
+    a decode time made the cloud look ~0.6 s a token slower for a whole answer (EWMA)."""
+    sched = Scheduler(AggregatorPolicy.AUTO)
+    probs = np.array([1.0], np.float16)
+    sched.observe_draft(Side.CLOUD, DragonDraft(0, np.array([0]), probs, 0.0, 11.0, step=0))
+    assert sched.profiles[Side.CLOUD].mean is None
+    for step in range(1, 6):
+        sched.observe_draft(Side.CLOUD, DragonDraft(0, np.array([0]), probs, 0.0, 0.15,
+                                                    step=step))  # fmt: skip
+    assert sched.profiles[Side.CLOUD].mean == pytest.approx(0.15)
+    assert sched.profiles[Side.CLOUD].decode_at(20) == pytest.approx(0.15)

@@ -408,3 +408,109 @@ async def test_dynamic_reranking_rescores_both_sides_documents(
     await mode.close()
     assert stats.tokens == 16
     assert calls["device"] >= 3 and calls["cloud"] >= 3
+
+
+# ---------------------------------------------------------------------------- DRDG/SW
+
+
+def _side(folder, tokenizer, question, docs, n):
+    """One side alone, in this process: its per-document prompts' logits and weights."""
+    budget = prompt_budget(TINY_CONTEXT, n)
+    prompts = [document_prompt(tokenizer, question, [], d, budget)[0] for d in docs or [None]]
+    scores = relevance(np.array([d.score for d in docs] or [NO_DOCUMENT_COSINE]))
+    return TorchCausalLM(folder), prompts, scores
+
+
+def _alone(lm, prompts, scores, n):
+    """The side's greedy answer from its own transmitted mixture (as its drafts are drawn)."""
+    logits, out = lm.prefill(prompts), []
+    while len(out) < n:
+        ids, probs = side_distribution(logits, scores, GREEDY, DRAGON_TOP_P, DRAGON_MAX_SPARSE)
+        out.append(int(ids[np.flatnonzero(probs == probs.max())].min()))
+        if out[-1] == IM_END_ID:
+            break
+        logits = lm.decode([out[-1]] * len(prompts))
+    return out
+
+
+def _log_likelihood(lm, prompts, scores, tokens):
+    """log P^s(tokens) position by position: Σ_d softmax(R)_d softmax(z_d)[x], no shortcuts."""
+    logits, total = lm.prefill(prompts), 0.0
+    w = np.exp(scores - scores.max())
+    w /= w.sum()
+    for t in tokens:
+        z = logits.astype(np.float64)
+        p = np.exp(z - z.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        total += float(np.log(w @ p[:, t]))
+        logits = lm.decode([t] * len(prompts))
+    return total
+
+
+async def test_drdg_sw_keeps_the_whole_answer_the_two_mixtures_find_likelier(
+    tiny, device_dir, device, tiny_tokenizer, cloud_url, private_index, public_corpus
+):
+    """DRDG/SW (greedy): each side's answer alone from its own mixture, each answer scored
+    under both mixtures across the link, and the device keeps the one with the larger
+    η^device P^device(y) + η^cloud P^cloud(y): the same pick as a single-process reference."""
+    from benchmarks.baselines import DrdgSwMode
+
+    k, n = 2, 10
+    mode = DrdgSwMode(ModeContext(device=device, index=private_index,
+                                  cloud=CloudSettings(cloud_url, TOKEN)))  # fmt: skip
+    _, stats, events = await ask(mode, QUESTION, AnswerOptions(n, temperature=0.0, k=k))
+    await mode.close()
+    d_docs = [h.source(k + i, "device") for i, h in enumerate(private_index.search(QUESTION, k), 1)]
+    c_docs = [replace(p, number=i) for i, p in enumerate(public_corpus.search(QUESTION, k), 1)]
+    sides = [_side(f, tiny_tokenizer, QUESTION, docs, n)
+             for f, docs in ((device_dir, d_docs), (tiny["hf"], c_docs))]  # fmt: skip
+    answers = [_alone(*side, n) for side in sides]
+    assert answers[0] != answers[1]  # different weights, different answers: the pick matters
+    h = np.array([np.log(np.exp(s).sum()) for _, _, s in sides])
+    eta = np.exp(h - h.max()) / np.exp(h - h.max()).sum()
+    likelihood = [sum(e * np.exp(_log_likelihood(*side, y)) for e, side in zip(eta, sides,
+                  strict=True)) for y in answers]  # fmt: skip
+    kept = answers[int(np.argmax(likelihood))]
+    assert stats.token_ids == [t for t in kept if t != IM_END_ID]
+    assert stats.aggregator == ("device" if np.argmax(likelihood) == 0 else "cloud")
+    assert mode.decode_span_s is not None and mode.decode_span_s > 0
+    assert {e.side for e in events if isinstance(e, Citation)} == {"device", "cloud"}
+
+
+async def test_teacher_forced_cloud_mixture_across_the_link_equals_one_process(
+    tiny, device, tiny_tokenizer, cloud_url, public_corpus
+):
+    """The cloud's half of a teacher-forced DRAGON pass (policy SCORE: DragonScore → scored
+    DragonSequence, no answer of its own) equals log p^cloud computed in this process,
+    position by position."""
+    from collab.protocol import (
+        AggregatorPolicy,
+        DragonScore,
+        DragonSequence,
+        DragonSetup,
+        Generate,
+        Mode,
+        Side,
+    )
+    from edge_runtime.client import CloudClient
+
+    k = 2
+    text = tiny_tokenizer.encode(" Aachen is a spa city in the west of Germany, near Belgium.")
+    client = CloudClient(cloud_url, TOKEN, Mode.DRAGON, "", device.tokenizer_hash, device.name)
+    await client.connect()
+    n = len(text)  # the room to reserve
+    await client.send(Generate(QUESTION, max_new_tokens=n, temperature=1.0, request_id=7))
+    await client.send(DragonSetup(k, AggregatorPolicy.SCORE, Side.DEVICE, request_id=7))
+    await client.send(DragonScore(text, request_id=7))
+    frames = []
+    while not frames or type(frames[-1]).__name__ != "Done":
+        frames.append(await client.recv(timeout=30))
+    await client.close()
+    sequences = [f for f in frames if isinstance(f, DragonSequence)]
+    assert [s.scored for s in sequences] == [True]  # no answer of its own
+    assert sequences[0].tokens.tolist() == text
+    c_docs = [replace(p, number=i) for i, p in enumerate(public_corpus.search(QUESTION, k), 1)]
+    lm, prompts, scores = _side(tiny["hf"], tiny_tokenizer, QUESTION, c_docs, n)
+    want = [_log_likelihood(lm, prompts, scores, text[: i + 1]) for i in range(n)]
+    np.testing.assert_allclose(np.cumsum(sequences[0].logprobs), want, rtol=1e-5, atol=1e-4)
+    assert sequences[0].h == pytest.approx(float(np.log(np.exp(scores).sum())))

@@ -63,6 +63,30 @@ def test_delay_adds_to_the_round_trip():
     assert 0.06 <= shaped < 0.09
 
 
+def test_retune_changes_an_open_connection():
+    """A latency trace: the same connection sees 20 ms, then 120 ms, then 20 ms again."""
+
+    async def main() -> list[float]:
+        server = await echo_server()
+        fast, slow = LinkProfile(delay=0.01), LinkProfile(delay=0.06)
+        async with LinkEmulator("127.0.0.1", port_of(server), fast, fast) as link:
+            r, w = await asyncio.open_connection("127.0.0.1", link.port)
+            out = []
+            for profile in (fast, slow, fast):
+                link.retune(profile, profile)
+                t = time.perf_counter()
+                w.write(b"p")
+                await w.drain()
+                await r.readexactly(1)
+                out.append(time.perf_counter() - t)
+            w.close()
+        server.close()
+        return out
+
+    before, during, after = asyncio.run(main())
+    assert before < 0.05 and 0.12 <= during < 0.16 and after < 0.05
+
+
 @pytest.mark.parametrize("bandwidth", [100_000, 400_000])
 def test_bandwidth_limits_throughput(bandwidth):
     size = 100_000

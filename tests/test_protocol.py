@@ -106,6 +106,17 @@ def messages(draw, kind: p.MsgType) -> p.Message:
             draw(st.integers(1, SMALL.max_sparse)), draw(st.integers(0, SMALL.max_draft_tokens)),
             draw(st.integers(0, 1000)), **hdr,
         )  # fmt: skip
+    if kind is p.MsgType.DRAGON_SCORE:
+        return p.DragonScore(rng.integers(0, v, draw(st.integers(0, 40))), **hdr)
+    if kind is p.MsgType.DRAGON_SEQUENCE:
+        size = draw(st.integers(0, 40))
+        logprobs = -rng.exponential(3.0, size)
+        if size:
+            logprobs[0] = draw(st.sampled_from([0.0, -np.inf, float(logprobs[0])]))
+        h = draw(st.floats(allow_nan=False, allow_infinity=False) | st.just(-np.inf))
+        dt = draw(st.floats(0, 10, width=32))
+        return p.DragonSequence(rng.integers(0, v, size), logprobs, h, dt, draw(st.booleans()),
+                                **hdr)  # fmt: skip
     if kind is p.MsgType.PING:
         return p.Ping(draw(u64), **hdr)
     if kind is p.MsgType.PONG:

@@ -119,3 +119,23 @@ def test_cli_ask_through_the_embedded_cloud(mode):
         assert result["citations"] and {c["side"] for c in result["citations"]} == {"cloud"}
     else:
         assert stats["rounds"] >= 1 and stats["drafted"] >= 1
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known defect (found 2026-11-24, open): the quantized ONNX models give a padded sequence of "
+    "a batch other log-probabilities than the sequence alone from its second fed token on "
+    "(up to 0.12 nats for the int8 0.5B, 0.07 for the int4 1.5B); the unpadded sequence and "
+    "the float32 export are exact. DRAGON's per-document batches are padded."
+))  # fmt: skip
+@pytest.mark.parametrize("role", ["device", "cloud"])
+def test_quantized_padded_batch_equals_single_runs(role, device_tokenizer):
+    lm = OrtCausalLM(model_path(role, "onnx-quant"), threads=2, allow_spinning=False)
+    enc = device_tokenizer.encode
+    long = enc("Albedo is the fraction of sunlight that is diffusely reflected by a body. " * 6)
+    short = enc("The Amazon river flows through Brazil. " * 2)
+    fed = enc(" It is measured on a scale from zero to one, and it varies widely.")
+    lm.prefill([long, short])
+    both = lm.forward([fed, fed])
+    lm.prefill([short])
+    alone = lm.forward([fed])[0]
+    np.testing.assert_allclose(both[1], alone, atol=1e-3)

@@ -290,3 +290,19 @@ def test_detached_states_interleave_like_separate_runs(lm):
         b = lm.detach_state()
     assert np.allclose(out_a[0], last_a, atol=1e-4) and np.allclose(out_b[0], last_b, atol=1e-4)
     assert a.nbytes > 0 and a.nbytes % (len(PROMPT) + 4) == 0
+
+
+def test_multi_token_forward_of_a_padded_sequence_equals_its_single_run(lm):
+    """DRAGON's teacher forcing and verification feed several tokens at once to a batch of
+    documents of unequal length: every fed position of the shorter (padded) sequence must be
+    what the sequence alone gives."""
+    prompts = [PROMPT, PROMPT[:7]]
+    fed = CONTINUATION[:5]
+    singles = []
+    for p in prompts:
+        lm.prefill([p])
+        singles.append(lm.forward([fed])[0])
+    lm.prefill(prompts)
+    both = lm.forward([fed, fed])
+    for b in range(2):
+        np.testing.assert_allclose(both[b], singles[b], atol=1e-4)

@@ -7,6 +7,7 @@ Session flow (after the Hello/HelloAck handshake; every frame carries request id
 
 cloud   device → Generate(question, history, sampling, retrieve)
         cloud  → Citations (public sources, if any) → TokenChunk per token → Done
+        (max_new_tokens 0 is a retrieval: Citations → Done, no prefill; DRCG/Text uses it)
 split   see cloud_backend/modes/split.py
 any     device → Cancel: the cloud stops and answers Done(CANCELLED)
 """
@@ -35,7 +36,7 @@ from collab.protocol import (
 from collab.sampling import SamplingParams, sample
 from collab.sources import SOURCE_CHARS, Source
 from collab.split import Transcript
-from model_runtime.prompting import fit_prompt, prompt_budget
+from model_runtime.prompting import clipped_prompt, prompt_budget
 from model_runtime.runtime import Cancelled
 from model_runtime.tokenizer import IM_END_ID
 
@@ -100,6 +101,9 @@ class Request(ABC):
 
     async def run(self) -> None:
         ids = await self.prompt()
+        if self.gen.max_new_tokens == 0:  # a retrieval: the Citations, then Done; no prefill
+            self.transcript.commit([])
+            return
         lm = self.ctx.engine.lm
         room = lm.max_context - len(ids)
         if room <= 0:
@@ -107,9 +111,6 @@ class Request(ABC):
             raise Stop(FinishReason.ERROR)
         self.transcript.max_new_tokens = min(self.transcript.max_new_tokens, room)
         self.next_logits = await self.ctx.session.prefill(ids)
-        if self.transcript.max_new_tokens == 0:
-            self.transcript.commit([])
-            return
         await self.decode_answer()
 
     @abstractmethod
@@ -124,7 +125,7 @@ class Request(ABC):
             sources = tuple(p.clipped(SOURCE_CHARS) for p in passages)
             await self.ctx.send(Citations(sources, request_id=self.gen.request_id))
         budget = prompt_budget(self.ctx.engine.lm.max_context, self.gen.max_new_tokens)
-        ids, dropped = fit_prompt(
+        ids, dropped = clipped_prompt(  # passages too long for the model's context are clipped
             self.ctx.engine.tokenizer, self.gen.question, self.gen.history, passages, budget
         )
         if dropped:

@@ -21,9 +21,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cloud_backend.modes.base import Request, Stop
+from cloud_backend.modes.dragon_sequence import answer_alone
 from collab.dragon import NO_DOCUMENT_COSINE, Ledger, Scheduler, relevance
 from collab.dragon_peer import DragonPeer, first_aggregator
 from collab.protocol import (
+    AggregatorPolicy,
     Cancel,
     Citations,
     DragonDraft,
@@ -73,6 +75,9 @@ class DragonRequest(Request):
         t0 = time.perf_counter()
         self.first_logits = await self.batch.start(prompts)
         self.prefill_s = time.perf_counter() - t0
+        if self.setup.policy in (AggregatorPolicy.SEQUENCE, AggregatorPolicy.SCORE):
+            await answer_alone(self)
+            return
         if self.transcript.max_new_tokens == 0:
             self.transcript.commit([])
             return

@@ -27,7 +27,15 @@ from collab.protocol.codec import (
     peek_header,
     peek_version,
 )
-from collab.protocol.dragon import AggregatorPolicy, DragonDraft, DragonSetup, DragonTarget, Side
+from collab.protocol.dragon import (
+    AggregatorPolicy,
+    DragonDraft,
+    DragonScore,
+    DragonSequence,
+    DragonSetup,
+    DragonTarget,
+    Side,
+)
 from collab.protocol.session import (
     Cancel,
     Citations,
@@ -60,6 +68,8 @@ __all__ = [
     "Done",
     "Draft",
     "DragonDraft",
+    "DragonScore",
+    "DragonSequence",
     "DragonSetup",
     "DragonTarget",
     "DsdDraft",

@@ -76,6 +76,8 @@ class MsgType(IntEnum):
     CITATIONS = 16
     CLOUD_DECODE = 17
     DRAGON_SETUP = 18
+    DRAGON_SCORE = 19
+    DRAGON_SEQUENCE = 20
 
 
 # ---------------------------------------------------------------------------- helpers

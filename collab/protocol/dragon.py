@@ -47,11 +47,17 @@ class Side(IntEnum):
 
 class AggregatorPolicy(IntEnum):
     """Where Speculative Aggregation runs: pinned to one side, or chosen before every token by
-    the greedy scheduler (DRAGON eq. 6–7)."""
+    the greedy scheduler (DRAGON eq. 6–7); or, for the sequence-wise baseline, nowhere."""
 
     DEVICE = 0
     CLOUD = 1
     AUTO = 2
+    # The baseline DRDG/SW (DRAGON §2.2): no token-wise aggregation; each side answers alone
+    # from its own mixture, and the device aggregates the two whole answers once.
+    SEQUENCE = 3
+    # Teacher forcing (perplexity, DRAGON §7.3): no answer; the cloud scores the device's
+    # DragonScore tokens under its mixture (max_new_tokens reserves their room).
+    SCORE = 4
 
 
 @_message
@@ -188,3 +194,81 @@ class DragonTarget(Message):
     def check(self, limits: Limits = DEFAULT_LIMITS) -> None:
         if self.token >= limits.vocab_size:
             raise ProtocolError("token ≥ vocab")
+
+
+@_message
+class DragonScore(Message):
+    """DRAGON, sequence-wise (DRDG/SW) and teacher forcing: answer tokens the other side is to
+    score under its own mixture (it replies with a scored `DragonSequence`)."""
+
+    TYPE = MsgType.DRAGON_SCORE
+    tokens: np.ndarray
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._set("tokens", _ids(self.tokens, "tokens").reshape(-1))
+
+    def body(self) -> bytes:
+        return struct.pack("<I", self.tokens.size) + self.tokens.tobytes()
+
+    @classmethod
+    def parse(cls, r: _Reader, f32: bool, hdr: dict[str, int]) -> Message:
+        n = r.u32()
+        _check_count(n, 0, r.limits.max_chunk_tokens, "tokens")
+        return cls(r.array("<u4", n), **hdr)
+
+    def check(self, limits: Limits = DEFAULT_LIMITS) -> None:
+        _check_count(self.tokens.size, 0, limits.max_chunk_tokens, "tokens")
+        _check_ids(self.tokens, limits.vocab_size, "tokens")
+
+
+@_message
+class DragonSequence(Message):
+    """DRAGON, sequence-wise: a whole answer with the log-probability of each of its tokens
+    under the sender's mixture p^s (float32), the sender's side weight h^s and the seconds it
+    spent decoding (not prefilling). `scored`: the tokens are the receiver's own answer, sent
+    back scored (a reply to `DragonScore`); else they are the sender's answer."""
+
+    TYPE = MsgType.DRAGON_SEQUENCE
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    h: float
+    decode_time: float
+    scored: bool = False
+
+    _ST = struct.Struct("<dfBI")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        tokens = _ids(self.tokens, "tokens").reshape(-1)
+        logprobs = np.asarray(self.logprobs, dtype="<f4").reshape(-1)
+        if tokens.size != logprobs.size:
+            raise ProtocolError("tokens and logprobs must have the same length")
+        self._set("tokens", tokens)
+        self._set("logprobs", logprobs)
+        self._set("h", float(self.h))
+        self._set("decode_time", _f32(self.decode_time))
+        self._set("scored", bool(self.scored))
+
+    def body(self) -> bytes:
+        head = self._ST.pack(self.h, self.decode_time, self.scored, self.tokens.size)
+        return head + self.tokens.tobytes() + self.logprobs.tobytes()
+
+    @classmethod
+    def parse(cls, r: _Reader, f32: bool, hdr: dict[str, int]) -> Message:
+        h, dt, scored, n = r.unpack(cls._ST)
+        if scored > 1:
+            raise ProtocolError("bad scored flag")
+        _check_count(n, 0, r.limits.max_chunk_tokens, "tokens")
+        tokens = r.array("<u4", n)
+        return cls(tokens, r.array("<f4", n), h, dt, bool(scored), **hdr)
+
+    def check(self, limits: Limits = DEFAULT_LIMITS) -> None:
+        _check_count(self.tokens.size, 0, limits.max_chunk_tokens, "tokens")
+        _check_ids(self.tokens, limits.vocab_size, "tokens")
+        if self.logprobs.size and not bool(np.all(self.logprobs <= 0)):  # NaN fails too
+            raise ProtocolError("logprobs must be ≤ 0 (−inf allowed), not NaN")
+        if math.isnan(self.h) or self.h == math.inf:
+            raise ProtocolError("h must be finite or −inf")
+        if not (math.isfinite(self.decode_time) and self.decode_time >= 0):
+            raise ProtocolError("decode_time must be finite and ≥ 0")

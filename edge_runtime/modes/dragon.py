@@ -151,19 +151,20 @@ class DragonMode(CloudBacked):
             prefill_s = time.perf_counter() - t0
             seed = options.seed
             ledger = Ledger(Side.DEVICE, answer.transcript, aggregator=first_aggregator(setup))
+            scheduler = Scheduler(setup.policy)
             peer = DragonPeer(
                 ledger, docs.batch, link, setup, options.sampling, docs.scores,
                 request_id=rid,
                 rng=np.random.default_rng(None if seed is None else [seed, 0xD2]),
                 coin=np.random.default_rng(None if seed is None else [seed, 0xC0]),
-                scheduler=Scheduler(setup.policy),
+                scheduler=scheduler,
                 rescore=self._rescore if docs.hits else None,
             )  # fmt: skip
             async for kept in peer.run(docs.first_logits, prefill_s):
-                _figures(answer, ledger)
+                _figures(answer, ledger, scheduler)
                 for event in [*link.take_events(), *answer.emit(kept)]:
                     yield event
-            _figures(answer, ledger)
+            _figures(answer, ledger, scheduler)
             while not answer.finished:
                 await link.recv()  # drafts after the end are dropped; Done ends it
         except _Finished:
@@ -268,8 +269,10 @@ async def _ping(client: CloudClient) -> None:
             await asyncio.sleep(1.0)
 
 
-def _figures(answer: Answer, ledger: Ledger) -> None:
+def _figures(answer: Answer, ledger: Ledger, scheduler: Scheduler) -> None:
     stats = answer.stats
+    stats.device_decode_s = scheduler.profiles[Side.DEVICE].mean
+    stats.cloud_decode_s = scheduler.profiles[Side.CLOUD].mean
     stats.aggregator = ledger.aggregator.label
     stats.switches = ledger.switches
     stats.device_drafted = ledger.drafted[Side.DEVICE]

@@ -1,0 +1,76 @@
+"""DRAGON evaluated as the paper does (DRAGON §7; issue 14), every part in one command:
+
+    python -m benchmarks.dragon_eval --quick     # CI's smoke run: minutes, small sizes
+    python -m benchmarks.dragon_eval             # the full study (hours here: run in pieces)
+
+1. latency grid, Figures 6 and 7 (`benchmarks.dragon`): every baseline and DRAGON over the
+   real link at each extra latency — per-token latency, TTFT, acceptance, bytes;
+2. the changing link, §7.4 (`benchmarks.dragon --trace`): live scheduler vs both pinned sides;
+3. the scheduler on many simulated cases, Figure 8 (`benchmarks.dragon_schedule`), fed the
+   decode costs and acceptance the grid just measured;
+4. perplexity, Figure 5 (`benchmarks.dragon_ppl`), with the network check;
+5. DRCG/KV priced from the cloud model's cache size and the link (`benchmarks.dragon_kv`);
+6. the figures (`benchmarks.dragon_figures`).
+
+Each part writes its JSON under benchmarks/results/dragon/ with the run's name; the pieces can
+be run on their own (each module's docstring) and pooled with `benchmarks.dragon --report`."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: the repository root is the import root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+RESULTS = Path(__file__).resolve().parent / "results" / "dragon"
+
+
+def part(module: str, *args: str) -> None:
+    """One part in its own process: the grid pins its process to a core, the others must not
+    inherit that."""
+    subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *args], check=True)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="CI's smoke run (minutes)")
+    parser.add_argument("--name", help="the run's name in every JSON file (default: time)")
+    parser.add_argument("--engines", nargs="+", default=["ort"], choices=["torch", "ort"])
+    parser.add_argument("--skip", nargs="*", default=[],
+                        choices=["grid", "trace", "schedule", "ppl", "kv"])  # fmt: skip
+    parser.add_argument("--out-dir", type=Path, default=RESULTS, help="where the JSON goes")
+    args = parser.parse_args(argv)
+    name = args.name or ("quick" if args.quick else time.strftime("%Y%m%d-%H%M%S"))
+    quick = ["--quick"] if args.quick else []
+    out = args.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    grid, trace = out / f"{name}-grid.json", out / f"{name}-trace.json"
+    schedule, ppl = out / f"schedule-{name}.json", out / f"ppl-{name}.json"
+    started = time.time()
+    if "grid" not in args.skip:
+        part("dragon", *quick, "--engines", *args.engines, "--out", str(grid))
+    if "trace" not in args.skip and not args.quick:  # --quick answers are shorter than a trace
+        part("dragon", "--trace", "--engines", *args.engines, "--prompts", "10",
+             "--out", str(trace))  # fmt: skip
+    if "schedule" not in args.skip:
+        measured = ["--from", str(grid)] if grid.is_file() else []
+        part("dragon_schedule", *quick, *measured, "--out", str(schedule))
+    if "ppl" not in args.skip:
+        part("dragon_ppl", *quick, "--out", str(ppl))
+    if "kv" not in args.skip:
+        part("dragon_kv", "--prompts", "2" if args.quick else "20", "--out",
+             str(out / f"drcg-kv-{name}.json"))  # fmt: skip
+    figures = ["--grid", str(grid)] if grid.is_file() else []
+    figures += ["--ppl", str(ppl)] if ppl.is_file() else []
+    figures += ["--schedule", str(schedule)] if schedule.is_file() else []
+    part("dragon_figures", *figures, "--out", str(out / "figures" / name))
+    print(f"\nDRAGON study {name}: {time.time() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

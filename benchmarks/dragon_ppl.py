@@ -1,0 +1,398 @@
+"""DRAGON §7.3 / Figure 5: language-model perplexity when the retrieved documents are split
+between the device and the cloud, as the number of documents per side grows.
+
+    python -m benchmarks.dragon_ppl                     # 40 windows, 0–8 documents a side
+    python -m benchmarks.dragon_ppl --windows 10 --counts 0 2 --settings same
+    python -m benchmarks.dragon_ppl --quick             # CI: 2 windows, and the network check
+
+Held-out text: the Wikipedia excerpt in gensim's wheel (`benchmarks.heldout`). Windows of 128
+tokens (the real tokenizer), one from each article in turn; the first eighth is the retrieval
+query and the context, the other seven eighths are scored. Retrieval: the public corpus's top
+2k passages for the query (passages titled like the window's own article are left out, as
+RETRO filters neighbours from the same document), split between the sides as the paper does
+(alternating halves of the same ranking: the cloud ranks 1, 3, 5…, the device 2, 4, 6…), each
+cut to its first 64 tokens. Plain text, no chat template: [documents; window].
+
+    no-retrieval  the device model on the window alone (and the cloud model: "cloud alone")
+    crcg-device   the device model, its k documents concatenated before the window
+    crcg-cloud    the cloud model, its k documents concatenated
+    drcg          the device model, all 2k documents concatenated (context aggregation)
+    dragon        output aggregation: log p(x) = logsumexp_d [log softmax(R)_d + log p_d(x)]
+                  over all 2k documents, each scored alone by its own side's model
+    dragon-rerank the same with dynamic re-ranking (§4.1): every 8 tokens R is recomputed from
+                  the cosine of each document with the query plus the text scored so far
+
+Settings: `same` (the device model on both sides, as the paper; the 0.5B for cost) and `pair`
+(Tandem's real pair). DRAGON and DRDG give the same teacher-forced outputs (§7.3), so DRDG is
+not repeated. The network check: for `--check` windows the cloud's half of DRAGON is computed
+by a real `tandem serve` over a websocket (policy SCORE: teacher forcing over its own top-k
+public passages in the product's per-document prompts) and must equal the same mixture computed
+in this process, position by position. JSON goes to benchmarks/results/dragon/ppl-<name>.json."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if __package__ in (None, ""):  # run as a file: the repository root is the import root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from collab.dragon import RELEVANCE_SCALE, relevance
+from collab.verification import logsumexp
+
+if TYPE_CHECKING:
+    from benchmarks.heldout import Article
+    from model_runtime.runtime import CausalLM
+
+RESULTS = Path(__file__).resolve().parent / "results" / "dragon"
+WIDTH = 128  # tokens per window
+DOC_TOKENS = 64
+COUNTS = (0, 1, 2, 4, 8)  # documents per side
+METHODS = ("no-retrieval", "cloud-alone", "crcg-device", "crcg-cloud", "drcg", "dragon",
+           "dragon-rerank")  # fmt: skip
+RERANK_EVERY = 8  # tokens between re-rankings (DRAGON §4.1), for the dragon-rerank line
+SEPARATOR = "\n\n"
+
+
+@dataclass(frozen=True)
+class Window:
+    title: str
+    ids: list[int]
+
+    @property
+    def split(self) -> int:
+        return len(self.ids) // 8
+
+    @property
+    def context(self) -> list[int]:
+        return self.ids[: self.split]
+
+    @property
+    def targets(self) -> list[int]:
+        return self.ids[self.split :]
+
+
+def make_windows(articles: Sequence[Article], tokenizer: Any, n: int, width: int = WIDTH
+                 ) -> list[Window]:  # fmt: skip
+    """`n` windows of `width` tokens: the first window of each article, then the second…"""
+    per_article = []
+    for a in articles:
+        ids = tokenizer.encode(a.text)
+        per_article.append([Window(a.title, ids[i : i + width])
+                            for i in range(0, len(ids) - width + 1, width)])  # fmt: skip
+    out: list[Window] = []
+    for depth in range(max(map(len, per_article), default=0)):
+        for windows in per_article:
+            if depth < len(windows):
+                out.append(windows[depth])
+                if len(out) == n:
+                    return out
+    return out
+
+
+def logprobs(lm: CausalLM, context: Sequence[int], targets: Sequence[int]) -> np.ndarray:
+    """log p(targets[t] | context, targets[:t]) for every t, float64."""
+    first = lm.prefill([list(context)])[0]
+    rows = [first[None, :]]
+    if len(targets) > 1:
+        rows.append(lm.forward([list(targets[:-1])])[0])
+    z = np.concatenate(rows).astype(np.float64)
+    picked = z[np.arange(len(targets)), np.asarray(targets)]
+    out: np.ndarray = picked - logsumexp(z, axis=1)
+    return out
+
+
+@dataclass
+class Documents:
+    """One window's retrieved passages (as token ids, cut), their relevance, and the hits
+    themselves (for re-ranking)."""
+
+    cloud: list[list[int]]
+    device: list[list[int]]
+    cloud_scores: np.ndarray
+    device_scores: np.ndarray
+    cloud_hits: list[Any] = field(default_factory=list)
+    device_hits: list[Any] = field(default_factory=list)
+
+
+# cosines of the hits with a text (`PublicCorpus.rescore`)
+Rescore = Callable[[Sequence[Any], str], np.ndarray]
+
+
+def retrieve(corpus: Any, tokenizer: Any, window: Window, most: int) -> Documents:
+    """The top 2·most passages for the window's first eighth, its own article's left out,
+    split alternately (the cloud takes ranks 1, 3, …), each cut to DOC_TOKENS tokens."""
+    query = tokenizer.decode(window.context)
+    hits = [h for h in corpus.search(query, 2 * most + 8)
+            if h.title.strip().lower() != window.title.strip().lower()][: 2 * most]  # fmt: skip
+    ids = [tokenizer.encode(h.text)[:DOC_TOKENS] for h in hits]
+    cos = np.array([h.score for h in hits])
+    return Documents(ids[0::2], ids[1::2], relevance(cos[0::2]), relevance(cos[1::2]),
+                     hits[0::2], hits[1::2])  # fmt: skip
+
+
+def with_docs(docs: Sequence[list[int]], sep: list[int], context: list[int]) -> list[int]:
+    return [t for d in docs for t in (*d, *sep)] + context
+
+
+def score_window(
+    window: Window, docs: Documents, counts: Sequence[int], device: CausalLM, cloud: CausalLM,
+    sep: list[int], rerank: tuple[Rescore, Callable[[list[int]], str]] | None = None,
+) -> dict[str, dict[int, float]]:  # fmt: skip
+    """Summed log-likelihood of the window's targets under every method at every count.
+    `rerank` (the hits' rescoring and the tokenizer's decode) adds dragon-rerank."""
+    ctx, tgt = window.context, window.targets
+    bare_device = float(logprobs(device, ctx, tgt).sum())
+    bare_cloud = float(logprobs(cloud, ctx, tgt).sum())
+    out: dict[str, dict[int, float]] = {m: {} for m in METHODS}
+    per_doc: dict[tuple[str, int], np.ndarray] = {}
+
+    def doc_lp(side: str, i: int) -> np.ndarray:
+        if (side, i) not in per_doc:
+            lm, d = (device, docs.device[i]) if side == "device" else (cloud, docs.cloud[i])
+            per_doc[(side, i)] = logprobs(lm, with_docs([d], sep, ctx), tgt)
+        return per_doc[(side, i)]
+
+    for k in counts:
+        out["no-retrieval"][k], out["cloud-alone"][k] = bare_device, bare_cloud
+        kd, kc = min(k, len(docs.device)), min(k, len(docs.cloud))
+        if k == 0 or kd + kc == 0:
+            for m in ("crcg-device", "drcg", "dragon"):
+                out[m][k] = bare_device
+            out["crcg-cloud"][k] = bare_cloud
+            continue
+        out["crcg-device"][k] = float(logprobs(device, with_docs(docs.device[:kd], sep, ctx),
+                                               tgt).sum()) if kd else bare_device  # fmt: skip
+        out["crcg-cloud"][k] = float(logprobs(cloud, with_docs(docs.cloud[:kc], sep, ctx),
+                                              tgt).sum()) if kc else bare_cloud  # fmt: skip
+        interleaved = [d for pair in zip(docs.cloud[:kc], docs.device[:kd], strict=False)
+                       for d in pair] + docs.cloud[kd:kc] + docs.device[kc:kd]  # fmt: skip
+        out["drcg"][k] = float(logprobs(device, with_docs(interleaved, sep, ctx), tgt).sum())
+        rows = [doc_lp("cloud", i) for i in range(kc)] + [doc_lp("device", i) for i in range(kd)]
+        scores = np.concatenate([docs.cloud_scores[:kc], docs.device_scores[:kd]])
+        log_w = scores - logsumexp(scores)
+        out["dragon"][k] = float(logsumexp(np.array(rows) + log_w[:, None], axis=0).sum())
+        if rerank is not None:
+            hits = docs.cloud_hits[:kc] + docs.device_hits[:kd]
+            weights = reranked_weights(hits, scores, tgt, *rerank, query=window.context)
+            out["dragon-rerank"][k] = float(logsumexp(np.array(rows) + weights, axis=0).sum())
+    if rerank is None:
+        del out["dragon-rerank"]
+    else:
+        for k in counts:
+            out["dragon-rerank"].setdefault(k, out["dragon"][k])  # no documents: nothing to rank
+    return out
+
+
+def reranked_weights(
+    hits: Sequence[Any], scores: np.ndarray, targets: Sequence[int], rescore: Rescore,
+    decode: Callable[[list[int]], str], query: Sequence[int], every: int = RERANK_EVERY,
+) -> np.ndarray:  # fmt: skip
+    """log softmax(R) per document and position [D, T]: the retrieval scores until the first
+    `every` tokens are scored, then R = RELEVANCE_SCALE · cosine(document, query + the text
+    scored so far), recomputed every `every` tokens, as the product's re-ranking does."""
+    out = np.empty((len(hits), len(targets)))
+    current = scores - logsumexp(scores)
+    for t in range(len(targets)):
+        if t and t % every == 0:
+            r = relevance(rescore(hits, decode(list(query)) + " " + decode(list(targets[:t]))))
+            current = r - logsumexp(r)
+        out[:, t] = current
+    return out
+
+
+def perplexities(results: Sequence[dict[str, dict[int, float]]], tokens: int) -> dict:
+    """exp(−mean log-likelihood per scored token), per method and count."""
+    methods = results[0]
+    return {m: {k: math.exp(-sum(r[m][k] for r in results) / tokens) for k in methods[m]}
+            for m in methods}  # fmt: skip
+
+
+def check_targets(ppl: dict[str, dict[int, float]]) -> list[tuple[int, str, bool]]:
+    """DRAGON ≤ every baseline at every count ≥ 2: (count, baseline, holds)."""
+    out: list[tuple[int, str, bool]] = []
+    for k in sorted(ppl["dragon"]):
+        if k < 2:
+            continue
+        for m in ("no-retrieval", "cloud-alone", "crcg-device", "crcg-cloud", "drcg"):
+            if m not in ppl:
+                continue
+            out.append((k, m, ppl["dragon"][k] <= ppl[m][k]))
+    return out
+
+
+# ---------------------------------------------------------------------------- the network
+
+
+async def network_check(
+    window: Window, tokenizer: Any, cloud_lm: CausalLM, corpus: Any, url: str, token: str,
+    k: int = 2,
+) -> float:  # fmt: skip
+    """The cloud's teacher-forced mixture over the link (policy SCORE) vs this process: the
+    largest per-token difference in log-probability."""
+    from collab.dragon import side_logprobs
+    from collab.protocol import (
+        AggregatorPolicy,
+        Done,
+        DragonScore,
+        DragonSequence,
+        DragonSetup,
+        Generate,
+        Mode,
+        Side,
+    )
+    from edge_runtime.client import CloudClient
+    from model_runtime.prompting import document_prompt, prompt_budget
+    from model_runtime.tokenizer import tokenizer_fingerprint
+
+    question, answer = tokenizer.decode(window.context), window.targets
+    fingerprint = bytes.fromhex(tokenizer_fingerprint(tokenizer))
+    client = CloudClient(url, token, Mode.DRAGON, "", fingerprint, "ppl-check")
+    await client.connect()
+    try:
+        await client.send(Generate(question, max_new_tokens=len(answer), temperature=1.0,
+                                   request_id=1))  # fmt: skip
+        await client.send(DragonSetup(k, AggregatorPolicy.SCORE, Side.DEVICE, request_id=1))
+        await client.send(DragonScore(np.asarray(answer), request_id=1))
+        scored = None
+        while True:
+            msg = await client.recv(timeout=600)
+            if isinstance(msg, DragonSequence):
+                scored = msg
+            elif isinstance(msg, Done):
+                break
+    finally:
+        await client.close()
+    if scored is None:
+        raise RuntimeError("the cloud sent no scores")
+    passages = [replace(p, number=i) for i, p in enumerate(corpus.search(question, k), 1)]
+    budget = prompt_budget(cloud_lm.max_context, len(answer))
+    prompts = [document_prompt(tokenizer, question, [], p, budget)[0] for p in passages]
+    cos = np.array([p.score for p in passages])
+    # the cloud's computation, in this process: one batch of the documents' prompts, then the
+    # answer fed to every sequence (ONNX Runtime's int4 kernels give other roundings for other
+    # batch shapes, so the reference batches as the cloud does)
+    first = cloud_lm.prefill(prompts)
+    logits = np.concatenate([first[:, None, :], cloud_lm.forward([answer[:-1]] * len(prompts))],
+                            axis=1)  # fmt: skip
+    here = side_logprobs(logits, relevance(cos), np.asarray(answer), 1.0)
+    return float(np.max(np.abs(here - scored.logprobs.astype(np.float64))))
+
+
+# ---------------------------------------------------------------------------- the run
+
+
+def load_models(settings: Sequence[str], threads: int, check: bool
+                ) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+    """The tokenizer, and the device model and each setting's cloud model (ONNX Runtime, as
+    the product runs them); the real cloud model also when the network check needs it."""
+    from model_runtime.ort_runtime import OrtCausalLM
+    from model_runtime.tokenizer import load_tokenizer
+    from tandem_packaging.prepare import model_path
+
+    device_dir = model_path("device", "onnx-quant")
+    device = OrtCausalLM(device_dir, threads=threads, allow_spinning=False)
+    clouds = {"same": device}
+    if "pair" in settings or check:
+        clouds["pair"] = OrtCausalLM(model_path("cloud", "onnx-quant"), threads=threads,
+                                     allow_spinning=False)  # fmt: skip
+    return load_tokenizer(device_dir), {"device": device, **clouds}
+
+
+def run(args: argparse.Namespace) -> dict:
+    from benchmarks.heldout import load_articles
+    from cloud_backend.corpus import PublicCorpus, default_corpus_dir, default_embedder_dir
+
+    tokenizer, models = load_models(args.settings, args.threads, args.check > 0)
+    corpus = PublicCorpus.open(default_corpus_dir(), default_embedder_dir())
+    windows = make_windows(load_articles(), tokenizer, args.windows)
+    sep = tokenizer.encode(SEPARATOR)
+    most = max(args.counts)
+    out: dict[str, Any] = {"windows": len(windows), "tokens": sum(len(w.targets) for w in windows)}
+    docs = [retrieve(corpus, tokenizer, w, most) for w in windows]
+    for setting in args.settings:
+        results = []
+        for i, (w, d) in enumerate(zip(windows, docs, strict=True)):
+            rerank = (corpus.rescore, tokenizer.decode)
+            results.append(
+                score_window(w, d, args.counts, models["device"], models[setting], sep, rerank)
+            )
+            print(f"{setting}: window {i + 1}/{len(windows)} ({w.title})", file=sys.stderr)
+        ppl = perplexities(results, out["tokens"])
+        out[setting] = {"perplexity": ppl, "targets": check_targets(ppl)}
+        print_table(setting, ppl)
+    if args.check:
+        out["network_check"] = asyncio.run(
+            _checks(windows[: args.check], tokenizer, models["pair"], corpus)
+        )
+    return out
+
+
+async def _checks(
+    windows: Sequence[Window], tokenizer: Any, cloud_lm: Any, corpus: Any
+) -> list[float]:
+    from benchmarks.common import start_cloud
+
+    cloud, url, token = await start_cloud("ort", None, corpus=True)
+    try:
+        diffs = [await network_check(w, tokenizer, cloud_lm, corpus, url, token) for w in windows]
+    finally:
+        await cloud.stop()
+    for d in diffs:
+        print(f"network check: largest |Δ log p| per token {d:.2e}")
+    return diffs
+
+
+def print_table(setting: str, ppl: dict[str, dict[int, float]]) -> None:
+    counts = sorted(next(iter(ppl.values())))
+    print(f"\n{setting} — perplexity by documents per side")
+    print(f"  {'method':14}" + "".join(f"{k:>9}" for k in counts))
+    for m, row in ppl.items():
+        print(f"  {m:14}" + "".join(f"{row[k]:>9.2f}" for k in counts))
+    for k, m, ok in check_targets(ppl):
+        if not ok:
+            print(f"  FAIL dragon > {m} at {k} documents a side")
+    if all(ok for _, _, ok in check_targets(ppl)):
+        print("  PASS dragon ≤ every baseline at every count ≥ 2")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--windows", type=int, default=40)
+    parser.add_argument("--counts", nargs="+", type=int, default=list(COUNTS))
+    parser.add_argument("--settings", nargs="+", default=["same", "pair"],
+                        choices=["same", "pair"])  # fmt: skip
+    parser.add_argument("--check", type=int, default=2, help="windows checked over the network")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--quick", action="store_true",
+        help="CI: 2 windows, 0–2 documents a side, same model, 1 network check",
+    )  # fmt: skip
+    parser.add_argument("--name", help="results/dragon/ppl-<name>.json (default: time)")
+    parser.add_argument("--out", type=Path, help="write the JSON here instead")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.windows, args.counts, args.settings, args.check = 2, [0, 1, 2], ["same"], 1
+    started = time.time()
+    out = run(args)
+    name = args.name or ("quick" if args.quick else time.strftime("%Y%m%d-%H%M%S"))
+    path = args.out or RESULTS / f"ppl-{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    path.write_text(json.dumps({"config": config, "seconds": time.time() - started,
+                                "relevance_scale": RELEVANCE_SCALE, **out}, indent=1))  # fmt: skip
+    print(f"\n{time.time() - started:.0f} s; written to {path}")
+
+
+if __name__ == "__main__":
+    main()
