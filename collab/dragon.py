@@ -192,8 +192,8 @@ def aggregate(
     makes the order irrelevant to the output). Greedy: the mixture's argmax, lowest id on a
     tie."""
     for draft in (device, cloud):
-        if not np.any(draft.ids == draft.token):  # the codec refuses these on the wire too
-            raise ValueError(f"draft {draft.token} is outside the distribution it was sent with")
+        if not np.any((draft.ids == draft.token) & (draft.probs > 0)):  # the codec too
+            raise ValueError(f"draft {draft.token} was not sampled from the distribution sent")
     support, p_d, p_c = dense_pair(device, cloud)
     eta_d, eta_c = side_etas(device.h, cloud.h)
     if greedy:

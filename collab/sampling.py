@@ -6,9 +6,14 @@ token: after temperature, top-k and top-p, renormalised, as float64."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
+
+# Below this a temperature is greedy in all but name, and z/T overflows float64 for T near
+# the smallest floats (1e-320 turns every logit into ±inf and the softmax into NaN).
+MIN_TEMPERATURE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -20,8 +25,11 @@ class SamplingParams:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError("temperature must be ≥ 0")
+        t = self.temperature
+        if not (t == 0.0 or (t >= MIN_TEMPERATURE and math.isfinite(t))):  # NaN fails both
+            raise ValueError(
+                f"temperature must be 0 (greedy) or a finite number ≥ {MIN_TEMPERATURE} (got {t})"
+            )
         if self.top_k < 0:
             raise ValueError("top_k must be ≥ 0")
         if not 0.0 < self.top_p <= 1.0:
@@ -68,6 +76,8 @@ def distribution(logits: np.ndarray, params: SamplingParams = SamplingParams()) 
     logits = np.asarray(logits)
     if logits.ndim != 1:
         raise ValueError("distribution() takes the logits of one position")
+    if not np.isfinite(logits.max()):  # NaN propagates through max; −inf alone is a masked id
+        raise ValueError("logits contain NaN or +inf, or every logit is −inf")
     if params.temperature == 0.0:
         out = np.zeros(logits.size, dtype=np.float64)
         out[int(np.argmax(logits))] = 1.0
@@ -94,19 +104,30 @@ def sample_from(probs: np.ndarray, rng: np.random.Generator) -> int:
 
     Over a large vocabulary the CDF is walked in two levels (block sums, then one block), which
     is the same inverse CDF without a 151,936-long cumulative sum. Zero-probability tokens are
-    never drawn."""
+    never drawn. Raises ValueError unless the weights are finite, ≥ 0 and not all 0."""
     probs = np.asarray(probs, dtype=np.float64)
+    if probs.ndim != 1 or probs.size == 0:
+        raise ValueError("sample_from() takes one non-empty vector of probabilities")
     u = rng.random()
     if probs.size <= 16 * _BLOCK:
         cdf = np.cumsum(probs)
+        _check_weights(probs, float(cdf[-1]))
         return _first_above(probs, cdf, u * cdf[-1], 0)
     block_cdf = np.cumsum(np.add.reduceat(probs, np.arange(0, probs.size, _BLOCK)))
+    _check_weights(probs, float(block_cdf[-1]))
     target = u * block_cdf[-1]
     b = min(int(np.searchsorted(block_cdf, target, side="right")), block_cdf.size - 1)
     start = b * _BLOCK
     block = probs[start : start + _BLOCK]
     before = block_cdf[b - 1] if b else 0.0
     return _first_above(block, np.cumsum(block), target - before, start)
+
+
+def _check_weights(probs: np.ndarray, total: float) -> None:
+    """A NaN or ±inf anywhere makes the total non-finite; one more pass rules out a negative
+    weight (which the total can hide)."""
+    if not (math.isfinite(total) and total > 0.0) or probs.min() < 0.0:
+        raise ValueError("probabilities must be finite, ≥ 0 and not all 0")
 
 
 def _first_above(probs: np.ndarray, cdf: np.ndarray, target: float, offset: int) -> int:

@@ -14,6 +14,7 @@ Times are in seconds (any unit works if used consistently). numpy and scipy only
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, overload
@@ -60,11 +61,14 @@ def tk_slt_speedup(
 def _lambertw_m1_of_minus_exp(y: float) -> float:
     """W₋₁(−e^y) for y < −1, also where e^y underflows (very small L).
 
-    Uses scipy's branch −1 when e^y is representable; otherwise solves w + ln(−w) = y (the
+    Uses scipy's branch −1 when e^y is a normal float (scipy returns NaN for a subnormal
+    argument: (α, L) = (0.23, 0.002) gives e^y ≈ 1e-319); otherwise solves w + ln(−w) = y (the
     logarithm of w·e^w = −e^y) by Newton's method from the asymptotic start y − ln(−y)."""
     arg = -math.exp(y)
-    if arg < 0.0 and math.isfinite(y):
-        return float(lambertw(arg, k=-1).real)
+    if -arg >= sys.float_info.min:
+        w = float(lambertw(arg, k=-1).real)
+        if math.isfinite(w):
+            return w
     w = y - math.log(-y)
     for _ in range(50):
         step = (w + math.log(-w) - y) / (1 + 1 / w)

@@ -19,9 +19,11 @@ its fair coin is biased — :func:`speculative_aggregation` always flips it.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from collab.sampling import sample_from, softmax, top_candidates
+from collab.sampling import GREEDY, distribution, sample_from, softmax, top_candidates
 
 # A residual whose total mass is at most this is treated as empty (p == q up to rounding). Its
 # mass is exactly the rejection probability Σ max(0, p − q), so a rejection that needs it is
@@ -55,10 +57,13 @@ def accept_probability(p_x: float, q_x: float) -> float:
     """min(1, p(x)/q(x)), the acceptance probability of draft x (p over q, not q over p).
 
     Leviathan et al. 2023 Algorithm 1; RAPID eq. (1)/(5). The DSSD paper (§2.1 footnote 3 and
-    Algorithm 2) writes min(1, q/p), which is wrong (DESIGN §6). q(x) = 0 gives 1 when p(x) > 0
-    (the limit) — the case DESIGN §5.1 warns about; the wire-level verifiers refuse it."""
-    if q_x <= 0.0:
-        return 1.0 if p_x > 0.0 else 0.0
+    Algorithm 2) writes min(1, q/p), which is wrong (DESIGN §6). A draft with q(x) = 0 cannot
+    have been sampled from q (DESIGN §5.1): accepting it "in the limit" would let any token
+    through, so it is a ValueError, as is a p(x) or q(x) that is not a probability (NaN too)."""
+    if not (0.0 < q_x < math.inf):
+        raise ValueError(f"a sampled draft has q(x) > 0, got {q_x}")
+    if not (0.0 <= p_x < math.inf):
+        raise ValueError(f"p(x) must be a probability, got {p_x}")
     return min(1.0, p_x / q_x)
 
 
@@ -203,7 +208,8 @@ def tkslt_cloud_verify(
 
     TK-SLT Solution 1 (§III) with the acceptance rate of eq. (9); Leviathan et al. 2023
     Algorithm 1; DESIGN §5.2. topk_ids/topk_probs are [γ, K]; P is [γ+1, V]. A draft outside
-    its transmitted top-K could not have been sampled from it: ValueError."""
+    its transmitted top-K, or listed in it at probability 0, could not have been sampled from
+    it: ValueError."""
     drafts = np.asarray(drafts, dtype=np.int64)
     topk_ids = np.asarray(topk_ids, dtype=np.int64)
     gamma = drafts.shape[0]
@@ -213,7 +219,10 @@ def tkslt_cloud_verify(
         raise ValueError("a draft lies outside its transmitted top-K support")
     if gamma == 0:
         return speculative_round(drafts, P, np.zeros((0, P.shape[1])), rng)
-    return speculative_round(drafts, P, dense_from_top_k(topk_ids, topk_probs, P.shape[1]), rng)
+    Q = dense_from_top_k(topk_ids, topk_probs, P.shape[1])
+    if not np.all(Q[np.arange(gamma), drafts] > 0.0):
+        raise ValueError("a draft's transmitted probability is 0: it was not sampled from it")
+    return speculative_round(drafts, P, Q, rng)
 
 
 def picospec_residual_topk(
@@ -270,7 +279,13 @@ def rapid_target(z_p_logits: np.ndarray, q: np.ndarray, eta: float, T: float = 1
     """p̂ = softmax(z/T + η·(q − p)) with p = softmax(z/T), the shift applied only where
     q ≥ 0.1·max q (elsewhere p̂ keeps p's logits), renormalised. η = 0 gives p exactly.
 
-    RAPID eq. (6) (≡ eq. (8)) with the tail mask of eq. (9), which DESIGN §5.4 places on q."""
+    RAPID eq. (6) (≡ eq. (8)) with the tail mask of eq. (9), which DESIGN §5.4 places on q.
+    T = 0 is the limit T → 0: z/T outgrows the bounded shift (|η·(q − p)| ≤ η), so p̂ is the
+    greedy one-hot p and RAPID changes nothing."""
+    if not (T >= 0.0 and math.isfinite(T)) or not math.isfinite(eta):
+        raise ValueError(f"need a finite T ≥ 0 and a finite η, got T = {T}, η = {eta}")
+    if T == 0.0:
+        return distribution(np.asarray(z_p_logits), GREEDY)
     z = np.asarray(z_p_logits, dtype=np.float64) / T
     q = np.asarray(q, dtype=np.float64)
     p = softmax(z)
@@ -353,7 +368,12 @@ def side_weight(scores: np.ndarray) -> float:
 def side_etas(h_l: float, h_r: float) -> tuple[float, float]:
     """(η^l, η^r) = softmax(h^l, h^r), the interpolation weights of p = η^l p^l + η^r p^r.
 
-    DRAGON eq. (4) weights, computed as Appendix A.1's log softmax; DESIGN §5.5."""
+    DRAGON eq. (4) weights, computed as Appendix A.1's log softmax; DESIGN §5.5. h = −∞ on
+    both sides (neither retrieved anything) is no evidence either way: equal weights."""
+    if not (h_l < math.inf and h_r < math.inf):  # NaN fails too
+        raise ValueError(f"side weights must be finite or −∞, got {h_l}, {h_r}")
+    if h_l == h_r == -math.inf:
+        return 0.5, 0.5
     m = max(h_l, h_r)
     el, er = np.exp(h_l - m), np.exp(h_r - m)
     return float(el / (el + er)), float(er / (el + er))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from collab.sampling import GREEDY, distribution, softmax
+from collab.sampling import GREEDY, distribution, sample_from, softmax
 from collab.verification import (
     accept_probability,
     aggregate_sample,
@@ -108,7 +108,15 @@ def test_residual_is_normalised_positive_part_and_robust_when_p_equals_q():
 def test_accept_probability_is_p_over_q():
     assert accept_probability(0.2, 0.4) == pytest.approx(0.5)
     assert accept_probability(0.4, 0.2) == 1.0
-    assert accept_probability(0.3, 0.0) == 1.0 and accept_probability(0.0, 0.0) == 0.0
+    assert accept_probability(0.0, 0.3) == 0.0
+
+
+@pytest.mark.parametrize(("p_x", "q_x"), [(0.3, 0.0), (0.0, 0.0), (0.3, -0.1), (np.nan, 0.5),
+                                          (0.5, np.nan), (-0.1, 0.5), (np.inf, 0.5)])  # fmt: skip
+def test_accept_probability_refuses_what_no_sampler_produces(p_x, q_x):
+    """q(x) = 0 used to give 1 (any token through) and a NaN p(x) gave min(1, NaN) = 1."""
+    with pytest.raises(ValueError):
+        accept_probability(p_x, q_x)
 
 
 @pytest.mark.parametrize("v", VOCABS)
@@ -299,17 +307,22 @@ def test_tkslt_refuses_draft_outside_transmitted_top_k():
 @pytest.mark.parametrize("v", VOCABS)
 def test_negative_control_draft_outside_transmitted_top_k_is_rejected(v):
     """Drafts sampled from the full Q, verified against the top-K-truncated Q the cloud
-    rebuilt: a draft outside the support has q = 0 and is always accepted — biased."""
+    rebuilt: a draft outside the support has q = 0. The old rule accepted it (min(1, p/0)
+    taken as 1) — biased, as this test shows; the verifiers now refuse it."""
     P_rows = rows(v, GAMMA + 2, 700 + v)
     Q_rows = rows(v, GAMMA + 2, 800 + v)
-    mode = Mode("standard", P_rows, Q_rows)
     truncated = np.stack([dense_from_top_k(*top_k_truncate(q, K), v) for q in Q_rows])
     rng = np.random.default_rng(11)
-    first = np.empty(N, dtype=np.int64)
-    drafts = np.stack([draw_many(Q_rows[i], N, rng) for i in range(GAMMA)], axis=1)
-    for k, d in enumerate(drafts):  # the verifier believes q is the truncated one
-        n, tok = speculative_round(d, mode.P_rows[: GAMMA + 1], truncated[:GAMMA], rng)
-        first[k] = d[0] if n >= 1 else tok
+    drafts = draw_many(Q_rows[0], N, rng)
+    outside = next(int(x) for x in drafts if truncated[0, x] == 0)
+    with pytest.raises(ValueError, match="q\\(x\\)"):
+        verify_one(outside, P_rows[0], truncated[0], rng)
+
+    def old_accept(p_x: float, q_x: float) -> float:
+        return 1.0 if q_x <= 0 else min(1.0, p_x / q_x)
+
+    first = [x if rng.random() < old_accept(P_rows[0, x], truncated[0, x])
+             else sample_from(residual(P_rows[0], truncated[0]), rng) for x in drafts]  # fmt: skip
     assert chi2_pvalue(hist(first, v), P_rows[0]) < ALPHA
 
 

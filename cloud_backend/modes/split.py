@@ -34,7 +34,6 @@ from collab.protocol import (
     FinishReason,
     Generate,
     TokenChunk,
-    Verdict,
 )
 from collab.sampling import distribution
 from collab.variants import get_variant
@@ -100,11 +99,12 @@ class SplitRequest(Request):
             rows = np.vstack([self.next_logits[None, :], rows])
         P = np.stack([distribution(r, self.params) for r in rows])
         try:
-            n, token, p_ids, p_probs = self.scheme.judge(frame, P, self.rng)
+            judgement = self.scheme.judge(frame, P, self.rng)
         except ValueError as exc:  # a draft that cannot have been sampled as announced
             await self.ctx.session.rollback(base)  # forget the scored drafts, keep the state
             await self.error(ErrorCode.MALFORMED, f"draft refused: {exc}")
             return
+        n, token = judgement.accepted, judgement.token
         keep = base + (len(feed) - gamma) + n
         await self.ctx.session.rollback(keep)
         step = len(self.transcript.tokens)
@@ -113,12 +113,9 @@ class SplitRequest(Request):
         self.accepted += n
         seconds = time.perf_counter() - t0
         self.ctx.metrics.round(gamma, n, seconds)
-        await self.ctx.send(
-            Verdict(
-                n, token, p_ids, p_probs, compute_s=seconds,
-                request_id=self.gen.request_id, epoch=self.epoch, step=step,
-            )
-        )  # fmt: skip
+        await self.ctx.send(judgement.verdict(
+            seconds, request_id=self.gen.request_id, epoch=self.epoch, step=step
+        ))  # fmt: skip
         if n < gamma:
             self.epoch += 1
         self.pending, self.next_logits = None, None

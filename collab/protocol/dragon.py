@@ -153,8 +153,8 @@ class DragonDraft(Message):
         _check_ids(self.ids, limits.vocab_size, "ids")
         _check_unique_rows(self.ids, "ids")
         _check_probs(self.probs, "probs")
-        if not bool(np.any(self.ids == self.token)):
-            raise ProtocolError("draft token outside its transmitted distribution")
+        if not bool(np.any((self.ids == self.token) & (self.probs > 0))):
+            raise ProtocolError("draft token outside its transmitted distribution, or at 0")
         if math.isnan(self.h) or self.h == math.inf:
             raise ProtocolError("h must be finite or −inf")
         if not (math.isfinite(self.decode_time) and self.decode_time >= 0):

@@ -115,8 +115,8 @@ class DssdDraft(Draft):
 class TopKDraft(Draft):
     """TK-SLT: ids plus, per position, the top-K (id, prob) pairs the draft was sampled from.
 
-    Each drafted id must be inside its own row: a draft outside the transmitted support would
-    get q = 0 and be wrongly accepted (DESIGN.md §5.1)."""
+    Each drafted id must be inside its own row with a probability above 0: a draft outside the
+    transmitted support would get q = 0 and be wrongly accepted (DESIGN.md §5.1)."""
 
     TYPE = MsgType.TOPK_DRAFT
     topk_ids: np.ndarray
@@ -154,8 +154,9 @@ class TopKDraft(Draft):
         _check_ids(self.topk_ids, limits.vocab_size, "topk_ids")
         _check_unique_rows(self.topk_ids, "topk_ids")
         _check_probs(self.topk_probs, "topk_probs")
-        if not bool(np.all(np.any(self.topk_ids == self.token_ids[:, None], axis=1))):
-            raise ProtocolError("a drafted token is outside its transmitted top-K")
+        listed = (self.topk_ids == self.token_ids[:, None]) & (self.topk_probs > 0)
+        if not bool(np.all(np.any(listed, axis=1))):
+            raise ProtocolError("a drafted token is outside its transmitted top-K, or listed at 0")
 
 
 _II = struct.Struct("<II")

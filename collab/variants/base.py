@@ -34,6 +34,12 @@ class Judgement(NamedTuple):
     p_ids: np.ndarray | None = None
     p_probs: np.ndarray | None = None
 
+    def verdict(self, compute_s: float = 0.0, **header: int) -> Verdict:
+        """The frame that carries this judgement, P_j in the precision the variant chose."""
+        f32 = self.p_probs is not None and self.p_probs.dtype == np.float32
+        return Verdict(self.accepted, self.token, self.p_ids, self.p_probs, f32=f32,
+                       compute_s=compute_s, **header)  # fmt: skip
+
 
 class SplitVariant(ABC):
     """A split speculative-decoding scheme, both sides of it."""
