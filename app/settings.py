@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ import tomli_w
 
 from collab.files import atomic_write
 from collab.paths import config_path
-from collab.sampling import MIN_TEMPERATURE
+from collab.temperature import temperature_problem
 from collab.variants import DEFAULT_VARIANT, variant_names
 from edge_runtime.options import DEFAULTS
 
@@ -92,9 +91,9 @@ def settings_problems(settings: Settings) -> list[str]:
         problems.append(f"k must be at least 1 (got {settings.k})")
     if settings.max_tokens < 1:
         problems.append(f"max_tokens must be at least 1 (got {settings.max_tokens})")
-    t = settings.temperature
-    if not (t == 0 or MIN_TEMPERATURE <= t < math.inf):  # also catches NaN
-        problems.append(f"temperature must be 0 (greedy) or from {MIN_TEMPERATURE} (got {t})")
+    problem = temperature_problem(settings.temperature)
+    if problem:
+        problems.append(problem)
     if settings.cloud_engine not in CLOUD_ENGINES:
         problems.append(
             f"cloud_engine must be one of {', '.join(CLOUD_ENGINES)} "

@@ -11,9 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# Below this a temperature is greedy in all but name, and z/T overflows float64 for T near
-# the smallest floats (1e-320 turns every logit into ±inf and the softmax into NaN).
-MIN_TEMPERATURE = 1e-3
+from collab.temperature import temperature_problem
 
 
 @dataclass(frozen=True)
@@ -25,11 +23,9 @@ class SamplingParams:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        t = self.temperature
-        if not (t == 0.0 or (t >= MIN_TEMPERATURE and math.isfinite(t))):  # NaN fails both
-            raise ValueError(
-                f"temperature must be 0 (greedy) or a finite number ≥ {MIN_TEMPERATURE} (got {t})"
-            )
+        problem = temperature_problem(self.temperature)
+        if problem:
+            raise ValueError(problem)
         if self.top_k < 0:
             raise ValueError("top_k must be ≥ 0")
         if not 0.0 < self.top_p <= 1.0:

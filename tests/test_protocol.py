@@ -59,7 +59,7 @@ def messages(draw, kind: p.MsgType) -> p.Message:
         return p.Generate(
             draw(text),
             draw(u32),
-            draw(st.floats(0, 10, width=32)),
+            draw(st.just(0.0) | st.floats(0.0010000000474974513, 10, width=32)),  # 0 = greedy
             draw(u32),
             draw(st.floats(0, 1, exclude_min=True, width=32)),
             draw(st.none() | u64),

@@ -28,6 +28,7 @@ from collab.protocol.codec import (
     _uint,
 )
 from collab.sources import Source
+from collab.temperature import temperature_problem
 
 
 class Mode(IntEnum):
@@ -157,8 +158,9 @@ class Generate(Message):
         _uint(self.top_k, 32, "top_k")
         self._set("temperature", _f32(self.temperature))
         self._set("top_p", _f32(self.top_p))
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ProtocolError("temperature must be finite and ≥ 0")
+        problem = temperature_problem(self.temperature)
+        if problem:
+            raise ProtocolError(problem)
         if not 0 < self.top_p <= 1:
             raise ProtocolError("top_p must be in (0, 1]")
         if self.seed is not None:

@@ -140,7 +140,7 @@ async def test_escape_discards(isolated_dirs: SimpleNamespace) -> None:
         ("k", "0", "k must be at least 1"),
         ("k", "", "Retrieval k must be a whole number"),
         ("max_tokens", "-5", "max_tokens must be at least 1"),
-        ("temperature", "-1", "temperature must be 0 (greedy) or from"),
+        ("temperature", "-1", "temperature must be 0 (greedy) or a finite number"),
         ("cloud_url", "http://nope", "cloud_url must start with ws://"),
     ],
 )
