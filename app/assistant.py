@@ -315,7 +315,9 @@ class Assistant:
         from edge_runtime.options import AnswerOptions
 
         s = self.settings
-        base = AnswerOptions(max_new_tokens=s.max_tokens, temperature=s.temperature, k=s.k)
+        base = AnswerOptions(
+            max_new_tokens=s.max_tokens, temperature=s.temperature, k=s.k, eta=s.eta
+        )
         return dataclasses.replace(base, **overrides)
 
     def exchange(

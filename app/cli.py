@@ -187,6 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="split mode's verification scheme (dssd-topk is approximate)" + from_settings,
     )
     ask.add_argument(
+        "--eta", type=float,
+        help="split: RAPID's η, how far the device's drafts (which read your documents) pull "
+        "the cloud's answer when sampling; 0 = exactly the cloud model" + from_settings,
+    )  # fmt: skip
+    ask.add_argument(
         "--aggregator",
         choices=AGGREGATORS,
         help="dragon mode's aggregating side (auto: the scheduler picks before every token)"

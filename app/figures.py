@@ -7,6 +7,13 @@ from collections.abc import Mapping
 from typing import Any
 
 
+def rapid_parts(stats: Mapping[str, Any]) -> list[str]:
+    """Marks a split answer verified against RAPID's target: it leans toward the device's
+    drafts on purpose, so it follows neither model exactly (DESIGN §5.4)."""
+    eta = stats.get("rapid_eta") or 0.0
+    return [f"RAPID η {eta:g}: leans to the device"] if eta else []
+
+
 def dragon_parts(stats: Mapping[str, Any]) -> list[str]:
     """dragon's own figures from `Stats.as_dict()`: who aggregates now, how often each side's
     draft became the target token, and how many times the aggregator moved. Empty for the

@@ -17,7 +17,7 @@ import tomli_w
 
 from collab.files import atomic_write
 from collab.paths import config_path
-from collab.temperature import temperature_problem
+from collab.temperature import MAX_ETA, temperature_problem
 from collab.variants import DEFAULT_VARIANT, variant_names
 from edge_runtime.options import DEFAULTS
 
@@ -58,6 +58,7 @@ class Settings:
     k: int = DEFAULTS.k  # private passages retrieved
     max_tokens: int = DEFAULTS.max_new_tokens
     temperature: float = DEFAULTS.temperature
+    eta: float = DEFAULTS.eta  # split: RAPID's η (0 = exact; DESIGN §5.4)
     theme: str = "textual-dark"
     keymap: dict[str, str] = field(default_factory=dict)  # binding id -> keys
 
@@ -74,6 +75,7 @@ _FIELD_TYPES: dict[str, type] = {
     "k": int,
     "max_tokens": int,
     "temperature": float,
+    "eta": float,
     "theme": str,
     "keymap": dict,
 }
@@ -94,6 +96,8 @@ def settings_problems(settings: Settings) -> list[str]:
     problem = temperature_problem(settings.temperature)
     if problem:
         problems.append(problem)
+    if not 0 <= settings.eta <= MAX_ETA:  # also catches NaN
+        problems.append(f"eta must be from 0 to {MAX_ETA:g} (got {settings.eta})")
     if settings.cloud_engine not in CLOUD_ENGINES:
         problems.append(
             f"cloud_engine must be one of {', '.join(CLOUD_ENGINES)} "

@@ -1,5 +1,6 @@
-"""The one rule for a sampling temperature, shared by the sampler, the wire protocol and the
-settings file. No numpy here: the settings module imports it at start-up."""
+"""The rules for what shapes the distribution an answer is sampled from — the temperature and
+split's RAPID η — shared by the sampler, the wire protocol and the settings file. No numpy
+here: the settings module imports it at start-up."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ import math
 # Below this a temperature is greedy in all but name, and z/T overflows float64 for T near
 # the smallest floats (1e-320 turns every logit into ±inf and the softmax into NaN).
 MIN_TEMPERATURE = 1e-3
+
+
+# RAPID's η (DESIGN §5.4): the paper searches 5–50; past 100 the drafter alone decides.
+MAX_ETA = 100.0
 
 
 def temperature_problem(t: float) -> str | None:

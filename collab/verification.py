@@ -195,21 +195,14 @@ def dense_from_top_k(ids: np.ndarray, probs: np.ndarray, vocab_size: int) -> np.
     return q[0] if ids.ndim == 1 else q
 
 
-def tkslt_cloud_verify(
-    drafts: np.ndarray,
-    topk_ids: np.ndarray,
-    topk_probs: np.ndarray,
-    P: np.ndarray,
-    rng: np.random.Generator,
-) -> tuple[int, int]:
-    """TK-SLT exact split round: rebuild the sparse Q_1..Q_γ from the uplinked top-K pairs, run
-    the standard round at the cloud (residual norm(max(0, P_j − Q_j)) resampled there) and
-    downlink only (n_accepted, next_token). Exact with respect to P.
+def tkslt_draft_rows(
+    drafts: np.ndarray, topk_ids: np.ndarray, topk_probs: np.ndarray, vocab_size: int
+) -> np.ndarray:
+    """The dense Q_1..Q_γ [γ, V] the drafts were sampled from, rebuilt from the uplinked top-K
+    pairs. A draft outside its transmitted top-K, or listed in it at probability 0, could not
+    have been sampled from it: ValueError.
 
-    TK-SLT Solution 1 (§III) with the acceptance rate of eq. (9); Leviathan et al. 2023
-    Algorithm 1; DESIGN §5.2. topk_ids/topk_probs are [γ, K]; P is [γ+1, V]. A draft outside
-    its transmitted top-K, or listed in it at probability 0, could not have been sampled from
-    it: ValueError."""
+    TK-SLT §III (the LLM side of Solution 1); DESIGN §5.2."""
     drafts = np.asarray(drafts, dtype=np.int64)
     topk_ids = np.asarray(topk_ids, dtype=np.int64)
     gamma = drafts.shape[0]
@@ -218,11 +211,29 @@ def tkslt_cloud_verify(
     if not np.all(np.any(topk_ids == drafts[:, None], axis=1)):
         raise ValueError("a draft lies outside its transmitted top-K support")
     if gamma == 0:
-        return speculative_round(drafts, P, np.zeros((0, P.shape[1])), rng)
-    Q = dense_from_top_k(topk_ids, topk_probs, P.shape[1])
+        return np.zeros((0, vocab_size))
+    Q = dense_from_top_k(topk_ids, topk_probs, vocab_size)
     if not np.all(Q[np.arange(gamma), drafts] > 0.0):
         raise ValueError("a draft's transmitted probability is 0: it was not sampled from it")
-    return speculative_round(drafts, P, Q, rng)
+    return Q
+
+
+def tkslt_cloud_verify(
+    drafts: np.ndarray,
+    topk_ids: np.ndarray,
+    topk_probs: np.ndarray,
+    P: np.ndarray,
+    rng: np.random.Generator,
+) -> tuple[int, int]:
+    """TK-SLT exact split round: rebuild the sparse Q_1..Q_γ from the uplinked top-K pairs
+    (:func:`tkslt_draft_rows`, which refuses drafts they could not have produced), run the
+    standard round at the cloud (residual norm(max(0, P_j − Q_j)) resampled there) and
+    downlink only (n_accepted, next_token). Exact with respect to P.
+
+    TK-SLT Solution 1 (§III) with the acceptance rate of eq. (9); Leviathan et al. 2023
+    Algorithm 1; DESIGN §5.2. topk_ids/topk_probs are [γ, K]; P is [γ+1, V]."""
+    Q = tkslt_draft_rows(drafts, topk_ids, topk_probs, P.shape[1])
+    return speculative_round(np.asarray(drafts, dtype=np.int64), P, Q, rng)
 
 
 def picospec_residual_topk(
@@ -282,17 +293,27 @@ def rapid_target(z_p_logits: np.ndarray, q: np.ndarray, eta: float, T: float = 1
     RAPID eq. (6) (≡ eq. (8)) with the tail mask of eq. (9), which DESIGN §5.4 places on q.
     T = 0 is the limit T → 0: z/T outgrows the bounded shift (|η·(q − p)| ≤ η), so p̂ is the
     greedy one-hot p and RAPID changes nothing."""
-    if not (T >= 0.0 and math.isfinite(T)) or not math.isfinite(eta):
-        raise ValueError(f"need a finite T ≥ 0 and a finite η, got T = {T}, η = {eta}")
+    if not (T >= 0.0 and math.isfinite(T)):
+        raise ValueError(f"need a finite T ≥ 0, got {T}")
     if T == 0.0:
         return distribution(np.asarray(z_p_logits), GREEDY)
-    z = np.asarray(z_p_logits, dtype=np.float64) / T
-    q = np.asarray(q, dtype=np.float64)
-    p = softmax(z)
+    return rapid_shift(softmax(np.asarray(z_p_logits, dtype=np.float64) / T), q, eta)
+
+
+def rapid_shift(p: np.ndarray, q: np.ndarray, eta: float) -> np.ndarray:
+    """RAPID's target from the target's distribution itself: softmax(log p + η·(q − p)) on
+    q's mask, i.e. p·e^{η(q − p)} there, renormalised — the same p̂ as `rapid_target` when
+    p = softmax(z/T), and the form a verifier holding only P (after its top-k/top-p) can
+    compute. Tokens p excludes stay excluded.
+
+    RAPID eq. (6) with the mask of eq. (9); DESIGN §5.4."""
+    if not (eta >= 0.0 and math.isfinite(eta)):
+        raise ValueError(f"η must be finite and ≥ 0, got {eta}")
+    p = np.asarray(p, dtype=np.float64)
     if eta == 0.0:
         return p
-    # softmax(z + δ) with δ nonzero only on the mask is p·e^δ renormalised: one softmax, and
-    # exponentials only where q is large.
+    q = np.asarray(q, dtype=np.float64)
+    # exponentials only where q is large: the mask is a handful of ids out of 151,936
     shifted = np.flatnonzero(q >= RAPID_MASK_FRACTION * q.max())
     p_hat = p.copy()
     p_hat[shifted] *= np.exp(eta * (q[shifted] - p[shifted]))
@@ -325,6 +346,28 @@ def rapid_verify_one(
     if rng.random() < accept_probability(float(p_hat[x]), float(q[x])):
         return True, int(x)
     return False, sample_from(rapid_residual(p, p_hat, q), rng)
+
+
+def rapid_round(
+    drafts: np.ndarray, P: np.ndarray, Q: np.ndarray, eta: float, rng: np.random.Generator
+) -> tuple[int, int]:
+    """One speculative round against RAPID's target: each draft x_i ~ Q[i] is accepted with
+    min(1, p̂_i(x)/q_i(x)), p̂_i = rapid_shift(P[i], Q[i], η), the first rejection resampled
+    from norm(max(0, p − q, p − p̂)); all γ accepted, a bonus token from P[γ] (no draft there,
+    so no shift: the paper's Algorithm 1 leaves this position undefined). η = 0 is exactly
+    :func:`speculative_round`.
+
+    RAPID Algorithm 1 with eqs. (5)/(6) and (10); DESIGN §5.4. Returns (n_accepted, token)."""
+    drafts = np.asarray(drafts)
+    gamma = drafts.shape[0]
+    if P.shape[0] != gamma + 1 or Q.shape[0] != gamma:
+        raise ValueError(f"need γ+1 = {gamma + 1} rows of P and γ = {gamma} rows of Q")
+    for i in range(gamma):
+        p_hat = rapid_shift(P[i], Q[i], eta)
+        accepted, token = rapid_verify_one(int(drafts[i]), P[i], p_hat, Q[i], rng)
+        if not accepted:
+            return i, token
+    return gamma, sample_from(P[gamma], rng)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -55,6 +55,7 @@ class Stats:
     finish: str | None = None
     aggregator: str | None = None  # dragon: the side aggregating now (device or cloud)
     switches: int = 0  # dragon: times the aggregator moved
+    rapid_eta: float = 0.0  # split: RAPID's η this answer was verified with (0 = exact)
     device_drafted: int = 0  # dragon: each side's drafts judged by a target, and the accepted
     device_accepted: int = 0
     cloud_drafted: int = 0

@@ -18,6 +18,7 @@ class AnswerOptions:
     top_p: float = 1.0
     seed: int | None = None
     k: int = 3  # private passages retrieved
+    eta: float = 0.0  # split: RAPID's η, how far the device's drafts pull the cloud (0 = exact)
     min_score: float | None = None
 
     @property

@@ -7,6 +7,7 @@ their negative control hold the properties the old tests sampled too gently to s
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -29,8 +30,12 @@ from collab.sampling import GREEDY, SamplingParams, distribution, sample_from
 from collab.scheduling import tk_slt_optimal_draft_length, tk_slt_speedup
 from collab.variants import get_variant
 from collab.verification import (
+    rapid_residual,
+    rapid_round,
+    rapid_shift,
     rapid_target,
     side_etas,
+    speculative_round,
     tkslt_cloud_verify,
     verify_one,
 )
@@ -292,3 +297,66 @@ def test_keeping_drafts_after_a_rejection_fails_the_same_test():
     counts = Counter(split_answer(variant, 3, length, rng, keep_after_rejection=True)
                      for _ in range(3000))  # fmt: skip
     assert chi2_against(counts, exact_answers(length)) < 1e-6
+
+
+# ---- RAPID (DESIGN §5.4): the cloud verifies against p̂, through the same wire path ---------
+
+P_CLOUD = np.array([0.40, 0.25, 0.15, 0.10, 0.06, 0.04])
+Q_KNOWS = np.array([0.10, 0.05, 0.05, 0.70, 0.05, 0.05])  # the drafter read where token 3 is
+
+
+def rapid_law(p: np.ndarray, q: np.ndarray, eta: float) -> tuple[np.ndarray, float]:
+    """One RAPID verification's output for a draft x ~ q, exactly: min(q, p̂) kept, the rest
+    from norm(max(0, p − q, p − p̂)); and its acceptance β = Σ min(q, p̂)."""
+    p_hat = rapid_shift(p, q, eta)
+    kept = np.minimum(q, p_hat)
+    beta = float(kept.sum())
+    return kept + (1 - beta) * rapid_residual(p, p_hat, q), beta
+
+
+@pytest.mark.parametrize("name", ["tk-slt", "dsd"])
+def test_rapid_round_follows_its_formula_through_the_wire(name):
+    """Neither p nor q: the law DESIGN §5.4 writes, for the token a round decides."""
+    variant, rng, eta = get_variant(name), np.random.default_rng(5), 4.0
+    sent = variant.draft(Q_KNOWS, rng).q  # the distribution as the cloud will rebuild it
+    law, _ = rapid_law(P_CLOUD, sent, eta)
+    assert 0.5 * np.abs(law - P_CLOUD).sum() > 0.1
+    out = []
+    for _ in range(4000):
+        frame = wire(variant.draft_frame([variant.draft(Q_KNOWS, rng)], V + 1, request_id=1,
+                                         epoch=0, step=0))  # fmt: skip
+        P = np.stack([P_CLOUD, P_CLOUD])
+        verdict = wire(variant.judge(frame, P, rng, eta=eta).verdict())
+        out.append(int(frame.token_ids[0]) if verdict.accepted else verdict.token)
+    counts = np.bincount(out, minlength=V + 1)
+    assert stats.chisquare(counts, law * len(out)).pvalue > 1e-3
+    assert stats.chisquare(counts, P_CLOUD * len(out)).pvalue < 1e-6
+
+
+def test_rapid_at_eta_zero_is_the_standard_round_draw_for_draw():
+    rng_rows = np.random.default_rng(8)
+    P = rng_rows.dirichlet(np.ones(7) * 0.3, size=4)
+    Q = rng_rows.dirichlet(np.ones(7) * 0.3, size=3)
+    for seed in range(300):
+        drafts = np.array([sample_from(q, np.random.default_rng(seed + 10_000)) for q in Q])
+        a = speculative_round(drafts, P, Q, np.random.default_rng(seed))
+        assert rapid_round(drafts, P, Q, 0.0, np.random.default_rng(seed)) == a
+
+
+def test_acceptance_and_agreement_with_the_drafter_rise_with_eta():
+    """…up to a point: past it p̂ overshoots q where the drafter is sure (p̂(3) > q(3) here)
+    and shrinks below q elsewhere, so acceptance falls again — the best η is a real choice."""
+    etas = [0.0, 0.5, 1.0, 2.0, 4.0, 8.0]
+    laws = [rapid_law(P_CLOUD, Q_KNOWS, eta) for eta in etas]
+    betas = [beta for _, beta in laws]
+    agreement = [1 - 0.5 * np.abs(law - Q_KNOWS).sum() for law, _ in laws]
+    assert all(b < c for b, c in itertools.pairwise(betas[:5])), betas
+    assert all(a < b for a, b in itertools.pairwise(agreement[:5])), agreement
+    assert betas[5] < betas[4] and rapid_shift(P_CLOUD, Q_KNOWS, 8.0)[3] > Q_KNOWS[3]
+    np.testing.assert_allclose(laws[0][0], P_CLOUD, atol=1e-12)  # η = 0: exactly p
+
+
+def test_rapid_needs_a_variant_whose_cloud_holds_q():
+    frame = wire(DssdDraft(np.array([0]), np.array([0.5], dtype=np.float32), f32=True))
+    with pytest.raises(ValueError, match="RAPID"):
+        get_variant("dssd").judge(frame, np.full((2, 4), 0.25), np.random.default_rng(0), 1.0)

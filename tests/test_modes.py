@@ -230,6 +230,51 @@ async def test_sampled_split_tokens_follow_the_cloud_model(
     assert chi_square_p(seconds, q) < 1e-6
 
 
+async def test_rapid_pulls_the_cloud_toward_a_drafter_reading_private_passages(
+    near_drafter, cloud_url, private_index
+):
+    """η travels with Generate and the cloud verifies against p̂: with the device model
+    reading a private passage the cloud never sees, the same seeds get far more drafts
+    accepted at η = 100 than at η = 0. (The tiny random models spread p over the whole
+    vocabulary, so only a large η shows at this size; the exact law of a RAPID round, through
+    the variant, the codec and the verdict, is tested in tests/test_math_edges.py.)"""
+    ctx = ModeContext(near_drafter, private_index, CloudSettings(cloud_url, TOKEN))
+    split = build_mode("split", ctx)
+    counts = {}
+    for eta in (0.0, 100.0):
+        drafted = accepted = 0
+        for seed in range(20):
+            options = AnswerOptions(max_new_tokens=5, temperature=1.0, seed=seed, eta=eta, k=1)
+            split.costs = SplitCosts()  # one speculative round an answer
+            _, stats, _ = await ask(split, "What is my locker code?", options)
+            assert stats.rapid_eta == eta and stats.rounds == 1
+            drafted, accepted = drafted + stats.drafted, accepted + stats.accepted
+        counts[eta] = (accepted, drafted)
+    await split.close()
+    (a0, n0), (a1, n1) = counts[0.0], counts[100.0]
+    assert a1 / n1 > a0 / n0, counts
+    assert scipy_stats.fisher_exact([[a0, n0 - a0], [a1, n1 - a1]]).pvalue < 1e-4, counts
+
+
+async def test_rapid_refuses_dssd_and_leaves_a_greedy_answer_alone(near_drafter, cloud_url):
+    """DSSD's cloud never sees Q: RAPID is refused before anything is sent. Greedy: the T → 0
+    limit of p̂ is p, so the answer is cloud-only's, and the device says why."""
+    options = AnswerOptions(max_new_tokens=8, temperature=1.0, eta=1.0)
+    dssd = build_mode("split", context(near_drafter, cloud_url, "dssd"))
+    _, stats, events = await ask(dssd, QUESTIONS[0], options)
+    failures = [e for e in events if isinstance(e, Failure)]
+    assert failures and "tk-slt" in failures[0].message and stats.tokens == 0
+    greedy = AnswerOptions(max_new_tokens=8, temperature=0.0, eta=1.0)
+    split = build_mode("split", context(near_drafter, cloud_url, "tk-slt"))
+    _, got, events = await ask(split, QUESTIONS[0], greedy)
+    assert any(isinstance(e, Notice) and "greedy" in e.text for e in events)
+    cloud = build_mode("cloud", context(near_drafter, cloud_url))
+    _, want, _ = await ask(cloud, QUESTIONS[0], AnswerOptions(max_new_tokens=8, temperature=0.0))
+    assert got.token_ids == want.token_ids and got.rapid_eta == 1.0
+    for mode in (dssd, split, cloud):
+        await mode.close()
+
+
 # ---------------------------------------------------------------------------- privacy
 
 

@@ -65,6 +65,7 @@ def messages(draw, kind: p.MsgType) -> p.Message:
             draw(st.none() | u64),
             tuple(draw(st.lists(text, max_size=3).map(lambda t: t + t))),
             draw(st.booleans()),
+            draw(st.just(0.0) | st.floats(0, 100, width=32)),
             **hdr,
         )
     if kind is p.MsgType.TOKEN_CHUNK:
@@ -213,7 +214,9 @@ def test_peek_reads_the_header_of_a_frame_that_does_not_decode() -> None:
 
 
 def test_header_announcing_a_huge_body_is_refused_without_allocating() -> None:
-    head = struct.pack("<2sBBHIIII", p.MAGIC, 1, p.MsgType.DSD_DRAFT, 0, 1, 0, 0, 2**32 - 1)
+    head = struct.pack(
+        "<2sBBHIIII", p.MAGIC, p.PROTOCOL_VERSION, p.MsgType.DSD_DRAFT, 0, 1, 0, 0, 2**32 - 1
+    )
     with pytest.raises(p.ProtocolError, match="max_frame_bytes"):
         p.decode_header(head)
     tracemalloc.start()

@@ -135,6 +135,13 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 yield Input(str(s.max_tokens), type="integer", id="max_tokens", compact=True)
                 yield Label("Temperature")
                 yield Input(str(s.temperature), type="number", id="temperature", compact=True)
+                yield Label("RAPID η")
+                eta = Input(str(s.eta), type="number", id="eta", compact=True)
+                eta.tooltip = (
+                    "split, when sampling: how far the device's drafts pull the cloud's answer "
+                    "toward your documents (0 = exactly the cloud model)"
+                )
+                yield eta
                 yield Label("Theme")
                 yield _select(self.themes, s.theme, "theme")
         yield Footer()
@@ -157,6 +164,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
             ("k", "Retrieval k", int),
             ("max_tokens", "Max tokens", int),
             ("temperature", "Temperature", float),
+            ("eta", "RAPID η", float),
         ):
             raw = self._text(field_id)
             try:
@@ -179,6 +187,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
             k=int(numbers["k"]),
             max_tokens=int(numbers["max_tokens"]),
             temperature=float(numbers["temperature"]),
+            eta=float(numbers["eta"]),
             theme=self._choice("theme"),
             keymap=dict(self.settings.keymap),
         )

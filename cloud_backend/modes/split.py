@@ -99,7 +99,7 @@ class SplitRequest(Request):
             rows = np.vstack([self.next_logits[None, :], rows])
         P = np.stack([distribution(r, self.params) for r in rows])
         try:
-            judgement = self.scheme.judge(frame, P, self.rng)
+            judgement = self.scheme.judge(frame, P, self.rng, eta=self.gen.eta)
         except ValueError as exc:  # a draft that cannot have been sampled as announced
             await self.ctx.session.rollback(base)  # forget the scored drafts, keep the state
             await self.error(ErrorCode.MALFORMED, f"draft refused: {exc}")

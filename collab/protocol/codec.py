@@ -24,7 +24,7 @@ from typing import Any, ClassVar, TypeVar, dataclass_transform
 
 import numpy as np
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: Generate carries RAPID's η
 MAGIC = b"TD"
 # magic, version, message type, flags, request id, epoch, step, body length
 _HEADER = struct.Struct("<2sBBHIIII")

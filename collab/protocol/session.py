@@ -28,7 +28,7 @@ from collab.protocol.codec import (
     _uint,
 )
 from collab.sources import Source
-from collab.temperature import temperature_problem
+from collab.temperature import MAX_ETA, temperature_problem
 
 
 class Mode(IntEnum):
@@ -148,8 +148,9 @@ class Generate(Message):
     seed: int | None = None
     history: tuple[str, ...] = ()
     retrieve: bool = True
+    eta: float = 0.0  # split: RAPID's η, the cloud verifies against p̂ (0 = exact, DESIGN §5.4)
 
-    _ST = struct.Struct("<IfIfBQB")
+    _ST = struct.Struct("<IfIfBQBf")
     MAX_HISTORY = 256
 
     def __post_init__(self) -> None:
@@ -165,6 +166,9 @@ class Generate(Message):
             raise ProtocolError("top_p must be in (0, 1]")
         if self.seed is not None:
             _uint(self.seed, 64, "seed")
+        self._set("eta", _f32(self.eta))
+        if not 0 <= self.eta <= MAX_ETA:  # NaN fails too
+            raise ProtocolError(f"eta must be in [0, {MAX_ETA:g}]")
         self._set("history", tuple(self.history))
         self._set("retrieve", bool(self.retrieve))
         if len(self.history) % 2 or len(self.history) > self.MAX_HISTORY:
@@ -176,14 +180,14 @@ class Generate(Message):
         has_seed = self.seed is not None
         head = self._ST.pack(
             self.max_new_tokens, self.temperature, self.top_k, self.top_p, has_seed,
-            self.seed or 0, self.retrieve,
+            self.seed or 0, self.retrieve, self.eta,
         )  # fmt: skip
         turns = struct.pack("<I", len(self.history)) + b"".join(_str(h) for h in self.history)
         return head + _str(self.question) + turns
 
     @classmethod
     def parse(cls, r: _Reader, f32: bool, hdr: dict[str, int]) -> Message:
-        max_new, temp, top_k, top_p, has_seed, seed, retrieve = r.unpack(cls._ST)
+        max_new, temp, top_k, top_p, has_seed, seed, retrieve, eta = r.unpack(cls._ST)
         if has_seed > 1 or (not has_seed and seed):
             raise ProtocolError("bad seed presence")
         if retrieve > 1:
@@ -193,7 +197,7 @@ class Generate(Message):
         _check_count(n, 0, cls.MAX_HISTORY, "history entries")
         history = tuple(r.string("history") for _ in range(n))
         seed = seed if has_seed else None
-        return cls(q, max_new, temp, top_k, top_p, seed, history, bool(retrieve), **hdr)
+        return cls(q, max_new, temp, top_k, top_p, seed, history, bool(retrieve), eta, **hdr)
 
 
 @_message

@@ -43,6 +43,11 @@ def all_variants() -> list[SplitVariant]:
     return [get_variant(n) for n in variant_names()]
 
 
+def rapid_variants() -> list[str]:
+    """The variants whose cloud can verify against RAPID's target (it holds each draft's Q)."""
+    return [v.name for v in all_variants() if v.rapid]
+
+
 def register(variant: SplitVariant) -> SplitVariant:
     """Add a variant (both sides see it: they read this registry)."""
     _registered[variant.name] = variant

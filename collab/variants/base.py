@@ -12,6 +12,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from collab.protocol import Draft, Verdict
+from collab.verification import rapid_round
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ class SplitVariant(ABC):
     exact: ClassVar[bool]  # the output follows the cloud's P exactly (up to float16 noted)
     summary: ClassVar[str]  # one line for help texts and the settings screen
     frame: ClassVar[type[Draft]]  # the draft frame the cloud expects
+    # The cloud holds each draft's whole distribution, so it can verify against RAPID's p̂
+    # (DESIGN §5.4); such a variant implements `draft_rows`.
+    rapid: ClassVar[bool] = False
 
     # ---- device ---------------------------------------------------------------------------
     @abstractmethod
@@ -73,12 +77,28 @@ class SplitVariant(ABC):
         raise ValueError(f"{self.name}: the cloud resamples rejections itself")
 
     # ---- cloud ----------------------------------------------------------------------------
-    def judge(self, frame: Draft, P: np.ndarray, rng: np.random.Generator) -> Judgement:
-        """Verify a draft frame against the cloud's P (γ+1 rows). Raises ValueError for a
-        frame that cannot have been sampled as it claims."""
+    def judge(
+        self, frame: Draft, P: np.ndarray, rng: np.random.Generator, eta: float = 0.0
+    ) -> Judgement:
+        """Verify a draft frame against the cloud's P (γ+1 rows), or with η > 0 against
+        RAPID's target p̂ (deliberately neither p nor p̂: DESIGN §5.4). Raises ValueError for
+        a frame that cannot have been sampled as it claims, or η > 0 where the cloud does
+        not hold the drafts' distributions."""
         if not isinstance(frame, self.frame):
             raise ValueError(f"{self.name} drafts come as {self.frame.__name__}")
-        return self.verify(frame, np.asarray(frame.token_ids, dtype=np.int64), P, rng)
+        drafts = np.asarray(frame.token_ids, dtype=np.int64)
+        if eta == 0.0:
+            return self.verify(frame, drafts, P, rng)
+        if not self.rapid:
+            raise ValueError(f"{self.name} cannot verify against RAPID's target (η > 0): its "
+                             "cloud never holds the drafts' distributions")  # fmt: skip
+        Q = self.draft_rows(frame, drafts, P.shape[1])
+        return Judgement(*rapid_round(drafts, P, Q, eta, rng))
+
+    def draft_rows(self, frame: Any, drafts: np.ndarray, vocab_size: int) -> np.ndarray:
+        """The drafts' distributions [γ, V] as the cloud rebuilds them from `frame`; ValueError
+        if they could not have produced the drafts. Only variants with `rapid` have them."""
+        raise NotImplementedError(f"{self.name} does not send its drafts' distributions")
 
     @abstractmethod
     def verify(

@@ -21,6 +21,7 @@ class Dsd(SplitVariant):
     exact = True
     summary = "ids + the dense Q row of every draft (float16, ~300 KB each): the baseline"
     frame = DsdDraft
+    rapid = True
 
     def draft(self, q: np.ndarray, rng: np.random.Generator) -> DraftToken:
         q16 = wire_probs(q, f32=False)  # exactly what the cloud will read
@@ -34,14 +35,17 @@ class Dsd(SplitVariant):
         self, frame: DsdDraft, drafts: np.ndarray, P: np.ndarray, rng: np.random.Generator
     ) -> Judgement:
         """DSD's round, after checking the rows could have produced the drafts."""
+        n, token = dsd_round(drafts, P, self.draft_rows(frame, drafts, P.shape[1]), rng)
+        return Judgement(n, token)
+
+    def draft_rows(self, frame: DsdDraft, drafts: np.ndarray, vocab_size: int) -> np.ndarray:
         Q = np.asarray(frame.probs, dtype=np.float64)
-        if Q.shape[1] != P.shape[1]:
-            raise ValueError(f"dense drafts must cover the {P.shape[1]}-token vocabulary")
+        if Q.shape[1] != vocab_size:
+            raise ValueError(f"dense drafts must cover the {vocab_size}-token vocabulary")
         total = Q.sum(axis=1, keepdims=True)
         if not np.all(total > 0):
             raise ValueError("a dense draft distribution is all zeros")
-        Q = Q / total
-        if not np.all(Q[np.arange(drafts.size), drafts] > 0):
+        rows: np.ndarray = Q / total
+        if not np.all(rows[np.arange(drafts.size), drafts] > 0):
             raise ValueError("a draft has probability 0 in its own distribution")
-        n, token = dsd_round(drafts, P, Q, rng)
-        return Judgement(n, token)
+        return rows

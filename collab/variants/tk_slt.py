@@ -13,7 +13,7 @@ from collab.protocol import TopKDraft
 from collab.sampling import sample_from, top_candidates
 from collab.split import wire_probs
 from collab.variants.base import DraftToken, Judgement, SplitVariant
-from collab.verification import tkslt_cloud_verify
+from collab.verification import tkslt_cloud_verify, tkslt_draft_rows
 
 TOPK_MAX = 8  # at most 8 (id, prob) pairs per drafted position (≤ 56 B)
 TOPK_MASS = 0.999  # ... and only as many as cover this much of q
@@ -55,6 +55,7 @@ class TkSlt(SplitVariant):
     exact = True
     summary = "ids + the top-K of Q they were sampled from; the cloud resamples (exact)"
     frame = TopKDraft
+    rapid = True
 
     def __init__(self, k_max: int = TOPK_MAX) -> None:
         self.k_max = k_max
@@ -71,3 +72,6 @@ class TkSlt(SplitVariant):
         self, frame: TopKDraft, drafts: np.ndarray, P: np.ndarray, rng: np.random.Generator
     ) -> Judgement:
         return Judgement(*tkslt_cloud_verify(drafts, frame.topk_ids, frame.topk_probs, P, rng))
+
+    def draft_rows(self, frame: TopKDraft, drafts: np.ndarray, vocab_size: int) -> np.ndarray:
+        return tkslt_draft_rows(drafts, frame.topk_ids, frame.topk_probs, vocab_size)

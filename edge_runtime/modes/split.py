@@ -28,6 +28,7 @@ waits a round trip for the device, so the fallback costs no more than cloud mode
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Sequence
 
@@ -39,6 +40,7 @@ from collab.protocol import (
     Done,
     Error,
     ErrorCode,
+    Generate,
     Message,
     Mode,
     TokenChunk,
@@ -46,11 +48,11 @@ from collab.protocol import (
 )
 from collab.sampling import distribution
 from collab.scheduling import GammaChoice
-from collab.variants import get_variant
+from collab.variants import get_variant, rapid_variants
 from collab.variants.base import DraftToken, SplitVariant
 from edge_runtime.client import CloudClient, CloudError
 from edge_runtime.device import DeviceModel
-from edge_runtime.events import Event, Notice
+from edge_runtime.events import Event, Failure, Notice
 from edge_runtime.modes.base import STOP_IDS, Answer, AnswerOptions, ModeContext, Turn
 from edge_runtime.modes.cloud_link import CloudBacked, citations_from
 from edge_runtime.split_costs import INITIAL_GAMMA, SplitCosts
@@ -76,6 +78,30 @@ class SplitMode(CloudBacked):
     @property
     def retrieve_public(self) -> bool:
         return self.ctx.split_retrieve_public
+
+    async def generate(
+        self, question: str, history: Sequence[Turn], options: AnswerOptions, answer: Answer
+    ) -> AsyncIterator[Event]:
+        if options.eta and not self.scheme.rapid:
+            yield Failure(
+                f"RAPID (η = {options.eta:g}) needs a split variant whose cloud holds the "
+                f"drafts' distributions ({', '.join(rapid_variants())}); {self.scheme.name} "
+                "sends only q(x)"
+            )
+            return
+        if options.eta:
+            answer.stats.rapid_eta = options.eta
+            if options.temperature == 0:
+                yield Notice(f"RAPID (η = {options.eta:g}) acts only when sampling: this "
+                             "greedy answer follows the cloud model exactly")  # fmt: skip
+        async for event in super().generate(question, history, options, answer):
+            yield event
+
+    def generate_message(
+        self, rid: int, question: str, history: Sequence[Turn], options: AnswerOptions
+    ) -> Generate:
+        message = super().generate_message(rid, question, history, options)
+        return dataclasses.replace(message, eta=options.eta)
 
     async def prepare(
         self, question: str, history: Sequence[Turn], options: AnswerOptions, answer: Answer
