@@ -1,0 +1,228 @@
+"""Private knowledge through RAPID (issue 15; DESIGN §5.4): does a split answer use what only
+the device read? Each private note holds a made-up fact no model can know (invented names and
+numbers from a seeded generator, not tuned to pass), with a question about it; an answer is
+right when it contains the fact. Split with η ∈ {0, 0.5, 1, 2} (the device model drafts with
+the note in its prompt, the cloud never sees it) against local mode (the device alone, note in
+its prompt), cloud mode (cannot know) and dragon; sampled, since RAPID's p̂ is p at T = 0.
+
+    python -m benchmarks.private_facts                      # 32 notes, ORT cloud
+    python -m benchmarks.private_facts --notes 12 --engine torch
+    python -m benchmarks.private_facts --quick              # 3 notes, local and split η 0/2
+
+Prints, per method, the share of answers holding the fact, acceptance and tokens/s, and the
+targets: the best η answers ≥ 80 % of what local mode answers, at ≥ 1.5× cloud-only's speed
+(that one is the memory-bound regime's, the torch bf16 cloud)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ETAS = (0.0, 0.5, 1.0, 2.0)
+SYLLABLES = ("ka", "lo", "mi", "zu", "ren", "tho", "vas", "quil", "dor", "nep", "sa", "wyn",
+             "bri", "gal", "tor", "xe", "mun", "pha", "lek", "ost")  # fmt: skip
+# (note, question) templates: {name} a made-up person, {value} the fact (a made-up word or a
+# number), {thing} an everyday object
+TEMPLATES = (
+    ("{name}'s sailing boat is called {value}.", "What is {name}'s sailing boat called?"),
+    ("The door code at {name}'s studio is {value}.", "What is the door code at {name}'s studio?"),
+    ("{name} named the grey cat {value}.", "What did {name} name the grey cat?"),
+    ("{name}'s {thing} is kept in locker {value}.", "Which locker holds {name}'s {thing}?"),
+    ("{name} grew up in a village called {value}.", "In which village did {name} grow up?"),
+    (
+        "The wifi password at {name}'s flat is {value}.",
+        "What is the wifi password at {name}'s flat?",
+    ),
+)
+THINGS = ("bicycle", "violin", "tent", "kayak", "telescope", "sewing machine")
+
+
+@dataclass(frozen=True)
+class Note:
+    file: str
+    text: str
+    question: str
+    fact: str
+
+
+def made_up_word(rng: np.random.Generator, parts: int = 3) -> str:
+    return "".join(rng.choice(SYLLABLES, size=parts)).capitalize()
+
+
+def make_notes(n: int = 32, seed: int = 2026) -> list[Note]:
+    """`n` notes with distinct people and facts, the same for a given seed."""
+    rng = np.random.default_rng(seed)
+    notes: list[Note] = []
+    names: set[str] = set()
+    while len(notes) < n:
+        name = made_up_word(rng, 2) + " " + made_up_word(rng, 3)
+        if name in names:
+            continue
+        names.add(name)
+        note, question = TEMPLATES[len(notes) % len(TEMPLATES)]
+        numeric = "code" in note or "locker" in note
+        value = str(rng.integers(1000, 9999)) if numeric else made_up_word(rng, 3)
+        fields = {"name": name, "value": value, "thing": str(rng.choice(THINGS))}
+        notes.append(Note(f"note-{len(notes):02d}.txt", note.format(**fields),
+                          question.format(**fields), value))  # fmt: skip
+    return notes
+
+
+def holds_fact(answer: str, fact: str) -> bool:
+    return fact.lower() in answer.lower()
+
+
+def method_names(etas: Sequence[float], with_dragon: bool = True) -> list[str]:
+    return ["local", "cloud", *(["dragon"] if with_dragon else []),
+            *(f"split-eta-{eta:g}" for eta in etas)]  # fmt: skip
+
+
+async def ask_all(
+    device: Any, index: Any, url: str, token: str, notes: Sequence[Note], methods: Sequence[str],
+    *, temperature: float, max_tokens: int,
+) -> list[dict]:  # fmt: skip
+    """Every note's question in every method: one row each."""
+    from edge_runtime.events import Stats, TextDelta
+    from edge_runtime.modes import get_mode
+    from edge_runtime.modes.base import AnswerOptions, CloudSettings, ModeContext
+
+    rows = []
+    for name in methods:
+        mode_name = "split" if name.startswith("split") else name
+        eta = float(name.removeprefix("split-eta-")) if mode_name == "split" else 0.0
+        mode = get_mode(mode_name)(ModeContext(device=device, index=index,
+                                               cloud=CloudSettings(url, token)))  # fmt: skip
+        try:
+            for i, note in enumerate(notes):
+                options = AnswerOptions(max_new_tokens=max_tokens, temperature=temperature,
+                                        seed=i, k=2, eta=eta)  # fmt: skip
+                text, stats = "", None
+                async for ev in mode.answer(note.question, [], options):
+                    if isinstance(ev, TextDelta):
+                        text += ev.text
+                    elif isinstance(ev, Stats):
+                        stats = ev
+                assert stats is not None
+                row = {"method": name, "note": note.file, "fact": note.fact, "answer": text,
+                       "right": holds_fact(text, note.fact), "tokens": stats.tokens,
+                       "tokens_per_s": stats.tokens_per_s, "acceptance": stats.acceptance,
+                       "ttft_s": stats.ttft_s}  # fmt: skip
+                rows.append(row)
+                print(f"{name:14} {note.file} {'✓' if row['right'] else '·'} "
+                      f"{text[:60]!r}", file=sys.stderr, flush=True)  # fmt: skip
+        finally:
+            await mode.close()
+    return rows
+
+
+def summarise(rows: Sequence[dict]) -> dict:
+    """Per method: share right, mean acceptance, mean tokens/s; and the two targets."""
+    out: dict[str, Any] = {"methods": {}}
+    for name in dict.fromkeys(r["method"] for r in rows):
+        mine = [r for r in rows if r["method"] == name]
+        acc = [r["acceptance"] for r in mine if r["acceptance"] is not None]
+        tps = [r["tokens_per_s"] for r in mine if r["tokens_per_s"]]
+        out["methods"][name] = {
+            "right": sum(r["right"] for r in mine) / len(mine), "answers": len(mine),
+            "acceptance": statistics.mean(acc) if acc else None,
+            "tokens_per_s": statistics.mean(tps) if tps else None,
+        }  # fmt: skip
+    m = out["methods"]
+    splits = [k for k in m if k.startswith("split")]
+    if "local" in m and splits:
+        best = max(splits, key=lambda k: (m[k]["right"], m[k]["tokens_per_s"] or 0))
+        out["best_split"] = best
+        out["right_vs_local"] = (
+            m[best]["right"] / m["local"]["right"] if m["local"]["right"] else None
+        )
+        if "cloud" in m and m["cloud"]["tokens_per_s"] and m[best]["tokens_per_s"]:
+            out["speed_vs_cloud"] = m[best]["tokens_per_s"] / m["cloud"]["tokens_per_s"]
+    return out
+
+
+def print_summary(summary: dict) -> None:
+    print(f"\n  {'method':16}{'right':>8}{'acceptance':>12}{'tok/s':>8}")
+    for name, s in summary["methods"].items():
+        acc = "—" if s["acceptance"] is None else f"{s['acceptance']:.2f}"
+        tps = "—" if s["tokens_per_s"] is None else f"{s['tokens_per_s']:.1f}"
+        print(f"  {name:16}{s['right']:>8.0%}{acc:>12}{tps:>8}")
+    if (ratio := summary.get("right_vs_local")) is not None:
+        verdict = "PASS" if ratio >= 0.8 else "FAIL"
+        print(f"  {verdict} best split ({summary['best_split']}) answers {ratio:.0%} of what "
+              "local mode answers (target ≥ 80 %)")  # fmt: skip
+    if (speed := summary.get("speed_vs_cloud")) is not None:
+        verdict = "PASS" if speed >= 1.5 else "FAIL"
+        print(f"  {verdict} its speed is {speed:.2f}× cloud-only's (target ≥ 1.5×, "
+              "memory-bound regime)")  # fmt: skip
+
+
+async def run(args: argparse.Namespace) -> dict:
+    from benchmarks.common import pin_device, start_cloud
+    from cloud_backend.corpus import default_embedder_dir
+    from edge_runtime.device import DeviceModel
+    from personal_index.index import PersonalIndex
+    from tandem_packaging.prepare import model_path
+
+    notes = make_notes(args.notes)
+    cloud_core = pin_device(0, 1)
+    device = DeviceModel.load(model_path("device", "onnx-quant"), threads=1)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="tandem-facts-") as tmp:
+        folder = Path(tmp) / "notes"
+        folder.mkdir()
+        for note in notes:
+            (folder / note.file).write_text(note.text + "\n")
+        index = PersonalIndex(Path(tmp) / "index", default_embedder_dir())
+        index.ingest([folder])
+        cloud, url, token = await start_cloud(args.engine, cloud_core, corpus=True)
+        try:
+            rows = await ask_all(
+                device, index, url, token, notes, args.methods,
+                temperature=args.temperature, max_tokens=args.max_tokens,
+            )  # fmt: skip
+        finally:
+            await cloud.stop()
+            index.close()
+    return {"config": {k: v for k, v in vars(args).items() if k != "out"},
+            "notes": [asdict(n) for n in notes], "rows": rows, "summary": summarise(rows),
+            "seconds": time.perf_counter() - started}  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--notes", type=int, default=32)
+    parser.add_argument("--etas", nargs="+", type=float, default=list(ETAS))
+    parser.add_argument("--engine", default="ort", choices=["ort", "torch"])
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--no-dragon", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="3 notes, local and split η 0 / 2")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.notes, args.etas, args.max_tokens = 3, [0.0, 2.0], 16
+        args.methods = ["local", *(f"split-eta-{eta:g}" for eta in args.etas)]
+    else:
+        args.methods = method_names(args.etas, not args.no_dragon)
+    result = asyncio.run(run(args))
+    print_summary(result["summary"])
+    out = args.out or Path(__file__).parent / "results" / "private-facts" / (
+        f"{args.engine}-{args.notes}notes.json")  # fmt: skip
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"\n{result['seconds']:.0f} s; written to {out}")
+
+
+if __name__ == "__main__":
+    main()
