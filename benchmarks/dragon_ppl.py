@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import math
 import sys
 import time
@@ -49,6 +50,8 @@ if __package__ in (None, ""):  # run as a file: the repository root is the impor
 
 from collab.dragon import RELEVANCE_SCALE, relevance
 from collab.verification import logsumexp
+
+log = logging.getLogger("tandem.bench")
 
 if TYPE_CHECKING:
     from benchmarks.heldout import Article
@@ -332,9 +335,13 @@ def run(args: argparse.Namespace) -> dict:
         out[setting] = {"perplexity": ppl, "targets": check_targets(ppl)}
         print_table(setting, ppl)
     if args.check:
-        out["network_check"] = asyncio.run(
-            _checks(windows[: args.check], tokenizer, models["pair"], corpus)
-        )
+        try:
+            out["network_check"] = asyncio.run(
+                _checks(windows[: args.check], tokenizer, models["pair"], corpus)
+            )
+        except Exception as exc:  # the perplexities above cost an hour: keep them
+            log.exception("the network check failed")
+            out["network_check_error"] = f"{type(exc).__name__}: {exc}"
     return out
 
 
