@@ -91,7 +91,7 @@ def test_the_child_ends_with_its_parent(tiny, tmp_path, sig):
         child = child_pid(parent)
         assert alive(child)
         parent.send_signal(sig)
-        assert parent.wait(10) == -sig
+        assert parent.wait(60) == -sig  # a loaded machine can delay delivery: no timing asserted
         assert wait_gone(child), f"the embedded cloud outlived its parent ({sig.name})"
     finally:
         parent.kill()
