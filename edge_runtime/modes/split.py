@@ -138,6 +138,9 @@ class SplitRun:
         self.epoch = 0
         self.pending_events: list[Event] = []  # cloud citations, yielded between steps
         self.as2_choice: GammaChoice | None = None  # the cost model's last AS² verdict
+        # RAPID's η acts only in speculative rounds: an answer asked for with η > 0 always
+        # speculates (AS²'s cloud decoding would drop what the device knows)
+        self.always_speculate = options.eta > 0
 
     async def _recv(self) -> Message:
         while True:
@@ -169,7 +172,8 @@ class SplitRun:
                 prefill.cancel()
         announced = bool(ahead)
         while self.transcript.finish is None:
-            if costs.t_cloud_step is None and costs.choose(self.transcript.remaining):
+            if (not self.always_speculate and costs.t_cloud_step is None
+                    and costs.choose(self.transcript.remaining)):  # fmt: skip
                 # AS² compares with the cloud decoding alone: measure that once, too
                 async for event in self._cloud_tokens(
                     min(MEASURE_CLOUD, self.transcript.remaining)
@@ -198,7 +202,9 @@ class SplitRun:
         round, which re-measures the costs), or 0 to speculate."""
         costs = self.costs
         since = costs.cloud_tokens_since_round
-        if remaining <= 0 or costs.t_cloud_step is None or since >= PROBE_EVERY:
+        if self.always_speculate or remaining <= 0 or costs.t_cloud_step is None:
+            return 0
+        if since >= PROBE_EVERY:
             return 0
         choice = costs.choose(remaining)
         if choice is None or not choice.use_cloud_only:
