@@ -17,7 +17,7 @@ import tomli_w
 
 from collab.files import atomic_write
 from collab.paths import config_path
-from collab.temperature import MAX_ETA, temperature_problem
+from collab.temperature import eta_problem, temperature_problem
 from collab.variants import DEFAULT_VARIANT, variant_names
 from edge_runtime.options import DEFAULTS
 
@@ -96,8 +96,8 @@ def settings_problems(settings: Settings) -> list[str]:
     problem = temperature_problem(settings.temperature)
     if problem:
         problems.append(problem)
-    if not 0 <= settings.eta <= MAX_ETA:  # also catches NaN
-        problems.append(f"eta must be from 0 to {MAX_ETA:g} (got {settings.eta})")
+    if problem := eta_problem(settings.eta):
+        problems.append(problem)
     if settings.cloud_engine not in CLOUD_ENGINES:
         problems.append(
             f"cloud_engine must be one of {', '.join(CLOUD_ENGINES)} "

@@ -42,6 +42,14 @@ def _pyplot():
     return plt
 
 
+def _save(fig, path: Path) -> Path:
+    """Lay out, write at the figures' one resolution, and free the figure."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    _pyplot().close(fig)
+    return path
+
+
 def latency_figures(rows: Sequence[dict], out: Path) -> list[Path]:
     """Figures 6 and 7 from grid rows: one line per method, pooled over engines/samplings."""
     plt = _pyplot()
@@ -60,10 +68,7 @@ def latency_figures(rows: Sequence[dict], out: Path) -> list[Path]:
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        written.append(out / f"{name}.png")
-        fig.savefig(written[-1], dpi=120)
-        plt.close(fig)
+        written.append(_save(fig, out / f"{name}.png"))
     return written
 
 
@@ -81,11 +86,7 @@ def perplexity_figure(data: dict, out: Path) -> Path:
         ax.set_ylabel("perplexity")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = out / "fig5-perplexity.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "fig5-perplexity.png")
 
 
 def schedule_figure(data: dict, out: Path) -> Path:
@@ -102,11 +103,7 @@ def schedule_figure(data: dict, out: Path) -> Path:
     ax.set_ylabel(f"total time for {tokens} tokens (s)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "fig8-scheduling.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "fig8-scheduling.png")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -20,3 +20,10 @@ def temperature_problem(t: float) -> str | None:
     if t == 0 or (math.isfinite(t) and t >= MIN_TEMPERATURE):  # NaN fails both
         return None
     return f"temperature must be 0 (greedy) or a finite number ≥ {MIN_TEMPERATURE} (got {t})"
+
+
+def eta_problem(eta: float) -> str | None:
+    """Why `eta` is not a usable RAPID η (0 = exact verification), or None."""
+    if 0 <= eta <= MAX_ETA:  # NaN fails
+        return None
+    return f"eta must be from 0 to {MAX_ETA:g} (got {eta})"

@@ -28,7 +28,7 @@ from collab.protocol.codec import (
     _uint,
 )
 from collab.sources import Source
-from collab.temperature import MAX_ETA, temperature_problem
+from collab.temperature import eta_problem, temperature_problem
 
 
 class Mode(IntEnum):
@@ -167,8 +167,8 @@ class Generate(Message):
         if self.seed is not None:
             _uint(self.seed, 64, "seed")
         self._set("eta", _f32(self.eta))
-        if not 0 <= self.eta <= MAX_ETA:  # NaN fails too
-            raise ProtocolError(f"eta must be in [0, {MAX_ETA:g}]")
+        if problem := eta_problem(self.eta):
+            raise ProtocolError(problem)
         self._set("history", tuple(self.history))
         self._set("retrieve", bool(self.retrieve))
         if len(self.history) % 2 or len(self.history) > self.MAX_HISTORY:
