@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from app.figures import dragon_parts, rapid_parts
+from app.figures import dragon_parts, pipeline_parts, rapid_parts
 
 
 def _show_progress(status) -> None:
@@ -31,7 +31,7 @@ def _format_stats(s: dict[str, Any], device: str) -> str:
         parts.append(f"{s['tokens_per_s']:.1f} tok/s")
     if s.get("acceptance") is not None:
         parts.append(f"acceptance {s['acceptance']:.2f} · γ {s['gamma']} · {s['rounds']} rounds")
-    parts += dragon_parts(s) + rapid_parts(s)
+    parts += dragon_parts(s) + pipeline_parts(s) + rapid_parts(s)
     if s.get("cloud_only"):
         parts.append(f"AS²: {s['cloud_tokens']} tokens decoded in the cloud")
     if s["bytes_up"] or s["bytes_down"]:
@@ -51,6 +51,7 @@ def settings_for(args: argparse.Namespace):
         settings = Settings()
     flags = {"variant": args.variant, "aggregator": args.aggregator, "k": args.k,
              "max_tokens": args.max_tokens, "temperature": args.temperature, "eta": args.eta,
+             "pipeline": args.pipeline,
              "cloud_url": args.cloud_url, "cloud_engine": args.cloud_engine}  # fmt: skip
     return dataclasses.replace(settings, **{k: v for k, v in flags.items() if v is not None})
 

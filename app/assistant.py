@@ -316,7 +316,11 @@ class Assistant:
 
         s = self.settings
         base = AnswerOptions(
-            max_new_tokens=s.max_tokens, temperature=s.temperature, k=s.k, eta=s.eta
+            max_new_tokens=s.max_tokens,
+            temperature=s.temperature,
+            k=s.k,
+            eta=s.eta,
+            pipeline=s.pipeline,
         )
         return dataclasses.replace(base, **overrides)
 

@@ -192,6 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
         "the cloud's answer when sampling; 0 = exactly the cloud model" + from_settings,
     )  # fmt: skip
     ask.add_argument(
+        "--pipeline", action=argparse.BooleanOptionalAction,
+        help="split: draft on while the cloud verifies (PicoSpec); --no-pipeline waits for "
+        "each verdict (stop-and-wait). Same answers either way" + from_settings,
+    )  # fmt: skip
+    ask.add_argument(
         "--aggregator",
         choices=AGGREGATORS,
         help="dragon mode's aggregating side (auto: the scheduler picks before every token)"

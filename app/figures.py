@@ -14,6 +14,15 @@ def rapid_parts(stats: Mapping[str, Any]) -> list[str]:
     return [f"RAPID η {eta:g}: leans to the device"] if eta else []
 
 
+def pipeline_parts(stats: Mapping[str, Any]) -> list[str]:
+    """split with PicoSpec's pipeline: the most batches in flight at once, batches sent short
+    because the cloud was idle, and rejections that threw drafting away."""
+    if not stats.get("pipeline"):
+        return []
+    return [f"pipelined ×{stats.get('pipeline_depth', 0)}: {stats.get('truncations', 0)} short, "
+            f"{stats.get('rollbacks', 0)} rolled back"]  # fmt: skip
+
+
 def dragon_parts(stats: Mapping[str, Any]) -> list[str]:
     """dragon's own figures from `Stats.as_dict()`: who aggregates now, how often each side's
     draft became the target token, and how many times the aggregator moved. Empty for the

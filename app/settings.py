@@ -59,6 +59,7 @@ class Settings:
     max_tokens: int = DEFAULTS.max_new_tokens
     temperature: float = DEFAULTS.temperature
     eta: float = DEFAULTS.eta  # split: RAPID's η (0 = exact; DESIGN §5.4)
+    pipeline: bool = DEFAULTS.pipeline  # split: PicoSpec's pipeline (DESIGN §5.3)
     theme: str = "textual-dark"
     keymap: dict[str, str] = field(default_factory=dict)  # binding id -> keys
 
@@ -76,6 +77,7 @@ _FIELD_TYPES: dict[str, type] = {
     "max_tokens": int,
     "temperature": float,
     "eta": float,
+    "pipeline": bool,
     "theme": str,
     "keymap": dict,
 }

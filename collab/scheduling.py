@@ -206,8 +206,14 @@ def choose_draft_length(
     t_cloud_network: float = 0.0,
     t_uplink_per_token: float = 0.0,
     gamma_max: int = 16,
+    pipelined: bool = False,
 ) -> GammaChoice:
     """argmax over γ ∈ {1..γ_max} of E[#tokens](γ) / round time(γ), with AS² fallback.
+
+    `pipelined`: PicoSpec's pipeline (DESIGN §5.3), whose rounds cost eq. (9)
+    (:func:`picospec_expected_round_time`, drafting overlapping the round trip when a batch is
+    accepted whole) and commit (1 − α^γ)/(1 − α) tokens: a batch accepted whole has no bonus
+    token, the next batch's first draft is checked against that position instead.
 
     Tokens/s of split speculative decoding = (1 − α^{γ+1})/(1 − α) over
     γ·(t_draft + t_uplink_per_token) + t_rtt + T_verify(γ) — TK-SLT eq. (12)–(13) generalised
@@ -227,19 +233,20 @@ def choose_draft_length(
     if t_cloud_step + t_cloud_network <= 0:
         raise ValueError("cloud-only time per token must be > 0")
     gammas = np.arange(1, gamma_max + 1)
-    tokens = expected_tokens_per_round(alpha, gammas)
-    times = np.array(
-        [
-            speculative_round_time(
-                int(g),
-                t_draft=t_draft,
-                t_rtt=t_rtt,
-                t_verify=t_verify,
-                t_uplink_per_token=t_uplink_per_token,
-            )
+    if pipelined:
+        tokens = expected_tokens_per_round(alpha, gammas - 1)
+        times = np.array([
+            picospec_expected_round_time(alpha, int(g), int(g) * (t_draft + t_uplink_per_token),
+                                         t_rtt, verify_time(t_verify, int(g)))
             for g in gammas
-        ]
-    )
+        ])  # fmt: skip
+    else:
+        tokens = expected_tokens_per_round(alpha, gammas)
+        times = np.array([
+            speculative_round_time(int(g), t_draft=t_draft, t_rtt=t_rtt, t_verify=t_verify,
+                                   t_uplink_per_token=t_uplink_per_token)
+            for g in gammas
+        ])  # fmt: skip
     if np.any(times <= 0):
         raise ValueError("round times must be > 0")
     rates = tokens / times

@@ -56,6 +56,10 @@ class Stats:
     aggregator: str | None = None  # dragon: the side aggregating now (device or cloud)
     switches: int = 0  # dragon: times the aggregator moved
     rapid_eta: float = 0.0  # split: RAPID's η this answer was verified with (0 = exact)
+    pipeline: bool = False  # split: PicoSpec's pipeline drafted on while the cloud verified
+    pipeline_depth: int = 0  # split, pipelined: most batches in flight at once
+    truncations: int = 0  # split, pipelined: batches sent short because the cloud was idle
+    rollbacks: int = 0  # split, pipelined: rejections that threw away drafting past them
     device_drafted: int = 0  # dragon: each side's drafts judged by a target, and the accepted
     device_accepted: int = 0
     cloud_drafted: int = 0

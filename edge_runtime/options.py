@@ -19,6 +19,7 @@ class AnswerOptions:
     seed: int | None = None
     k: int = 3  # private passages retrieved
     eta: float = 0.0  # split: RAPID's η, how far the device's drafts pull the cloud (0 = exact)
+    pipeline: bool = True  # split: PicoSpec's pipeline (draft on while the cloud verifies)
     min_score: float | None = None
 
     @property

@@ -38,12 +38,16 @@ class SplitCosts:
         return self.accepted / (self.accepted + self.rejected)
 
     def observe_round(
-        self, gamma: int, n: int, draft_s: float, round_s: float, compute_s: float
+        self, gamma: int, n: int, draft_s: float, link_s: float | None, compute_s: float
     ) -> None:
+        """One verified batch: γ drafts, n accepted, the device's drafting time, the round's
+        time on the link (None where it cannot be told apart: a pipelined batch that queued
+        behind another at the cloud) and the cloud's compute time."""
         self.accepted = 0.97 * self.accepted + n
         self.rejected = 0.97 * self.rejected + (1 if n < gamma else 0)
         self.t_draft = ewma_update(self.t_draft, draft_s / max(gamma, 1), EWMA)
-        self.t_link = ewma_update(self.t_link, max(0.0, round_s - draft_s - compute_s), EWMA)
+        if link_s is not None:
+            self.t_link = ewma_update(self.t_link, max(0.0, link_s), EWMA)
         self.verify.append((gamma + 1, compute_s))
         self.cloud_tokens_since_round = 0
 
@@ -76,8 +80,9 @@ class SplitCosts:
         line = self.verify_time(1)
         return line if self.t_cloud_step is None else min(self.t_cloud_step, line)
 
-    def choose(self, remaining: int) -> GammaChoice | None:
-        """γ and whether to let the cloud decode alone (AS²); None until measured."""
+    def choose(self, remaining: int, pipelined: bool = False) -> GammaChoice | None:
+        """γ and whether to let the cloud decode alone (AS²); None until measured.
+        `pipelined`: rounds of PicoSpec's pipeline (its eq. 9), not stop-and-wait ones."""
         if self.t_draft is None or not self.verify:
             return None
         cloud_step = self.cloud_step()
@@ -88,6 +93,7 @@ class SplitCosts:
             t_verify=lambda g: self.verify_time(g + 1),
             t_cloud_step=cloud_step,
             gamma_max=max(1, min(self.gamma_max, remaining)),
+            pipelined=pipelined,
         )
         if not self.as2:
             return replace(choice, use_cloud_only=False)

@@ -10,20 +10,21 @@ def test_ask_reads_the_settings_file_and_flags_override_it(tmp_path, monkeypatch
     monkeypatch.setenv("TANDEM_CONFIG_DIR", str(tmp_path))
     (tmp_path / "config.toml").write_text(
         'max_tokens = 3\nvariant = "dssd"\nk = 5\ntemperature = 0.5\ncloud_engine = "torch"\n'
-        'aggregator = "cloud"\neta = 2.5\n'
+        'aggregator = "cloud"\neta = 2.5\npipeline = false\n'
     )
     plain = settings_for(build_parser().parse_args(["ask", "q"]))
     assert (plain.max_tokens, plain.variant, plain.k, plain.temperature, plain.cloud_engine) == (
         3, "dssd", 5, 0.5, "torch",
     )  # fmt: skip
-    assert plain.aggregator == "cloud" and plain.eta == 2.5
+    assert plain.aggregator == "cloud" and plain.eta == 2.5 and not plain.pipeline
     flags = ["ask", "q", "--max-tokens", "9", "--variant", "dsd", "-k", "1", "--temperature",
-             "0", "--cloud-engine", "ort", "--aggregator", "device", "--eta", "0"]  # fmt: skip
+             "0", "--cloud-engine", "ort", "--aggregator", "device", "--eta", "0",
+             "--pipeline"]  # fmt: skip
     given = settings_for(build_parser().parse_args(flags))
     assert (given.max_tokens, given.variant, given.k, given.temperature, given.cloud_engine) == (
         9, "dsd", 1, 0.0, "ort",
     )  # fmt: skip
-    assert given.aggregator == "device" and given.eta == 0.0
+    assert given.aggregator == "device" and given.eta == 0.0 and given.pipeline
 
 
 def test_without_a_file_ask_uses_the_shared_defaults(tmp_path, monkeypatch):

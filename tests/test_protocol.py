@@ -334,6 +334,7 @@ def _corpus(rng: np.random.Generator) -> list[bytes]:
         p.HelloAck(True, SMALL, "welcome"),
         p.Generate("What is DRAGON?", 128, 0.7, 20, 0.9, seed=42),
         p.Generate("And then?", 64, history=("Hi", "Hello!"), retrieve=False),
+        p.Generate("Split, pipelined", 32, retrieve=False, eta=0.5, pipeline=True),
         p.Citations((p.Source("Ada Lovelace", "Wikipedia", 0.71, "Ada was…"),)),
         p.CloudDecode(16, request_id=3, step=12),
         p.Verdict(4, 99, compute_s=0.061),
@@ -423,3 +424,17 @@ def test_non_bytes_input_is_a_protocol_error() -> None:
         p.decode(np.zeros((3, 30), dtype=np.uint8)[:, ::2])  # non-contiguous buffer
     with pytest.raises(p.ProtocolError):
         p.decode(12345)  # type: ignore[arg-type]
+
+
+def test_generate_carries_the_pipeline_switch_and_refuses_unknown_switches():
+    """Bit 0 of Generate's switches byte is `retrieve`, bit 1 `pipeline` (PicoSpec); any other
+    bit is a malformed frame, not a silently ignored wish."""
+    gen = p.Generate("q", 8, retrieve=False, pipeline=True, request_id=1)
+    back = p.decode(p.encode(gen))
+    assert isinstance(back, p.Generate) and back.pipeline and not back.retrieve
+    body = bytearray(gen.body())
+    switches = p.Generate._ST.size - 5  # the byte before η (float32)
+    assert body[switches] == 2
+    body[switches] = 4
+    with pytest.raises(p.ProtocolError, match="switches"):
+        p.decode(_frame(p.MsgType.GENERATE, bytes(body)))

@@ -18,7 +18,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Footer, Input, Label, Select, Static
+from textual.widgets import Button, Checkbox, Footer, Input, Label, Select, Static
 
 from app.settings import (
     AGGREGATORS,
@@ -122,6 +122,14 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 yield _select(self.modes, s.default_mode, "default_mode")
                 yield Label("Split variant")
                 yield _select(variant_names(), s.variant, "variant")
+                yield Label("Split pipeline")
+                pipeline = Checkbox("draft on while the cloud verifies", s.pipeline,
+                                    id="pipeline", compact=True)  # fmt: skip
+                pipeline.tooltip = (
+                    "split: the device drafts on while the cloud verifies (PicoSpec); "
+                    "off = wait for each verdict. The answers are the same either way"
+                )
+                yield pipeline
                 yield Label("Aggregator")
                 aggregator = _select(AGGREGATORS, s.aggregator, "aggregator")
                 aggregator.tooltip = (
@@ -183,6 +191,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
             cloud_model=self._text("cloud_model"),
             default_mode=self._choice("default_mode"),
             variant=self._choice("variant"),
+            pipeline=self.query_one("#pipeline", Checkbox).value,
             aggregator=self._choice("aggregator"),
             k=int(numbers["k"]),
             max_tokens=int(numbers["max_tokens"]),

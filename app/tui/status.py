@@ -9,7 +9,7 @@ from textual.containers import Horizontal
 from textual.message import Message
 from textual.widgets import Label, Static
 
-from app.figures import dragon_parts, rapid_parts
+from app.figures import dragon_parts, pipeline_parts, rapid_parts
 
 if TYPE_CHECKING:
     from app.assistant import CloudStatus, ModeInfo
@@ -91,7 +91,7 @@ def figures(stats: Stats) -> str:
         parts.append(f"AS² cloud {stats.cloud_tokens} tok")
     if stats.aggregator:
         parts += dragon_parts(stats.as_dict())
-    parts += rapid_parts(stats.as_dict())
+    parts += pipeline_parts(stats.as_dict()) + rapid_parts(stats.as_dict())
     if stats.bytes_up or stats.bytes_down:
         parts.append(f"↑ {human_bytes(stats.bytes_up)} ↓ {human_bytes(stats.bytes_down)}")
     return " · ".join(parts)

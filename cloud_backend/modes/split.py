@@ -11,6 +11,10 @@ loop:
            drafts[:n] + [t]; or, for a variant whose cloud cannot resample (DSSD), Verdict(n,
            P_j) with no token: the device samples t and sends TokenChunk([t])
   or device → CloudDecode(n): the cloud decodes n tokens itself (AS² fallback)
+  pipelined (Generate.pipeline, PicoSpec, DESIGN §5.3): a frame accepted whole gets
+           Verdict(γ, no token) and its last row P_{γ+1} is kept: the device has drafted on,
+           and its next frame (already queued, step + γ) is verified from that row. After a
+           rejection the epoch moves on, so frames drafted past the rejected one are dropped.
 cloud  → Done when the answer ends (stop token or length), authoritative for both
 
 The cloud's cache holds the prompt and every committed token except the newest one, which is
@@ -105,6 +109,11 @@ class SplitRequest(Request):
             await self.error(ErrorCode.MALFORMED, f"draft refused: {exc}")
             return
         n, token = judgement.accepted, judgement.token
+        if self.gen.pipeline and n == gamma and token is not None:
+            # the device drafts on from here: no bonus token (the one sampled is dropped; it
+            # was drawn from an independent coin), the next frame starts at this row
+            judgement = judgement._replace(token=None)
+            token = None
         keep = base + (len(feed) - gamma) + n
         await self.ctx.session.rollback(keep)
         step = len(self.transcript.tokens)
@@ -119,7 +128,10 @@ class SplitRequest(Request):
         if n < gamma:
             self.epoch += 1
         self.pending, self.next_logits = None, None
-        if token is None:  # the device samples the correction (it alone knows Q)
+        if token is None and n == gamma:  # pipelined, accepted whole: go on from the last row
+            self.commit(drafts.tolist())
+            self.next_logits = rows[-1]
+        elif token is None:  # the device samples the correction (it alone knows Q)
             self.commit(drafts[:n].tolist())
             self.awaiting_correction = self.transcript.finish is None
         else:

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, TypeVar, dataclass_transform
 
 import numpy as np
 
-PROTOCOL_VERSION = 2  # 2: Generate carries RAPID's η
+PROTOCOL_VERSION = 3  # 2: Generate carries RAPID's η; 3: and the pipeline switch
 MAGIC = b"TD"
 # magic, version, message type, flags, request id, epoch, step, body length
 _HEADER = struct.Struct("<2sBBHIIII")

@@ -137,7 +137,9 @@ class Generate(Message):
     """Start a request: in cloud mode the cloud generates the whole answer and streams
     TokenChunks; in split mode it prepares its prompt and waits for drafts. `history` is the
     earlier conversation as alternating user/assistant texts (only turns the cloud may see);
-    `retrieve` asks the cloud to ground its prompt in the public corpus."""
+    `retrieve` asks the cloud to ground its prompt in the public corpus; `pipeline` says the
+    device drafts on past each batch (PicoSpec, DESIGN §5.3): a batch accepted whole gets no
+    bonus token, the next batch's first draft is verified at that position."""
 
     TYPE = MsgType.GENERATE
     question: str
@@ -149,6 +151,7 @@ class Generate(Message):
     history: tuple[str, ...] = ()
     retrieve: bool = True
     eta: float = 0.0  # split: RAPID's η, the cloud verifies against p̂ (0 = exact, DESIGN §5.4)
+    pipeline: bool = False  # split: PicoSpec's pipeline
 
     _ST = struct.Struct("<IfIfBQBf")
     MAX_HISTORY = 256
@@ -171,6 +174,7 @@ class Generate(Message):
             raise ProtocolError(problem)
         self._set("history", tuple(self.history))
         self._set("retrieve", bool(self.retrieve))
+        self._set("pipeline", bool(self.pipeline))
         if len(self.history) % 2 or len(self.history) > self.MAX_HISTORY:
             raise ProtocolError("history must be user/assistant pairs (at most 128)")
         if not all(isinstance(h, str) for h in self.history):
@@ -180,24 +184,25 @@ class Generate(Message):
         has_seed = self.seed is not None
         head = self._ST.pack(
             self.max_new_tokens, self.temperature, self.top_k, self.top_p, has_seed,
-            self.seed or 0, self.retrieve, self.eta,
+            self.seed or 0, self.retrieve | (self.pipeline << 1), self.eta,
         )  # fmt: skip
         turns = struct.pack("<I", len(self.history)) + b"".join(_str(h) for h in self.history)
         return head + _str(self.question) + turns
 
     @classmethod
     def parse(cls, r: _Reader, f32: bool, hdr: dict[str, int]) -> Message:
-        max_new, temp, top_k, top_p, has_seed, seed, retrieve, eta = r.unpack(cls._ST)
+        max_new, temp, top_k, top_p, has_seed, seed, switches, eta = r.unpack(cls._ST)
         if has_seed > 1 or (not has_seed and seed):
             raise ProtocolError("bad seed presence")
-        if retrieve > 1:
-            raise ProtocolError("retrieve must be 0 or 1")
+        if switches > 3:
+            raise ProtocolError("bad switches byte (bit 0 retrieve, bit 1 pipeline)")
         q = r.string("question")
         n = r.u32()
         _check_count(n, 0, cls.MAX_HISTORY, "history entries")
         history = tuple(r.string("history") for _ in range(n))
         seed = seed if has_seed else None
-        return cls(q, max_new, temp, top_k, top_p, seed, history, bool(retrieve), eta, **hdr)
+        return cls(q, max_new, temp, top_k, top_p, seed, history, bool(switches & 1), eta,
+                   bool(switches & 2), **hdr)  # fmt: skip
 
 
 @_message

@@ -1,0 +1,281 @@
+"""PicoSpec's pipeline for split decoding on the device (PicoSpec §3; DESIGN §5.3): the device
+keeps drafting while the cloud verifies, so drafting, the link and verification overlap.
+
+    device                                              cloud
+    ──────                                              ─────
+    draft S_i (γ) ───── frame(epoch e, step s) ───────▶ verify S_i (no bonus token)
+    draft S_{i+1} from S_i's tail ── frame(e, s + γ) ─▶ queued behind S_i
+    ◀──────────── Verdict(γ accepted, no token) ─────── keeps P_{γ+1}: S_{i+1}[0] is checked
+    ...                                                 against it when S_{i+1} comes up
+    ◀──────────── Verdict(j, correction t) ──────────── epoch e + 1: frames of epoch e dropped
+    cancel the model step in flight, drop S_{i+1}…, roll back to the committed prefix,
+    feed t, draft on in epoch e + 1
+
+At most DEPTH batches are in flight, so the cloud finds the next batch waiting when it ends
+one. Latency-aware truncation: when the cloud has verified everything sent while the device
+is still drafting (drafting fell behind), the batch being drafted goes out as it is. γ comes
+from PicoSpec's round cost (eq. 9) on the measured costs, with AS² as in stop-and-wait.
+
+Exact: the pipeline changes when things happen, never what is sampled. Every draft is sampled
+from the q its frame carries and every position is verified against the cloud's P as in a
+stop-and-wait round; a batch accepted whole is followed by drafts made from that very
+prefix, so checking the next draft at P_{γ+1} is one more speculative position."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from collab.protocol import Done, TokenChunk, Verdict
+from collab.sampling import distribution
+from collab.variants.base import DraftToken
+from edge_runtime.client import CloudError
+from edge_runtime.events import Event
+from edge_runtime.modes.base import STOP_IDS
+from edge_runtime.modes.split_run import SplitRun
+
+DEPTH = 2  # batches in flight at most: the cloud verifies one while the next crosses the link
+
+
+@dataclass
+class Batch:
+    """Drafts that travel in one frame: where they start in the answer, the γ they were meant
+    to reach, and their timing."""
+
+    step: int
+    gamma: int
+    drafts: list[DraftToken] = field(default_factory=list)
+    draft_s: float = 0.0  # device time spent drafting them
+    sent: float = 0.0
+    alone: bool = False  # sent with nothing else in flight: its round time is the link's
+
+    @property
+    def tokens(self) -> list[int]:
+        return [d.token for d in self.drafts]
+
+
+class PipelinedRun(SplitRun):
+    """Split decoding with PicoSpec's pipeline. The device cache holds the prompt, the
+    committed tokens (but `unfed`), then the drafts in flight and being drafted, in order."""
+
+    pipelined = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.inflight: deque[Batch] = deque()
+        self.current: Batch | None = None
+        self.logits: np.ndarray | None = None  # for the next draft, once the cache has caught up
+        self._step: asyncio.Future[tuple[np.ndarray, float]] | None = None
+        self._step_catches_up = False  # the step in flight feeds `unfed` (else: a draft)
+        self._step_owner: Batch | None = None  # the batch whose drafting the step is part of
+        self._unowned_s = 0.0  # catching up after a rejection: drafting time of the next batch
+        self.prompt_length = 0
+        self.drafting_ended = False  # a stop token drafted, or drafts reach max_new_tokens
+        self.stopping = False  # AS² takes over once the batches in flight are judged
+        self.stats.pipeline = True
+
+    async def _speculate(self, logits: np.ndarray) -> AsyncIterator[Event]:
+        """Run the pipeline until the answer ends, or until AS² wants the cloud to decode (the
+        batches in flight judged first; the cache left at the committed prefix)."""
+        self.stopping = self.drafting_ended = False
+        self.prompt_length = self.device.length - (len(self.transcript.tokens) - len(self.unfed))
+        if self.unfed:
+            self._start_step(self.unfed, catch_up=True)
+        else:
+            self.logits = logits
+        recv = asyncio.ensure_future(self._recv())
+        try:
+            while self.transcript.finish is None:
+                while self.logits is not None and self._may_draft():
+                    await self._draft_one()
+                if self.stopping and not self.inflight:
+                    break
+                waiting: set[asyncio.Future[Any]] = {recv}
+                if self._step is not None:
+                    waiting.add(self._step)
+                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if self._step is not None and self._step in done:
+                    self._take_step()
+                if recv in done:
+                    msg = recv.result()
+                    recv = asyncio.ensure_future(self._recv())
+                    async for event in self._on_message(msg):
+                        yield event
+                while self.pending_events:
+                    yield self.pending_events.pop(0)
+        finally:
+            if recv.done() and not recv.cancelled() and recv.exception() is None:
+                self.held.append(recv.result())  # came with the last one: Done, say
+            recv.cancel()  # a queue read still waiting: cancelling it loses no frame
+            with contextlib.suppress(asyncio.CancelledError):
+                await recv
+            await self._stop_step()
+        if self.transcript.finish is None:
+            await self._settle()
+
+    # ---- drafting --------------------------------------------------------------------------
+    def _ahead(self) -> int:
+        """Drafts not judged yet (in flight and being drafted)."""
+        current = len(self.current.drafts) if self.current else 0
+        return current + sum(len(b.drafts) for b in self.inflight)
+
+    def _may_draft(self) -> bool:
+        if self.stopping or self.drafting_ended or len(self.inflight) >= DEPTH:
+            return False
+        if self.current is None:  # a new batch: AS² or a cloud measurement may come first
+            remaining = self.transcript.remaining - self._ahead()
+            if self._measure_cloud() or self._as2_tokens(remaining):
+                self.stopping = True
+                return False
+            step = len(self.transcript.tokens) + self._ahead()
+            self.current = Batch(step, self._gamma(remaining), draft_s=self._unowned_s)
+            self._unowned_s = 0.0
+        return True
+
+    async def _draft_one(self) -> None:
+        batch, logits = self.current, self.logits
+        assert batch is not None and logits is not None
+        self.logits = None
+        t0 = time.perf_counter()
+        draft = self.scheme.draft(distribution(logits, self.params), self.rng)
+        batch.drafts.append(draft)
+        batch.draft_s += time.perf_counter() - t0
+        if draft.token in STOP_IDS or self._ahead() >= self.transcript.remaining:
+            self.drafting_ended = True  # nothing to draft after the end
+        else:
+            self._start_step([draft.token])
+        if self.drafting_ended or len(batch.drafts) >= batch.gamma:
+            await self._send_current()
+
+    async def _send_current(self) -> None:
+        batch, self.current = self.current, None
+        assert batch is not None and batch.drafts
+        frame = self.scheme.draft_frame(
+            batch.drafts, self.device.lm.vocab_size, request_id=self.rid, epoch=self.epoch,
+            step=batch.step,
+        )  # fmt: skip
+        batch.alone, batch.sent = not self.inflight, time.perf_counter()
+        up0 = self.client.bytes_up
+        await self.client.send(frame)
+        self.stats.draft_bytes_up += self.client.bytes_up - up0
+        self.inflight.append(batch)
+        self.stats.pipeline_depth = max(self.stats.pipeline_depth, len(self.inflight))
+
+    def _start_step(self, tokens: list[int], catch_up: bool = False) -> None:
+        fed = list(tokens)
+
+        async def timed() -> tuple[np.ndarray, float]:
+            t0 = time.perf_counter()
+            logits = (await self.device.forward(fed))[-1]
+            return logits, time.perf_counter() - t0
+
+        self._step, self._step_catches_up = asyncio.ensure_future(timed()), catch_up
+        self._step_owner = self.current
+
+    def _take_step(self) -> None:
+        step, self._step = self._step, None
+        assert step is not None
+        self.logits, seconds = step.result()
+        if self._step_catches_up:
+            self.unfed = []
+        if self._step_owner is not None:
+            self._step_owner.draft_s += seconds
+        else:  # a catch-up counts as the next batch's drafting, as in stop-and-wait
+            self._unowned_s += seconds
+
+    async def _stop_step(self) -> None:
+        """Preempt the model step in flight; a step not started yet never starts."""
+        step, self._step = self._step, None
+        self.logits = None
+        if step is None:
+            return
+        if not step.done():
+            self.device.cancel()
+            step.cancel()
+        await asyncio.wait([step])
+        if not step.cancelled():
+            step.exception()  # retrieved: a preempted model step raises, and that is expected
+
+    # ---- verdicts --------------------------------------------------------------------------
+    async def _on_message(self, msg: Any) -> AsyncIterator[Event]:
+        if isinstance(msg, Done):
+            self._done(msg)
+            return
+        if not isinstance(msg, Verdict):
+            self._unexpected(msg)
+            return
+        if not self.inflight or msg.accepted > len(self.inflight[0].drafts):
+            raise CloudError("the cloud judged drafts that were never sent")
+        batch = self.inflight.popleft()
+        n, token = msg.accepted, msg.token
+        link_s = time.perf_counter() - batch.sent - msg.compute_s if batch.alone else None
+        self.costs.observe_round(len(batch.drafts), n, batch.draft_s, link_s, msg.compute_s)
+        self.stats.rounds += 1
+        self.stats.drafted += len(batch.drafts)
+        self.stats.accepted += n
+        self.stats.per_round.append((len(batch.drafts), n))
+        kept = self.transcript.commit(batch.tokens[:n])
+        if n == len(batch.drafts) and token is None:
+            # accepted whole: the drafts made from its tail are valid. The cloud has nothing
+            # left to verify while we are still drafting: send what there is (truncation).
+            if (not self.inflight and self.current is not None and self.current.drafts
+                    and self.transcript.finish is None):  # fmt: skip
+                self.stats.truncations += 1
+                await self._send_current()
+        else:
+            kept += await self._flush(batch, msg)
+        for event in self.answer.emit(kept):
+            yield event
+
+    async def _flush(self, batch: Batch, verdict: Verdict) -> list[int]:
+        """A rejection in `batch` (or a token after it): every later draft is void. Stop the
+        step in flight, roll the cache back to the committed prefix, take the cloud's token
+        (or sample the correction the variant leaves to the device) and draft on from it."""
+        n, token = verdict.accepted, verdict.token
+        if self._ahead() or self._step is not None:
+            self.stats.rollbacks += 1  # drafting past the rejection is thrown away
+        await self._stop_step()
+        self.inflight.clear()
+        self.current, self.drafting_ended = None, False
+        if n < len(batch.drafts):
+            self.epoch += 1
+        await self._cut_cache()
+        kept: list[int] = []
+        if token is None and self.transcript.finish is None:
+            token = self.scheme.correct(verdict, batch.drafts[n].q, self.rng)
+            correction = TokenChunk(np.asarray([token]), request_id=self.rid,
+                                    epoch=self.epoch, step=batch.step + n)  # fmt: skip
+            await self.client.send(correction)
+        if token is not None:
+            kept = self.transcript.commit([token])
+            self.unfed.append(token)
+        if self.transcript.finish is None and not self.stopping:
+            self._start_step(self.unfed, catch_up=True)
+        return kept
+
+    async def _cut_cache(self, keep_unfed: int = 0) -> None:
+        """Roll the cache back to the prompt and the committed tokens (drafts dropped); the
+        committed tokens it lacks, and at least the newest `keep_unfed`, become `unfed`. Runs
+        on the model's worker, behind a preempted step that may still be finishing there."""
+        lm, prompt, tokens = self.device.lm, self.prompt_length, self.transcript.tokens
+
+        def cut() -> list[int]:
+            fed = min(lm.lengths[0] - prompt, len(tokens) - keep_unfed)
+            if lm.lengths[0] > prompt + fed:
+                lm.rollback(prompt + fed)
+            return tokens[fed:]
+
+        self.unfed = await self.device.step("rollback", 0, cut)
+
+    async def _settle(self) -> None:
+        """Leave the cache at the committed prefix with its newest token unfed, as a
+        stop-and-wait round does: the next speculation catches up from there."""
+        self.current = None
+        await self._cut_cache(keep_unfed=1)

@@ -1,0 +1,181 @@
+"""PicoSpec's pipeline in split mode (DESIGN §5.3), end to end over a real aiohttp server on
+loopback with tiny models: the device drafts on while the cloud verifies, a rejection
+interrupts it, a batch goes out short when drafting falls behind. The pipeline may change when
+things happen, never what is sampled: greedy answers equal cloud-only token for token, and a
+token drafted after a rejection that threw drafting away follows the cloud's distribution."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from collab.sampling import SamplingParams, distribution
+from collab.scheduling import GammaChoice, choose_draft_length, picospec_expected_round_time
+from collab.variants import variant_names
+from edge_runtime.device import DeviceModel
+from edge_runtime.modes import build_mode
+from edge_runtime.modes.base import AnswerOptions
+from edge_runtime.split_costs import SplitCosts
+from model_runtime.prompting import prompt_ids
+from tests import test_modes
+from tests.test_modes import QUESTIONS, ask, context
+
+# the loopback server and the tiny models of tests/test_modes.py, shared
+cloud_engine, cloud_url = test_modes.cloud_engine, test_modes.cloud_url
+near_drafter, far_drafter = test_modes.near_drafter, test_modes.far_drafter
+
+
+def long_batches(gamma_max: int = 12) -> SplitCosts:
+    """Costs that make the cost model pick long batches and never hand over to the cloud:
+    drafting nearly free, a verification that costs the same at any length."""
+    costs = SplitCosts(gamma_max=gamma_max, as2=False)
+    costs.t_draft, costs.t_link = 1e-4, 0.0
+    costs.accepted, costs.rejected = 9.0, 1.0
+    costs.verify.extend([(2, 0.05), (13, 0.05)])
+    return costs
+
+
+@pytest.mark.parametrize("variant", variant_names())
+@pytest.mark.parametrize("drafter", ["near", "far"])
+async def test_pipelined_greedy_split_equals_cloud_only(variant, drafter, request, cloud_url):
+    device = request.getfixturevalue(f"{drafter}_drafter")
+    cloud = build_mode("cloud", context(device, cloud_url))
+    split = build_mode("split", context(device, cloud_url, variant))
+    options = AnswerOptions(max_new_tokens=48, temperature=0.0, pipeline=True)
+    depth = rollbacks = rejected = 0
+    for question in QUESTIONS:
+        _, want, _ = await ask(cloud, question, options)
+        split.costs = long_batches()
+        _, got, _ = await ask(split, question, options)
+        assert got.token_ids == want.token_ids and got.finish == want.finish
+        assert got.pipeline and got.rounds > 0 and got.cloud_tokens == 0
+        depth = max(depth, got.pipeline_depth)
+        rollbacks += got.rollbacks
+        rejected += sum(n < d for d, n in got.per_round)
+    assert depth == 2  # a second batch went out while the first was being verified
+    if drafter == "far":
+        assert rejected > 0 and rollbacks > 0  # rejections threw drafting away
+    await cloud.close()
+    await split.close()
+
+
+class FixedGamma(SplitCosts):
+    """γ held at 3 whatever is measured (the cost model, which would drop γ to 1 for a slow
+    drafter and a fast cloud, is tested on its own): batches long enough to be cut short."""
+
+    def choose(self, remaining: int, pipelined: bool = False) -> GammaChoice:
+        return GammaChoice(max(1, min(3, remaining)), 2.0, 1.0, use_cloud_only=False)
+
+
+class SlowPhone(DeviceModel):
+    """The same tiny model, with every model step 30 ms slower: a device that drafts slower
+    than this loopback cloud verifies, so drafting falls behind."""
+
+    async def step(self, kind, n, fn):
+        await asyncio.sleep(0.03)
+        return await super().step(kind, n, fn)
+
+
+async def test_a_batch_goes_out_short_when_drafting_falls_behind(near_drafter, cloud_url):
+    slow = SlowPhone(near_drafter.lm, near_drafter.tokenizer, "slow")
+    cloud = build_mode("cloud", context(slow, cloud_url))
+    split = build_mode("split", context(slow, cloud_url))
+    options = AnswerOptions(max_new_tokens=48, temperature=0.0, pipeline=True)
+    truncations = 0
+    for question in QUESTIONS:
+        _, want, _ = await ask(cloud, question, options)
+        split.costs = FixedGamma(as2=False)  # accepted whole often enough
+        _, got, _ = await ask(split, question, options)
+        assert got.token_ids == want.token_ids
+        truncations += got.truncations
+    assert truncations > 0
+    await cloud.close()
+    await split.close()
+
+
+async def test_stop_and_wait_when_the_pipeline_is_off(near_drafter, cloud_url):
+    split = build_mode("split", context(near_drafter, cloud_url))
+    split.costs = long_batches()
+    options = AnswerOptions(max_new_tokens=24, temperature=0.0, pipeline=False)
+    _, got, _ = await ask(split, QUESTIONS[0], options)
+    assert not got.pipeline and got.pipeline_depth == 0 and got.rounds > 0
+    await split.close()
+
+
+def randomised_pit(token: int, probs: np.ndarray, order: np.ndarray, u: float) -> float:
+    """Uniform on [0, 1] when `token` was drawn from `probs`, for any fixed `order` of the
+    vocabulary (here: by p/q, so that a sample from the wrong one lands at one end)."""
+    rank = int(np.flatnonzero(order == token)[0])
+    return float(probs[order[:rank]].sum() + u * probs[token])
+
+
+@pytest.mark.parametrize("variant", ["tk-slt", "dssd"])
+async def test_the_token_after_an_interrupting_rejection_follows_the_cloud(
+    variant, far_drafter, cloud_engine, cloud_url, tiny_tokenizer
+):
+    """The far drafter is rejected almost every time, with a second batch in flight or being
+    drafted: the rejection throws it away. The token the device drafts next, from the
+    corrected prefix, must follow the cloud's P given that prefix (randomised PIT uniform),
+    and not the drafter's Q (the control shows the test tells them apart). Every answer's
+    first rejection counts, whether or not it interrupted drafting: choosing answers by what
+    happened later would bias the sample (most of them did interrupt, which is asserted)."""
+    params = SamplingParams(temperature=1.0, top_k=12)
+    question = QUESTIONS[0]
+    split = build_mode("split", context(far_drafter, cloud_url, variant))
+    after: list[list[int]] = []  # prefix + the token after the first rejection
+    interrupted = 0
+    for seed in range(300):
+        options = AnswerOptions(max_new_tokens=7, temperature=1.0, top_k=12, seed=seed,
+                                pipeline=True)  # fmt: skip
+        split.costs = SplitCosts(as2=False)  # unmeasured: γ = 4 per batch, never AS²
+        _, stats, _ = await ask(split, question, options)
+        assert stats.pipeline and stats.cloud_tokens == 0
+        interrupted += stats.rollbacks > 0
+        done = 1  # the first token comes from the cloud's prefill
+        for drafted, n in stats.per_round:
+            if n < drafted:
+                at = done + n + 1  # the correction is token `done + n`; the next one is drafted
+                if at < len(stats.token_ids):
+                    after.append(stats.token_ids[: at + 1])
+                break
+            done += n
+    await split.close()
+    assert interrupted > 200 and len(after) > 200
+    ids = prompt_ids(tiny_tokenizer, question)
+    rng = np.random.default_rng(0)
+    pit_p, pit_q = [], []
+    for seq in after:
+        prefix, token = seq[:-1], seq[-1]
+        p = distribution(cloud_engine.lm.prefill([[*ids, *prefix]])[0], params)
+        q = distribution(far_drafter.lm.prefill([[*ids, *prefix]])[0], params)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            order = np.lexsort((np.arange(p.size), -(np.log(p) - np.log(q))))
+        u = rng.random()
+        pit_p.append(randomised_pit(token, p, order, u))
+        pit_q.append(randomised_pit(token, q, order, u))
+    fits, control = (scipy_stats.kstest(pits, "uniform").pvalue for pits in (pit_p, pit_q))
+    print(f"{variant}: {len(after)} tokens, KS p under P {fits:.3g}, under Q {control:.3g}")
+    assert fits > 1e-3 and control < 1e-6
+
+
+def test_pipelined_rounds_are_chosen_with_picospec_round_cost():
+    """γ maximises (1 − α^γ)/(1 − α) tokens per eq. (9) round: no bonus token, drafting
+    hidden behind the round trip when a batch is accepted whole."""
+    alpha, t_draft, rtt = 0.8, 0.02, 0.1
+
+    def verify(g: int) -> float:
+        return 0.06 + 0.004 * g
+
+    got = choose_draft_length(alpha, t_draft=t_draft, t_rtt=rtt, t_verify=verify,
+                              t_cloud_step=0.07, gamma_max=12, pipelined=True)  # fmt: skip
+    rates = [(1 - alpha**g) / (1 - alpha)
+             / picospec_expected_round_time(alpha, g, g * t_draft, rtt, verify(g))
+             for g in range(1, 13)]  # fmt: skip
+    assert got.gamma == int(np.argmax(rates)) + 1
+    assert got.tokens_per_second == pytest.approx(max(rates))
+    stop_and_wait = choose_draft_length(alpha, t_draft=t_draft, t_rtt=rtt, t_verify=verify,
+                                        t_cloud_step=0.07, gamma_max=12)  # fmt: skip
+    assert got.tokens_per_second > stop_and_wait.tokens_per_second  # the link is hidden
