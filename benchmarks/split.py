@@ -10,7 +10,11 @@ The cloud (`tandem serve`, no public corpus, 1 thread) runs in its own process p
 core 1 with `taskset`; this process (the device: ONNX Runtime int8-head4, 1 thread, and the
 link emulator, a TCP proxy with per-direction delay and token-bucket bandwidth) is pinned
 to core 0. For every engine × link × sampling × prompt it answers with cloud-only decoding and
-each split variant (same prompt, same link, network cost included) and prints tokens/s,
+each split variant, pipelined (PicoSpec, the default: `tk-slt`) and stop-and-wait
+(`tk-slt:stop`), (same prompt, same link, network cost included), and with `--methods
+assisted` transformers' assisted generation (the 0.5B drafting for the 1.5B in this process,
+torch, the cloud engine's dtype, one thread, no network: the peer a user would otherwise
+pick), and prints tokens/s,
 TTFT, acceptance, γ, cloud CPU-ms per emitted token (from /proc of the cloud process) and
 bytes per token each way, then the means and the ratios to cloud-only measured in this run.
 Per-prompt acceptance is printed too. Results are also written as JSON (--out)."""
@@ -28,13 +32,52 @@ from pathlib import Path
 
 from benchmarks.common import fmt, host_port, mean_of, pin_device, start_cloud
 
+STOP_AND_WAIT = ":stop"  # a method suffix: the variant without the pipeline
+
 
 def methods() -> list[str]:
-    """Cloud-only decoding and every exact split variant of the registry (the approximate
-    ones, like dssd-topk, are left out: they do not compute the same distribution)."""
+    """Cloud-only decoding, every exact split variant of the registry pipelined and
+    stop-and-wait (the approximate ones, like dssd-topk, are left out: they do not compute the
+    same distribution), and co-located assisted generation."""
     from collab.variants import get_variant, variant_names
 
-    return ["cloud", *sorted(n for n in variant_names() if get_variant(n).exact)]
+    exact = sorted(n for n in variant_names() if get_variant(n).exact)
+    return ["cloud", *exact, *(n + STOP_AND_WAIT for n in exact), "assisted"]
+
+
+def assisted_answer(pair, prompt: list[int], max_tokens: int, temperature: float, seed: int):
+    """transformers' assisted generation: (tokens, seconds, TTFT None)."""
+    import torch
+
+    from model_runtime.tokenizer import IM_END_ID
+
+    target, draft = pair
+    torch.manual_seed(seed)
+    ids = torch.tensor([prompt])
+    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0} if temperature else {
+        "do_sample": False}  # fmt: skip
+    t0 = time.perf_counter()
+    out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft,
+                          max_new_tokens=max_tokens, eos_token_id=IM_END_ID,
+                          pad_token_id=IM_END_ID, **sampling)  # fmt: skip
+    seconds = time.perf_counter() - t0
+    new = out[0, len(prompt) :].tolist()
+    return len([t for t in new if t != IM_END_ID]), seconds
+
+
+def load_assisted_pair(engine: str):
+    """The 1.5B and the 0.5B as transformers models, in the cloud engine's dtype."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tandem_packaging.prepare import model_path
+
+    torch.set_num_threads(1)
+    dtype = torch.bfloat16 if engine == "torch" else torch.float32
+    return tuple(
+        AutoModelForCausalLM.from_pretrained(model_path(role, "hf"), torch_dtype=dtype).eval()
+        for role in ("cloud", "device")
+    )
 
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -54,9 +97,11 @@ async def run(args: argparse.Namespace) -> list[dict]:
     from edge_runtime.events import Stats, TextDelta
     from edge_runtime.modes import build_mode
     from edge_runtime.modes.base import AnswerOptions, CloudSettings, ModeContext
+    from model_runtime.prompting import prompt_ids
     from tandem_packaging.prepare import model_path
 
     prompts = load_prompts(n=args.prompts)
+    assisted = None  # transformers' pair, loaded when first asked for
     device = DeviceModel.load(model_path("device", "onnx-quant"), threads=1)
     rows: list[dict] = []
     for engine in args.engines:
@@ -72,7 +117,9 @@ async def run(args: argparse.Namespace) -> list[dict]:
                     link_url = f"ws://127.0.0.1:{link.port}/v1/session"
                     modes = {}
                     for m in args.methods:
-                        variant = DEFAULT_VARIANT if m == "cloud" else m
+                        if m == "assisted":
+                            continue
+                        variant = DEFAULT_VARIANT if m == "cloud" else m.removesuffix(STOP_AND_WAIT)
                         ctx = ModeContext(device=device, cloud=CloudSettings(link_url, token),
                                           variant=variant)  # fmt: skip
                         modes[m] = build_mode("cloud" if m == "cloud" else "split", ctx)
@@ -87,8 +134,19 @@ async def run(args: argparse.Namespace) -> list[dict]:
                     for sampling in args.sampling:
                         temp = 0.0 if sampling == "greedy" else 0.7
                         for i, prompt in enumerate(prompts):
-                            options = AnswerOptions(args.max_tokens, temperature=temp, seed=i, k=0)
+                            if "assisted" in args.methods:
+                                if assisted is None:
+                                    assisted = load_assisted_pair(engine)
+                                ids = prompt_ids(device.tokenizer, prompt.text)
+                                n, wall = assisted_answer(assisted, ids, args.max_tokens, temp, i)
+                                row = _assisted_row(engine, rtt, mbit, sampling, prompt.id,
+                                                    n, wall)  # fmt: skip
+                                rows.append(row)
+                                print(_line(row), flush=True)
                             for m, mode in modes.items():
+                                pipelined = not m.endswith(STOP_AND_WAIT)
+                                options = AnswerOptions(args.max_tokens, temperature=temp, seed=i,
+                                                        k=0, pipeline=pipelined)  # fmt: skip
                                 cpu0 = cpu_seconds(cloud.proc.pid)
                                 t0 = time.perf_counter()
                                 stats = cpu_first = None
@@ -125,6 +183,9 @@ async def run(args: argparse.Namespace) -> list[dict]:
                                         if stats.drafted else None
                                     ),
                                     "cost_model": _cost_model(getattr(mode, "costs", None)),
+                                    "pipeline_depth": stats.pipeline_depth,
+                                    "truncations": stats.truncations,
+                                    "rollbacks": stats.rollbacks,
                                 }  # fmt: skip
                                 rows.append(row)
                                 print(_line(row), flush=True)
@@ -134,6 +195,19 @@ async def run(args: argparse.Namespace) -> list[dict]:
         finally:
             await cloud.stop()
     return rows
+
+
+def _assisted_row(engine, rtt, mbit, sampling, prompt, tokens: int, wall: float) -> dict:
+    """A row of the same shape for assisted generation (no link, no cloud process)."""
+    return {
+        "engine": engine, "rtt_ms": rtt, "mbit": mbit, "sampling": sampling, "prompt": prompt,
+        "method": "assisted", "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
+        "ttft_s": None, "acceptance": None, "gamma": None, "rounds": 0,
+        "cloud_only_tokens": 0, "cloud_cpu_ms_per_token": 0.0,
+        "cloud_decode_cpu_ms_per_token": None, "up_bytes_per_token": 0.0,
+        "down_bytes_per_token": 0.0, "up_bytes_per_drafted": None, "cost_model": None,
+        "pipeline_depth": 0, "truncations": 0, "rollbacks": 0,
+    }  # fmt: skip
 
 
 def _cost_model(costs) -> dict | None:
@@ -151,7 +225,7 @@ def _cost_model(costs) -> dict | None:
 def _line(r: dict) -> str:
     return (
         f"{r['engine']:5} rtt {r['rtt_ms']:>3} ms {r['mbit']:>4} Mbit {r['sampling']:7} "
-        f"{r['prompt']:>14} {r['method']:6} {r['tokens_per_s']:6.2f} tok/s "
+        f"{r['prompt']:>14} {r['method']:11} {r['tokens_per_s']:6.2f} tok/s "
         f"TTFT {fmt(r['ttft_s'], '.2f')} s acc {fmt(r['acceptance'], '.2f')} "
         f"γ {fmt(r['gamma'], 'd')} cloud {r['cloud_cpu_ms_per_token']:6.1f} ms/tok "
         f"(decode {fmt(r.get('cloud_decode_cpu_ms_per_token'), '5.1f')}) "
@@ -183,7 +257,7 @@ def summarise(rows: list[dict]) -> None:
             dec = mean_of(rs, "cloud_decode_cpu_ms_per_token")
             dec_ratio = f"{dec / base_dec:.0%}" if dec and base_dec else "—"
             print(
-                f"  {m:6} {tps:6.2f} tok/s {ratio}  TTFT "
+                f"  {m:11} {tps:6.2f} tok/s {ratio}  TTFT "
                 f"{statistics.mean(r['ttft_s'] or 0 for r in rs):5.2f} s  acceptance "
                 f"{fmt(statistics.mean(acc) if acc else None, '.2f')}  cloud CPU "
                 f"{cpu:6.1f} ms/tok ({cpu_ratio} of cloud-only; after the first token "
@@ -204,6 +278,12 @@ def summarise(rows: list[dict]) -> None:
                     f"verify {verify} ms, link {fmt(c['link_ms'], '.1f')} ms, α "
                     f"{c['alpha']:.2f}"
                 )
+        for m in ran:  # the pipeline against the same variant stop-and-wait, same prompts
+            stop = [r for r in group if r["method"] == m + STOP_AND_WAIT]
+            if stop:
+                pipe = statistics.mean(r["tokens_per_s"] for r in group if r["method"] == m)
+                wait = statistics.mean(r["tokens_per_s"] for r in stop)
+                print(f"  {m} pipelined vs stop-and-wait: {pipe / wait:.2f}×")
         tk = [r for r in group if r["method"] == "tk-slt"]
         if tk:
             per = ", ".join(f"{r['prompt']} {fmt(r['acceptance'], '.2f')}" for r in tk)
