@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from collab.protocol import Done, TokenChunk, Verdict
+from collab.protocol import Done, Verdict
 from collab.sampling import distribution
 from collab.variants.base import DraftToken
 from edge_runtime.client import CloudError
@@ -79,12 +79,13 @@ class PipelinedRun(SplitRun):
         self.prompt_length = 0
         self.drafting_ended = False  # a stop token drafted, or drafts reach max_new_tokens
         self.stopping = False  # AS² takes over once the batches in flight are judged
+        self.cloud_idle = False  # the cloud judged all we sent while we still draft: send now
         self.stats.pipeline = True
 
     async def _speculate(self, logits: np.ndarray) -> AsyncIterator[Event]:
         """Run the pipeline until the answer ends, or until AS² wants the cloud to decode (the
         batches in flight judged first; the cache left at the committed prefix)."""
-        self.stopping = self.drafting_ended = False
+        self.stopping = self.drafting_ended = self.cloud_idle = False
         self.prompt_length = self.device.length - (len(self.transcript.tokens) - len(self.unfed))
         if self.unfed:
             self._start_step(self.unfed, catch_up=True)
@@ -151,12 +152,15 @@ class PipelinedRun(SplitRun):
             self.drafting_ended = True  # nothing to draft after the end
         else:
             self._start_step([draft.token])
-        if self.drafting_ended or len(batch.drafts) >= batch.gamma:
+        if self.drafting_ended or len(batch.drafts) >= batch.gamma or self.cloud_idle:
             await self._send_current()
 
     async def _send_current(self) -> None:
         batch, self.current = self.current, None
         assert batch is not None and batch.drafts
+        if self.cloud_idle and len(batch.drafts) < batch.gamma and not self.drafting_ended:
+            self.stats.truncations += 1
+        self.cloud_idle = False
         frame = self.scheme.draft_frame(
             batch.drafts, self.device.lm.vocab_size, request_id=self.rid, epoch=self.epoch,
             step=batch.step,
@@ -223,11 +227,11 @@ class PipelinedRun(SplitRun):
         self.stats.per_round.append((len(batch.drafts), n))
         kept = self.transcript.commit(batch.tokens[:n])
         if n == len(batch.drafts) and token is None:
-            # accepted whole: the drafts made from its tail are valid. The cloud has nothing
-            # left to verify while we are still drafting: send what there is (truncation).
-            if (not self.inflight and self.current is not None and self.current.drafts
-                    and self.transcript.finish is None):  # fmt: skip
-                self.stats.truncations += 1
+            # accepted whole: the drafts made from its tail are valid. If the cloud has nothing
+            # left to verify while we are still drafting, the batch goes out with its next
+            # draft, however short (truncation).
+            self.cloud_idle = not self.inflight and self.transcript.finish is None
+            if self.cloud_idle and self.current is not None and self.current.drafts:
                 await self._send_current()
         else:
             kept += await self._flush(batch, msg)
@@ -243,16 +247,13 @@ class PipelinedRun(SplitRun):
             self.stats.rollbacks += 1  # drafting past the rejection is thrown away
         await self._stop_step()
         self.inflight.clear()
-        self.current, self.drafting_ended = None, False
+        self.current, self.drafting_ended, self.cloud_idle = None, False, False
         if n < len(batch.drafts):
             self.epoch += 1
         await self._cut_cache()
         kept: list[int] = []
         if token is None and self.transcript.finish is None:
-            token = self.scheme.correct(verdict, batch.drafts[n].q, self.rng)
-            correction = TokenChunk(np.asarray([token]), request_id=self.rid,
-                                    epoch=self.epoch, step=batch.step + n)  # fmt: skip
-            await self.client.send(correction)
+            token = await self._correct(verdict, batch.drafts[n], batch.step + n)
         if token is not None:
             kept = self.transcript.commit([token])
             self.unfed.append(token)

@@ -263,11 +263,7 @@ class SplitRun:
         kept = self.transcript.commit(tokens[:n])
         self.unfed = tokens[min(n, fed) : n]
         if token is None and self.transcript.finish is None:
-            # the cloud left the correction to us (it does not know Q): sample and tell it
-            token = self.scheme.correct(verdict, drafts[n].q, self.rng)
-            correction = TokenChunk(np.asarray([token]), request_id=self.rid,
-                                    epoch=self.epoch, step=step + n)  # fmt: skip
-            await self.client.send(correction)
+            token = await self._correct(verdict, drafts[n], step + n)
         if token is not None:
             kept += self.transcript.commit([token])
             self.unfed.append(token)
@@ -279,6 +275,14 @@ class SplitRun:
         self.costs.observe_round(len(drafts), n, draft_s, link_s, verdict.compute_s)
         for event in self.answer.emit(kept):
             yield event
+
+    async def _correct(self, verdict: Verdict, rejected: DraftToken, step: int) -> int:
+        """The cloud left the correction to us (it does not know Q): sample it from the
+        rejected draft's distribution and tell the cloud."""
+        token = self.scheme.correct(verdict, rejected.q, self.rng)
+        await self.client.send(TokenChunk(np.asarray([token]), request_id=self.rid,
+                                          epoch=self.epoch, step=step))  # fmt: skip
+        return token
 
     async def _await_done(self) -> None:
         while not self.answer.finished:
