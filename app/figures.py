@@ -16,11 +16,15 @@ def rapid_parts(stats: Mapping[str, Any]) -> list[str]:
 
 def pipeline_parts(stats: Mapping[str, Any]) -> list[str]:
     """split with PicoSpec's pipeline: the most batches in flight at once, batches sent short
-    because the cloud was idle, and rejections that threw drafting away."""
+    because the cloud was idle, batches the cloud began verifying before they were whole,
+    batches the cost model sent stop-and-wait, and rejections that threw drafting away."""
     if not stats.get("pipeline"):
         return []
-    return [f"pipelined ×{stats.get('pipeline_depth', 0)}: {stats.get('truncations', 0)} short, "
-            f"{stats.get('rollbacks', 0)} rolled back"]  # fmt: skip
+    counts = [("truncations", "short"), ("fast_verified", "verified early"),
+              ("waits", "stop-and-wait"), ("rollbacks", "rolled back")]  # fmt: skip
+    said = [f"{stats.get(key, 0)} {what}" for key, what in counts
+            if stats.get(key) or key in ("truncations", "rollbacks")]  # fmt: skip
+    return [f"pipelined ×{stats.get('pipeline_depth', 0)}: " + ", ".join(said)]
 
 
 def dragon_parts(stats: Mapping[str, Any]) -> list[str]:

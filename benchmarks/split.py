@@ -142,6 +142,7 @@ async def run(args: argparse.Namespace) -> list[dict]:
                                 row = _assisted_row(engine, rtt, mbit, sampling, prompt.id,
                                                     n, wall)  # fmt: skip
                                 rows.append(row)
+                                save(args.out, rows)  # a stopped run keeps its rows
                                 print(_line(row), flush=True)
                             for m, mode in modes.items():
                                 pipelined = not m.endswith(STOP_AND_WAIT)
@@ -186,8 +187,11 @@ async def run(args: argparse.Namespace) -> list[dict]:
                                     "pipeline_depth": stats.pipeline_depth,
                                     "truncations": stats.truncations,
                                     "rollbacks": stats.rollbacks,
+                                    "waits": stats.waits,
+                                    "fast_verified": stats.fast_verified,
                                 }  # fmt: skip
                                 rows.append(row)
+                                save(args.out, rows)  # a stopped run keeps its rows
                                 print(_line(row), flush=True)
                     for mode in modes.values():
                         await mode.close()
@@ -206,7 +210,7 @@ def _assisted_row(engine, rtt, mbit, sampling, prompt, tokens: int, wall: float)
         "cloud_only_tokens": 0, "cloud_cpu_ms_per_token": 0.0,
         "cloud_decode_cpu_ms_per_token": None, "up_bytes_per_token": 0.0,
         "down_bytes_per_token": 0.0, "up_bytes_per_drafted": None, "cost_model": None,
-        "pipeline_depth": 0, "truncations": 0, "rollbacks": 0,
+        "pipeline_depth": 0, "truncations": 0, "rollbacks": 0, "waits": 0, "fast_verified": 0,
     }  # fmt: skip
 
 
@@ -222,6 +226,10 @@ def _cost_model(costs) -> dict | None:
     }  # fmt: skip
 
 
+def save(path: Path, rows: list[dict]) -> None:
+    path.write_text(json.dumps(rows, indent=1))
+
+
 def _line(r: dict) -> str:
     return (
         f"{r['engine']:5} rtt {r['rtt_ms']:>3} ms {r['mbit']:>4} Mbit {r['sampling']:7} "
@@ -230,6 +238,12 @@ def _line(r: dict) -> str:
         f"γ {fmt(r['gamma'], 'd')} cloud {r['cloud_cpu_ms_per_token']:6.1f} ms/tok "
         f"(decode {fmt(r.get('cloud_decode_cpu_ms_per_token'), '5.1f')}) "
         f"↑ {r['up_bytes_per_token']:7.1f} ↓ {r['down_bytes_per_token']:7.1f} B/tok"
+        + (
+            f" pipelined: {r.get('waits', 0)} of {r['rounds']} batches waited, "
+            f"{r.get('fast_verified', 0)} verified early"
+            if r.get("pipeline_depth")
+            else ""
+        )
     )
 
 
@@ -319,7 +333,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     args.cloud_core = pin_device(args.device_core, args.cloud_core)
     rows = asyncio.run(run(args))
-    args.out.write_text(json.dumps(rows, indent=1))
+    save(args.out, rows)
     summarise(rows)
 
 

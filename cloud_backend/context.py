@@ -7,8 +7,9 @@ both import it without importing each other.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cloud_backend.engine import EngineSession, LLMEngine
@@ -29,6 +30,16 @@ class RequestMetrics(Protocol):
 
 
 @dataclass
+class DraftPace:
+    """What the cloud learns of a split session across its answers, for fast verification:
+    its own verification passes (positions, seconds) and the gap between a batch's drafts as
+    they arrive (the device's drafting, per draft)."""
+
+    passes: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=32))
+    gap: float | None = None
+
+
+@dataclass
 class RequestContext:
     """One request's view of its session: the engine, where to send, what arrives for it."""
 
@@ -45,3 +56,4 @@ class RequestContext:
     metrics: RequestMetrics
     ping: Callable[[], Awaitable[None]] | None = None  # ask the device for a Pong (RTT)
     rtt: Callable[[], float | None] = lambda: None  # the session's measured round trip, s
+    pace: DraftPace = field(default_factory=DraftPace)  # the session's, kept across answers

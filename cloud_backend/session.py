@@ -21,7 +21,7 @@ from typing import Any
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from cloud_backend.config import ServerConfig
-from cloud_backend.context import RequestContext
+from cloud_backend.context import DraftPace, RequestContext
 from cloud_backend.engine import EngineSession, LLMEngine
 from cloud_backend.logfmt import kv
 from cloud_backend.metrics import RequestMetrics, ServerMetrics
@@ -133,6 +133,7 @@ class Session:
         self._send_lock = asyncio.Lock()
         self._loop = asyncio.get_running_loop()
         self.rtt_s: float | None = None  # round trip to the device, from our Pings
+        self.pace = DraftPace()  # split: the cloud's verify passes and the device's drafting gap
         self._pings: set[int] = set()
 
     # ---- sending ---------------------------------------------------------------------------
@@ -448,6 +449,7 @@ class Session:
             metrics=req.metrics,
             ping=self.ping,
             rtt=lambda: self.rtt_s,
+            pace=self.pace,
         )
         self.request = req
         req.task = asyncio.create_task(

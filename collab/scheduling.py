@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal, overload
 
@@ -421,6 +421,24 @@ def fit_decode_latency(context_lengths: np.ndarray, latencies: np.ndarray) -> Li
     design = np.column_stack([np.ones_like(t), t])
     (intercept, slope), *_ = np.linalg.lstsq(design, c, rcond=None)
     return LinearLatencyFit(intercept=float(intercept), slope=float(slope))
+
+
+def verify_line(samples: Iterable[tuple[int, float]], rows: int) -> float:
+    """The verifier's compute for `rows` positions from measured passes (rows, seconds): a line
+    a + b·rows through the median time of each size seen (medians: a cold first pass must not
+    skew it); with one size seen so far, half fixed and half proportional (between memory- and
+    compute-bound); 0 before any."""
+    groups: dict[int, list[float]] = {}
+    for r, t in samples:
+        groups.setdefault(r, []).append(t)
+    if not groups:
+        return 0.0
+    x = np.array(sorted(groups), dtype=np.float64)
+    y = np.array([np.median(groups[int(r)]) for r in x])
+    if x.size == 1:
+        return float(0.5 * y[0] + 0.5 * y[0] / x[0] * rows)
+    b, a = np.polyfit(x, y, 1)
+    return float(max(a + b * rows, 1e-4))
 
 
 def ewma_update(old: float | None, new: float, weight: float) -> float:

@@ -59,6 +59,8 @@ class Stats:
     pipeline: bool = False  # split: PicoSpec's pipeline drafted on while the cloud verified
     pipeline_depth: int = 0  # split, pipelined: most batches in flight at once
     truncations: int = 0  # split, pipelined: batches sent short because the cloud was idle
+    waits: int = 0  # split, pipelined: batches the cost model sent stop-and-wait
+    fast_verified: int = 0  # split, pipelined: batches the cloud began before they were whole
     rollbacks: int = 0  # split, pipelined: rejections that threw away drafting past them
     device_drafted: int = 0  # dragon: each side's drafts judged by a target, and the accepted
     device_accepted: int = 0

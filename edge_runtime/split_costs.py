@@ -11,9 +11,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-import numpy as np
-
-from collab.scheduling import GammaChoice, choose_draft_length, ewma_update
+from collab.scheduling import GammaChoice, choose_draft_length, ewma_update, verify_line
 
 INITIAL_GAMMA = 4
 AS2_MARGIN = 1.1  # speculate only when predicted ≥ 10 % faster than the cloud decoding alone
@@ -38,17 +36,19 @@ class SplitCosts:
         return self.accepted / (self.accepted + self.rejected)
 
     def observe_round(
-        self, gamma: int, n: int, draft_s: float, link_s: float | None, compute_s: float
-    ) -> None:
+        self, gamma: int, n: int, draft_s: float, link_s: float | None, compute_s: float,
+        scored: int = 0,
+    ) -> None:  # fmt: skip
         """One verified batch: γ drafts, n accepted, the device's drafting time, the round's
         time on the link (None where it cannot be told apart: a pipelined batch that queued
-        behind another at the cloud) and the cloud's compute time."""
+        behind another at the cloud) and the cloud's compute time for the pass that scored
+        `scored` drafts (0: all γ; fewer when the cloud verified the batch's first part early)."""
         self.accepted = 0.97 * self.accepted + n
         self.rejected = 0.97 * self.rejected + (1 if n < gamma else 0)
         self.t_draft = ewma_update(self.t_draft, draft_s / max(gamma, 1), EWMA)
         if link_s is not None:
             self.t_link = ewma_update(self.t_link, max(0.0, link_s), EWMA)
-        self.verify.append((gamma + 1, compute_s))
+        self.verify.append(((scored or gamma) + 1, compute_s))
         self.cloud_tokens_since_round = 0
 
     def observe_cloud_tokens(self, n: int, seconds: float) -> None:
@@ -56,20 +56,7 @@ class SplitCosts:
             self.t_cloud_step = ewma_update(self.t_cloud_step, seconds / n, EWMA)
 
     def verify_time(self, rows: int) -> float:
-        """Cloud compute for `rows` positions: a line a + b·rows through the median time of
-        each γ seen recently (medians: a cold first pass must not skew it); with one γ seen so
-        far, half fixed and half proportional (between memory- and compute-bound)."""
-        if not self.verify:
-            return 0.0
-        groups: dict[int, list[float]] = {}
-        for r, t in self.verify:
-            groups.setdefault(r, []).append(t)
-        x = np.array(sorted(groups), dtype=np.float64)
-        y = np.array([np.median(groups[int(r)]) for r in x])
-        if x.size == 1:
-            return float(0.5 * y[0] + 0.5 * y[0] / x[0] * rows)
-        b, a = np.polyfit(x, y, 1)
-        return float(max(a + b * rows, 1e-4))
+        return verify_line(self.verify, rows)
 
     def cloud_step(self) -> float:
         """The cloud's seconds per token decoding alone: as measured when it last did, but

@@ -71,22 +71,27 @@ def messages(draw, kind: p.MsgType) -> p.Message:
     if kind is p.MsgType.TOKEN_CHUNK:
         ids = rng.integers(0, v, size=draw(st.integers(0, 20)))
         return p.TokenChunk(ids, draw(st.none() | text), **hdr)
+    more = draw(st.integers(0, SMALL.max_draft_tokens))
+    batch = {"more": more, "ahead": more == 0 and draw(st.booleans())}  # a draft's flags
     if kind is p.MsgType.DSD_DRAFT:
         width = draw(st.integers(1, v))
-        return p.DsdDraft(rng.integers(0, width, n), _probs(rng, (n, width), wide), wide, **hdr)
+        return p.DsdDraft(
+            rng.integers(0, width, n), _probs(rng, (n, width), wide), wide, **hdr, **batch
+        )
     if kind is p.MsgType.DSSD_DRAFT:
-        return p.DssdDraft(rng.integers(0, v, n), _probs(rng, n, wide), wide, **hdr)
+        return p.DssdDraft(rng.integers(0, v, n), _probs(rng, n, wide), wide, **hdr, **batch)
     if kind is p.MsgType.TOPK_DRAFT:
         k = draw(st.integers(1, SMALL.max_top_k))
         tids = _distinct(rng, n, k, v)
         drafted = tids[np.arange(n), rng.integers(0, k, n)]
-        return p.TopKDraft(drafted, tids, _probs(rng, (n, k), wide), wide, **hdr)
+        return p.TopKDraft(drafted, tids, _probs(rng, (n, k), wide), wide, **hdr, **batch)
     if kind is p.MsgType.VERDICT:
         token = draw(st.none() | st.integers(0, v - 1))
         pj = draw(st.sampled_from(["none", "dense", "topk"]))
         accepted = draw(st.integers(0, SMALL.max_draft_tokens))
         if pj == "none":
-            return p.Verdict(accepted, token, compute_s=draw(st.floats(0, 10, width=32)), **hdr)
+            compute_s, scored = draw(st.floats(0, 10, width=32)), min(n, accepted)
+            return p.Verdict(accepted, token, compute_s=compute_s, scored=scored, **hdr)
         size = draw(st.integers(1, v if pj == "dense" else SMALL.max_top_k))
         ids = None if pj == "dense" else rng.choice(v, size, replace=False)
         return p.Verdict(accepted, token, ids, _probs(rng, size, wide), wide, **hdr)
@@ -276,8 +281,8 @@ def _valid(msg: p.Message) -> bytes:
         (_frame(p.MsgType.DONE, struct.pack("<BIIIIQQd", 0, 0, 0, 0, 0, 0, 0, -1.0)), "elapsed"),
         (_frame(p.MsgType.DRAGON_TARGET, struct.pack("<IBB", 5, 4, 0)), "flags"),
         (_frame(p.MsgType.DRAGON_TARGET, struct.pack("<IBB", 5, 0, 2)), "side"),
-        (_frame(p.MsgType.VERDICT, struct.pack("<HBIf", 1, 0, 5, 0)), "kind"),
-        (_frame(p.MsgType.VERDICT, struct.pack("<HBIf", 1, 6, 0, 0)), "kind"),
+        (_frame(p.MsgType.VERDICT, struct.pack("<HBIfB", 1, 0, 5, 0, 0)), "kind"),
+        (_frame(p.MsgType.VERDICT, struct.pack("<HBIfB", 1, 6, 0, 0, 0)), "kind"),
     ],
 )
 def test_malformed_frames_are_refused_with_a_reason(frame: bytes, reason: str) -> None:
@@ -334,7 +339,7 @@ def _corpus(rng: np.random.Generator) -> list[bytes]:
         p.HelloAck(True, SMALL, "welcome"),
         p.Generate("What is DRAGON?", 128, 0.7, 20, 0.9, seed=42),
         p.Generate("And then?", 64, history=("Hi", "Hello!"), retrieve=False),
-        p.Generate("Split, pipelined", 32, retrieve=False, eta=0.5, pipeline=True),
+        p.Generate("Split, RAPID", 32, retrieve=False, eta=0.5),
         p.Citations((p.Source("Ada Lovelace", "Wikipedia", 0.71, "Ada was…"),)),
         p.CloudDecode(16, request_id=3, step=12),
         p.Verdict(4, 99, compute_s=0.061),
@@ -343,9 +348,12 @@ def _corpus(rng: np.random.Generator) -> list[bytes]:
         p.DsdDraft([1, 2], probs, epoch=2, step=5),
         p.DssdDraft([5, 6, 7, 8], [0.5, 0.25, 0.125, 1.0]),
         p.DssdDraft([5, 6], [0.5, 0.25], f32=True),
+        p.DssdDraft([5], [0.5], more=3, step=7),
+        p.DssdDraft([5, 6], [0.5, 0.25], ahead=True, f32=True),
         p.TopKDraft(tids[:, 0], tids, _probs(rng, (3, 8), False)),
         p.TopKDraft(tids[:, 1], tids, _probs(rng, (3, 8), True), f32=True),
         p.Verdict(2, 17),
+        p.Verdict(3, None, compute_s=0.2, scored=1),
         p.Verdict(1, None, None, probs[0]),
         p.Verdict(3, None, sparse[:8], _probs(rng, 8, True), f32=True),
         p.DragonDraft(int(sparse[3]), sparse, _probs(rng, 40, False), -1.5, 0.02),
@@ -426,15 +434,35 @@ def test_non_bytes_input_is_a_protocol_error() -> None:
         p.decode(12345)  # type: ignore[arg-type]
 
 
-def test_generate_carries_the_pipeline_switch_and_refuses_unknown_switches():
-    """Bit 0 of Generate's switches byte is `retrieve`, bit 1 `pipeline` (PicoSpec); any other
-    bit is a malformed frame, not a silently ignored wish."""
-    gen = p.Generate("q", 8, retrieve=False, pipeline=True, request_id=1)
-    back = p.decode(p.encode(gen))
-    assert isinstance(back, p.Generate) and back.pipeline and not back.retrieve
+def test_draft_frames_carry_the_pipeline_flags_and_refuse_unknown_bits():
+    """A draft frame's header flags say how many drafts of its batch are still to come (bits
+    8-15) and whether the device drafts on past it (bit 1): the cloud's fast verification and
+    the bonus token depend on them. Other bits, `ahead` with drafts still to come, or these
+    bits on a frame that is not a draft are malformed frames, not silently ignored wishes."""
+    part = p.TopKDraft([4], [[4, 9]], np.array([[0.75, 0.25]]), more=2, request_id=1, step=3)
+    last = p.DssdDraft([5, 6], [0.5, 0.25], ahead=True, request_id=1, step=4)
+    for frame, flags in ((part, 2 << 8), (last, p.FLAG_AHEAD)):
+        raw = p.encode(frame)
+        assert p.peek_header(raw).flags == flags
+        assert p.decode(raw) == frame
+    with pytest.raises(p.ProtocolError, match="last part"):
+        p.DssdDraft([5], [0.5], more=1, ahead=True)
+    bad = (
+        (p.MsgType.DSSD_DRAFT, last.body(), p.FLAG_AHEAD | 1 << 8),  # ahead, and more to come
+        (p.MsgType.DSSD_DRAFT, last.body(), 0x0004),  # a bit nobody defined
+        (p.MsgType.VERDICT, p.Verdict(1, 2).body(), p.FLAG_AHEAD),  # not a draft
+        (p.MsgType.DSSD_DRAFT, last.body(), 33 << 8),  # more than a batch can hold
+    )
+    for mtype, body, flags in bad:
+        with pytest.raises(p.ProtocolError):
+            p.decode(_frame(mtype, body, flags=flags))
+
+
+def test_generate_refuses_an_unknown_retrieve_byte():
+    gen = p.Generate("q", 8, retrieve=False, request_id=1)
     body = bytearray(gen.body())
-    switches = p.Generate._ST.size - 5  # the byte before η (float32)
-    assert body[switches] == 2
-    body[switches] = 4
-    with pytest.raises(p.ProtocolError, match="switches"):
+    retrieve = p.Generate._ST.size - 5  # the byte before η (float32)
+    assert body[retrieve] == 0
+    body[retrieve] = 2
+    with pytest.raises(p.ProtocolError, match="retrieve"):
         p.decode(_frame(p.MsgType.GENERATE, bytes(body)))

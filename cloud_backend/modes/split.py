@@ -11,10 +11,13 @@ loop:
            drafts[:n] + [t]; or, for a variant whose cloud cannot resample (DSSD), Verdict(n,
            P_j) with no token: the device samples t and sends TokenChunk([t])
   or device → CloudDecode(n): the cloud decodes n tokens itself (AS² fallback)
-  pipelined (Generate.pipeline, PicoSpec, DESIGN §5.3): a frame accepted whole gets
-           Verdict(γ, no token) and its last row P_{γ+1} is kept: the device has drafted on,
-           and its next frame (already queued, step + γ) is verified from that row. After a
-           rejection the epoch moves on, so frames drafted past the rejected one are dropped.
+  pipelined (PicoSpec, DESIGN §5.3): a batch whose last frame says `ahead` gets, when
+           accepted whole, Verdict(γ, no token) and its last row P_{γ+1} is kept: the device
+           has drafted on, and its next frame (step + γ) is verified from that row. A batch
+           may come in parts (`more` drafts still to come): when the cloud is free and can
+           verify what it holds before the rest arrives (fast verification), it does; a
+           rejection there is sent at once, an acceptance waits for the batch's end. After a
+           rejection the epoch moves on, so frames drafted past it are dropped.
 cloud  → Done when the answer ends (stop token or length), authoritative for both
 
 The cloud's cache holds the prompt and every committed token except the newest one, which is
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -40,6 +44,7 @@ from collab.protocol import (
     TokenChunk,
 )
 from collab.sampling import distribution
+from collab.scheduling import ewma_update, verify_line
 from collab.variants import get_variant
 
 if TYPE_CHECKING:
@@ -53,6 +58,12 @@ class SplitRequest(Request):
         super().__init__(gen, ctx, start)
         self.scheme = get_variant(self.ctx.variant)
         self.awaiting_correction = False
+        self.parts: list[Draft] = []  # the batch's frames not verified yet
+        self.batch: Batch | None = None  # the batch being received, until its verdict
+
+    def expected_step(self) -> int:
+        """Where the next frame starts: after the committed tokens and the parts held."""
+        return len(self.transcript.tokens) + sum(p.token_ids.size for p in self.parts)
 
     async def decode_answer(self) -> None:
         expected = self.scheme.frame
@@ -60,22 +71,23 @@ class SplitRequest(Request):
         # device meanwhile prefills its own prompt and drafts from that token on.
         await self.decode(1)
         while self.transcript.finish is None:
+            idle = self.ctx.inbox.empty()
             msg = await self.ctx.inbox.get()
             if isinstance(msg, Cancel):
                 raise Stop(FinishReason.CANCELLED)
-            if msg.epoch != self.epoch or msg.step != len(self.transcript.tokens):
+            if msg.epoch != self.epoch or msg.step != self.expected_step():
                 log.info(
                     "request=%d stale frame %s epoch=%d step=%d (now %d/%d) dropped",
                     self.gen.request_id, type(msg).__name__, msg.epoch, msg.step,
-                    self.epoch, len(self.transcript.tokens),
+                    self.epoch, self.expected_step(),
                 )  # fmt: skip
                 continue
             if isinstance(msg, TokenChunk) and self.awaiting_correction:
                 await self.correction(msg)
-            elif isinstance(msg, CloudDecode) and not self.awaiting_correction:
+            elif isinstance(msg, CloudDecode) and not self.awaiting_correction and not self.parts:
                 await self.decode(msg.n_tokens or self.transcript.remaining)
             elif isinstance(msg, expected) and not self.awaiting_correction:
-                await self.verify(msg)
+                await self.receive(msg, idle)
             else:
                 what = "a correction token" if self.awaiting_correction else expected.__name__
                 await self.error(
@@ -91,9 +103,37 @@ class SplitRequest(Request):
         self.commit([token])
         self.pending = token
 
-    async def verify(self, frame: Draft) -> None:
-        drafts = np.asarray(frame.token_ids, dtype=np.int64)
-        gamma = drafts.size
+    async def receive(self, frame: Draft, waited: bool) -> None:
+        """A batch's frame: verify now if it ends the batch, or (fast verification) if the
+        cloud is free and can verify what it holds before the rest arrives."""
+        now = time.perf_counter()
+        if self.batch is None:
+            self.batch = Batch(step=len(self.transcript.tokens), last=now)
+        elif waited:  # it arrived while we waited: the gap is the device's drafting
+            gap = (now - self.batch.last) / frame.token_ids.size
+            self.ctx.pace.gap = ewma_update(self.ctx.pace.gap, gap, 0.3)
+        self.batch.last = now
+        self.parts.append(frame)
+        if frame.more == 0 or (self.ctx.inbox.empty() and self.verify_first(frame.more)):
+            await self.verify()
+
+    def verify_first(self, more: int) -> bool:
+        """Fast verification pays when verifying the drafts held ends before the rest of the
+        batch is here: the cloud would wait anyway, and a rejection reaches the device sooner."""
+        pace = self.ctx.pace
+        if pace.gap is None or not pace.passes:
+            return False
+        held = sum(p.token_ids.size for p in self.parts) + (self.pending is not None)
+        return verify_line(pace.passes, held + 1) <= more * pace.gap
+
+    async def verify(self) -> None:
+        """Score every part held in one forward pass and judge them in order, as one batch
+        (a part accepted whole goes on at its last row; its bonus token is dropped, drawn from
+        a coin of its own). A verdict goes out at a rejection or at the batch's end."""
+        parts, self.parts = self.parts, []
+        batch = self.batch
+        assert batch is not None
+        drafts = np.concatenate([np.asarray(p.token_ids, dtype=np.int64) for p in parts])
         t0 = time.perf_counter()
         feed = ([self.pending] if self.pending is not None else []) + drafts.tolist()
         base = self.ctx.session.length
@@ -102,38 +142,64 @@ class SplitRequest(Request):
             assert self.next_logits is not None
             rows = np.vstack([self.next_logits[None, :], rows])
         P = np.stack([distribution(r, self.params) for r in rows])
-        try:
-            judgement = self.scheme.judge(frame, P, self.rng, eta=self.gen.eta)
-        except ValueError as exc:  # a draft that cannot have been sampled as announced
-            await self.ctx.session.rollback(base)  # forget the scored drafts, keep the state
-            await self.error(ErrorCode.MALFORMED, f"draft refused: {exc}")
-            return
-        n, token = judgement.accepted, judgement.token
-        if self.gen.pipeline and n == gamma and token is not None:
-            # the device drafts on from here: no bonus token (the one sampled is dropped; it
-            # was drawn from an independent coin), the next frame starts at this row
+        n, at = 0, 0
+        for part in parts:
+            size = part.token_ids.size
+            try:
+                judgement = self.scheme.judge(
+                    part, P[at : at + size + 1], self.rng, eta=self.gen.eta
+                )
+            except ValueError as exc:  # a draft that cannot have been sampled as announced
+                await self.ctx.session.rollback(base)  # forget the scored drafts, keep the state
+                self.batch = None
+                await self.error(ErrorCode.MALFORMED, f"draft refused: {exc}")
+                return
+            n, at = n + judgement.accepted, at + size
+            if judgement.accepted < size:
+                break
+        ended = n == drafts.size and parts[-1].more == 0
+        if n == drafts.size and (parts[-1].more or parts[-1].ahead):
+            # the device drafts on from here: no bonus token, the next draft starts at this row
             judgement = judgement._replace(token=None)
-            token = None
-        keep = base + (len(feed) - gamma) + n
+        token = judgement.token
+        keep = base + (len(feed) - drafts.size) + n
         await self.ctx.session.rollback(keep)
-        step = len(self.transcript.tokens)
-        self.rounds += 1
-        self.drafted += gamma
-        self.accepted += n
         seconds = time.perf_counter() - t0
-        self.ctx.metrics.round(gamma, n, seconds)
-        await self.ctx.send(judgement.verdict(
-            seconds, request_id=self.gen.request_id, epoch=self.epoch, step=step
-        ))  # fmt: skip
-        if n < gamma:
-            self.epoch += 1
+        self.ctx.pace.passes.append((drafts.size + 1, seconds))
+        self.rounds += 1
+        self.drafted += drafts.size
+        self.accepted += n
+        self.ctx.metrics.round(drafts.size, n, seconds)
         self.pending, self.next_logits = None, None
-        if token is None and n == gamma:  # pipelined, accepted whole: go on from the last row
+        if n == drafts.size and token is None:  # accepted whole, no bonus: go on from the last row
             self.commit(drafts.tolist())
             self.next_logits = rows[-1]
+            batch.accepted += n
+            if not ended and self.transcript.finish is None:
+                return  # fast verification passed: the verdict waits for the batch's end
         elif token is None:  # the device samples the correction (it alone knows Q)
             self.commit(drafts[:n].tolist())
+            batch.accepted += n
             self.awaiting_correction = self.transcript.finish is None
         else:
             self.commit([*drafts[:n].tolist(), token])
+            batch.accepted += n
             self.pending = token
+        verdict = judgement._replace(accepted=batch.accepted).verdict(
+            seconds, scored=drafts.size, request_id=self.gen.request_id, epoch=self.epoch,
+            step=batch.step,
+        )  # fmt: skip
+        await self.ctx.send(verdict)
+        if n < drafts.size:
+            self.epoch += 1
+        self.batch = None
+
+
+@dataclass
+class Batch:
+    """A batch of drafts the cloud is receiving: where it starts, its drafts verified so far
+    (committed, the verdict still to come) and when its newest part arrived."""
+
+    step: int
+    last: float
+    accepted: int = 0

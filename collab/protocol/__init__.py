@@ -51,11 +51,20 @@ from collab.protocol.session import (
     Pong,
     TokenChunk,
 )
-from collab.protocol.split import CloudDecode, Draft, DsdDraft, DssdDraft, TopKDraft, Verdict
+from collab.protocol.split import (
+    FLAG_AHEAD,
+    CloudDecode,
+    Draft,
+    DsdDraft,
+    DssdDraft,
+    TopKDraft,
+    Verdict,
+)
 from collab.sources import Source
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "FLAG_AHEAD",
     "FLAG_F32",
     "HEADER_SIZE",
     "MAGIC",

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, TypeVar, dataclass_transform
 
 import numpy as np
 
-PROTOCOL_VERSION = 3  # 2: Generate carries RAPID's η; 3: and the pipeline switch
+PROTOCOL_VERSION = 4  # 2: Generate carries RAPID's η; 4: draft frames carry the pipeline's flags
 MAGIC = b"TD"
 # magic, version, message type, flags, request id, epoch, step, body length
 _HEADER = struct.Struct("<2sBBHIIII")
@@ -231,6 +231,19 @@ class Message:
     def f32_flag(self) -> bool:
         return bool(getattr(self, "f32", False))
 
+    @classmethod
+    def allowed_flags(cls) -> int:
+        """The header flag bits this type may carry."""
+        return FLAG_F32 if cls.HAS_PROBS else 0
+
+    def header_flags(self) -> int:
+        return FLAG_F32 if self.f32_flag else 0
+
+    @classmethod
+    def flag_fields(cls, flags: int) -> dict[str, Any]:
+        """Fields a type keeps in header flags (beside F32), as constructor arguments."""
+        return {}
+
     def body(self) -> bytes:
         return b""
 
@@ -316,7 +329,7 @@ def decode_header(data: bytes | memoryview, limits: Limits = DEFAULT_LIMITS) -> 
         raise ProtocolError(f"unsupported protocol version {raw.version}")
     msg_type = _enum(MsgType, raw.msg_type, "message type")
     flags = raw.flags
-    if flags & ~FLAG_F32 or (flags and not MESSAGE_TYPES[msg_type].HAS_PROBS):
+    if flags & ~MESSAGE_TYPES[msg_type].allowed_flags():
         raise ProtocolError(f"bad flags {flags:#x}")
     if raw.body_length > limits.max_frame_bytes - HEADER_SIZE:
         raise ProtocolError(f"body length {raw.body_length} exceeds max_frame_bytes")
@@ -327,7 +340,7 @@ def encode(msg: Message) -> bytes:
     """One frame: header + body. Structure is validated at construction; values are not (use
     `msg.check(limits)` to vet before sending)."""
     body = msg.body()
-    flags = FLAG_F32 if msg.f32_flag else 0
+    flags = msg.header_flags()
     if len(body) > _U32_MAX:
         raise ProtocolError("body too large")
     head = _HEADER.pack(
@@ -346,8 +359,9 @@ def decode(frame: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMIT
     if hdr.body_length != len(view) - HEADER_SIZE:
         raise ProtocolError("body length disagrees with frame size")
     reader = _Reader(view[HEADER_SIZE:], limits)
+    cls = MESSAGE_TYPES[hdr.msg_type]
     ids = {"request_id": hdr.request_id, "epoch": hdr.epoch, "step": hdr.step}
-    msg = MESSAGE_TYPES[hdr.msg_type].parse(reader, bool(hdr.flags & FLAG_F32), ids)
+    msg = cls.parse(reader, bool(hdr.flags & FLAG_F32), ids | cls.flag_fields(hdr.flags))
     if reader.remaining():
         raise ProtocolError("trailing bytes after body")
     msg.check(limits)

@@ -137,9 +137,7 @@ class Generate(Message):
     """Start a request: in cloud mode the cloud generates the whole answer and streams
     TokenChunks; in split mode it prepares its prompt and waits for drafts. `history` is the
     earlier conversation as alternating user/assistant texts (only turns the cloud may see);
-    `retrieve` asks the cloud to ground its prompt in the public corpus; `pipeline` says the
-    device drafts on past each batch (PicoSpec, DESIGN §5.3): a batch accepted whole gets no
-    bonus token, the next batch's first draft is verified at that position."""
+    `retrieve` asks the cloud to ground its prompt in the public corpus."""
 
     TYPE = MsgType.GENERATE
     question: str
@@ -151,7 +149,6 @@ class Generate(Message):
     history: tuple[str, ...] = ()
     retrieve: bool = True
     eta: float = 0.0  # split: RAPID's η, the cloud verifies against p̂ (0 = exact, DESIGN §5.4)
-    pipeline: bool = False  # split: PicoSpec's pipeline
 
     _ST = struct.Struct("<IfIfBQBf")
     MAX_HISTORY = 256
@@ -174,7 +171,6 @@ class Generate(Message):
             raise ProtocolError(problem)
         self._set("history", tuple(self.history))
         self._set("retrieve", bool(self.retrieve))
-        self._set("pipeline", bool(self.pipeline))
         if len(self.history) % 2 or len(self.history) > self.MAX_HISTORY:
             raise ProtocolError("history must be user/assistant pairs (at most 128)")
         if not all(isinstance(h, str) for h in self.history):
@@ -184,25 +180,24 @@ class Generate(Message):
         has_seed = self.seed is not None
         head = self._ST.pack(
             self.max_new_tokens, self.temperature, self.top_k, self.top_p, has_seed,
-            self.seed or 0, self.retrieve | (self.pipeline << 1), self.eta,
+            self.seed or 0, self.retrieve, self.eta,
         )  # fmt: skip
         turns = struct.pack("<I", len(self.history)) + b"".join(_str(h) for h in self.history)
         return head + _str(self.question) + turns
 
     @classmethod
     def parse(cls, r: _Reader, f32: bool, hdr: dict[str, int]) -> Message:
-        max_new, temp, top_k, top_p, has_seed, seed, switches, eta = r.unpack(cls._ST)
+        max_new, temp, top_k, top_p, has_seed, seed, retrieve, eta = r.unpack(cls._ST)
         if has_seed > 1 or (not has_seed and seed):
             raise ProtocolError("bad seed presence")
-        if switches > 3:
-            raise ProtocolError("bad switches byte (bit 0 retrieve, bit 1 pipeline)")
+        if retrieve > 1:
+            raise ProtocolError("bad retrieve byte")
         q = r.string("question")
         n = r.u32()
         _check_count(n, 0, cls.MAX_HISTORY, "history entries")
         history = tuple(r.string("history") for _ in range(n))
         seed = seed if has_seed else None
-        return cls(q, max_new, temp, top_k, top_p, seed, history, bool(switches & 1), eta,
-                   bool(switches & 2), **hdr)  # fmt: skip
+        return cls(q, max_new, temp, top_k, top_p, seed, history, bool(retrieve), eta, **hdr)
 
 
 @_message

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import math
 import struct
+from dataclasses import KW_ONLY
+from typing import Any
 
 import numpy as np
 
 from collab.protocol.codec import (
     DEFAULT_LIMITS,
+    FLAG_F32,
     Limits,
     Message,
     MsgType,
@@ -26,19 +29,50 @@ from collab.protocol.codec import (
     _uint,
 )
 
+FLAG_AHEAD = 0x0002  # a draft frame's batch is followed by drafts made from its tail
+MORE_SHIFT = 8  # flag bits 8-15: drafts of the frame's batch still to come
+
 
 @_message
 class Draft(Message):
-    """Base of the split-speculation uplinks: γ drafted token ids plus what the cloud needs of Q."""
+    """Base of the split-speculation uplinks: drafted token ids plus what the cloud needs of Q.
+
+    A batch may come in parts (PicoSpec's pipeline streams each draft as it is made, DESIGN
+    §5.3): `more` > 0 says how many drafts of this batch the device still means to send, so the
+    cloud may verify what it holds first; 0 ends the batch. `ahead` (on a batch's last part)
+    says the device drafts on from the batch's tail: accepted whole, it gets no bonus token and
+    the next batch's first draft is verified at that position. Both travel in header flags."""
 
     HAS_PROBS = True
     token_ids: np.ndarray
+    _: KW_ONLY
+    more: int = 0
+    ahead: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _uint(self.more, 8, "more")
+        self._set("ahead", bool(self.ahead))
+        if self.ahead and self.more:
+            raise ProtocolError("ahead is said on a batch's last part only")
+
+    @classmethod
+    def allowed_flags(cls) -> int:
+        return FLAG_F32 | FLAG_AHEAD | 0xFF << MORE_SHIFT
+
+    def header_flags(self) -> int:
+        return super().header_flags() | FLAG_AHEAD * self.ahead | self.more << MORE_SHIFT
+
+    @classmethod
+    def flag_fields(cls, flags: int) -> dict[str, Any]:
+        return {"more": flags >> MORE_SHIFT, "ahead": bool(flags & FLAG_AHEAD)}
 
     def _norm_ids(self) -> None:
         self._set("token_ids", _ids(self.token_ids, "token_ids").reshape(-1))
 
     def check(self, limits: Limits = DEFAULT_LIMITS) -> None:
         _check_count(self.token_ids.size, 1, limits.max_draft_tokens, "draft tokens")
+        _check_count(self.more, 0, limits.max_draft_tokens, "drafts still to come")
         _check_ids(self.token_ids, limits.vocab_size, "token_ids")
 
 
@@ -63,7 +97,7 @@ class DsdDraft(Draft):
         return struct.pack("<II", n, v) + self.token_ids.tobytes() + self.probs.tobytes()
 
     @classmethod
-    def parse(cls, r: _Reader, f32: bool, hdr: dict[str, int]) -> Message:
+    def parse(cls, r: _Reader, f32: bool, hdr: dict[str, Any]) -> Message:
         n, v = r.unpack(_II)
         _check_count(n, 1, r.limits.max_draft_tokens, "draft tokens")
         _check_count(v, 1, r.limits.vocab_size, "vocab")
@@ -98,7 +132,7 @@ class DssdDraft(Draft):
         return self.token_ids.tobytes() + self.q.tobytes()
 
     @classmethod
-    def parse(cls, r: _Reader, f32: bool, hdr: dict[str, int]) -> Message:
+    def parse(cls, r: _Reader, f32: bool, hdr: dict[str, Any]) -> Message:
         per = 8 if f32 else 6
         n, rest = divmod(r.remaining(), per)
         if rest:
@@ -140,7 +174,7 @@ class TopKDraft(Draft):
         return struct.pack("<II", n, k) + ids + self.topk_ids.tobytes() + self.topk_probs.tobytes()
 
     @classmethod
-    def parse(cls, r: _Reader, f32: bool, hdr: dict[str, int]) -> Message:
+    def parse(cls, r: _Reader, f32: bool, hdr: dict[str, Any]) -> Message:
         n, k = r.unpack(_II)
         _check_count(n, 1, r.limits.max_draft_tokens, "draft tokens")
         _check_count(k, 1, r.limits.max_top_k, "top-K")
@@ -175,12 +209,14 @@ class Verdict(Message):
     p_probs: np.ndarray | None = None
     f32: bool = False
     compute_s: float = 0.0  # the cloud's compute time for this round: the device's cost model
+    scored: int = 0  # drafts the pass that took compute_s scored (0: the whole batch)
 
-    _ST = struct.Struct("<HBIf")
+    _ST = struct.Struct("<HBIfB")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _uint(self.accepted, 16, "accepted")
+        _uint(self.scored, 8, "scored")
         if self.token is not None:
             _uint(self.token, 32, "token")
         self._set("compute_s", _f32(self.compute_s))
@@ -203,7 +239,7 @@ class Verdict(Message):
     def body(self) -> bytes:
         pj = 0 if self.p_probs is None else (1 if self.p_ids is None else 2)
         kind = (self.token is not None) | (pj << 1)
-        out = self._ST.pack(self.accepted, kind, self.token or 0, self.compute_s)
+        out = self._ST.pack(self.accepted, kind, self.token or 0, self.compute_s, self.scored)
         if self.p_probs is not None:
             out += struct.pack("<I", self.p_probs.size)
             if self.p_ids is not None:
@@ -213,7 +249,7 @@ class Verdict(Message):
 
     @classmethod
     def parse(cls, r: _Reader, f32: bool, hdr: dict[str, int]) -> Message:
-        accepted, kind, token, compute_s = r.unpack(cls._ST)
+        accepted, kind, token, compute_s, scored = r.unpack(cls._ST)
         has_token, pj = kind & 1, kind >> 1
         if pj > 2 or (not has_token and token):
             raise ProtocolError("bad verdict kind")
@@ -227,10 +263,11 @@ class Verdict(Message):
         elif f32:
             raise ProtocolError("F32 flag without probabilities")
         token = token if has_token else None
-        return cls(accepted, token, ids, probs, f32, compute_s, **hdr)
+        return cls(accepted, token, ids, probs, f32, compute_s, scored, **hdr)
 
     def check(self, limits: Limits = DEFAULT_LIMITS) -> None:
         _check_count(self.accepted, 0, limits.max_draft_tokens, "accepted")
+        _check_count(self.scored, 0, limits.max_draft_tokens, "scored")
         if self.token is not None and self.token >= limits.vocab_size:
             raise ProtocolError("token ≥ vocab")
         if self.p_probs is not None:

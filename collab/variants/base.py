@@ -35,11 +35,11 @@ class Judgement(NamedTuple):
     p_ids: np.ndarray | None = None
     p_probs: np.ndarray | None = None
 
-    def verdict(self, compute_s: float = 0.0, **header: int) -> Verdict:
+    def verdict(self, compute_s: float = 0.0, scored: int = 0, **header: int) -> Verdict:
         """The frame that carries this judgement, P_j in the precision the variant chose."""
         f32 = self.p_probs is not None and self.p_probs.dtype == np.float32
         return Verdict(self.accepted, self.token, self.p_ids, self.p_probs, f32=f32,
-                       compute_s=compute_s, **header)  # fmt: skip
+                       compute_s=compute_s, scored=scored, **header)  # fmt: skip
 
 
 class SplitVariant(ABC):
@@ -64,11 +64,11 @@ class SplitVariant(ABC):
 
     def draft_frame(
         self, drafts: Sequence[DraftToken], vocab_size: int, *, request_id: int, epoch: int,
-        step: int,
+        step: int, more: int = 0, ahead: bool = False,
     ) -> Draft:  # fmt: skip
-        """The frame that carries a round's drafts to the cloud."""
+        """The frame that carries a round's drafts (or a part of them: `Draft`) to the cloud."""
         tokens = np.asarray([d.token for d in drafts], dtype=np.int64)
-        return self.frame(tokens, *self.payload(drafts, vocab_size),
+        return self.frame(tokens, *self.payload(drafts, vocab_size), more=more, ahead=ahead,
                           request_id=request_id, epoch=epoch, step=step)  # fmt: skip
 
     def correct(self, verdict: Verdict, q: np.ndarray, rng: np.random.Generator) -> int:

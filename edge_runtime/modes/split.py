@@ -65,7 +65,7 @@ class SplitMode(CloudBacked):
         self, rid: int, question: str, history: Sequence[Turn], options: AnswerOptions
     ) -> Generate:
         message = super().generate_message(rid, question, history, options)
-        return dataclasses.replace(message, eta=options.eta, pipeline=options.pipeline)
+        return dataclasses.replace(message, eta=options.eta)
 
     async def prepare(
         self, question: str, history: Sequence[Turn], options: AnswerOptions, answer: Answer

@@ -11,10 +11,15 @@ keeps drafting while the cloud verifies, so drafting, the link and verification 
     cancel the model step in flight, drop S_{i+1}…, roll back to the committed prefix,
     feed t, draft on in epoch e + 1
 
-At most DEPTH batches are in flight, so the cloud finds the next batch waiting when it ends
-one. Latency-aware truncation: when the cloud has verified everything sent while the device
-is still drafting (drafting fell behind), the batch being drafted goes out as it is. γ comes
-from PicoSpec's round cost (eq. 9) on the measured costs, with AS² as in stop-and-wait.
+Each draft goes out as soon as it is made, as a part of its batch (the frame says how many
+drafts of the batch are still to come), so the cloud may verify the first drafts before the
+batch is whole (fast verification: it decides, from its own costs). At most DEPTH whole
+batches are in flight, so the cloud finds the next batch waiting when it ends one.
+Latency-aware truncation: when the cloud has nothing left to verify while the device is still
+drafting, the next draft ends its batch. Per batch, the cost model picks the better round:
+pipelined (PicoSpec's eq. 9: drafting overlaps the round trip, no bonus token) or stop-and-wait
+(the device waits for the verdict and gets the bonus token of a batch accepted whole); where
+verification dominates the round, waiting wins. AS² as in stop-and-wait.
 
 Exact: the pipeline changes when things happen, never what is sampled. Every draft is sampled
 from the q its frame carries and every position is verified against the cloud's P as in a
@@ -35,6 +40,7 @@ import numpy as np
 
 from collab.protocol import Done, Verdict
 from collab.sampling import distribution
+from collab.scheduling import GammaChoice
 from collab.variants.base import DraftToken
 from edge_runtime.client import CloudError
 from edge_runtime.events import Event
@@ -46,15 +52,19 @@ DEPTH = 2  # batches in flight at most: the cloud verifies one while the next cr
 
 @dataclass
 class Batch:
-    """Drafts that travel in one frame: where they start in the answer, the γ they were meant
-    to reach, and their timing."""
+    """Drafts verified as one batch: where they start in the answer, the γ they are meant to
+    reach, whether the device drafts on past them (`ahead`, else it waits for their verdict),
+    how many went out and whether the last did, and their timing."""
 
     step: int
     gamma: int
+    ahead: bool = True
     drafts: list[DraftToken] = field(default_factory=list)
+    sent_n: int = 0
+    closed: bool = False  # its last part went out
     draft_s: float = 0.0  # device time spent drafting them
-    sent: float = 0.0
-    alone: bool = False  # sent with nothing else in flight: its round time is the link's
+    sent: float = 0.0  # when its newest part went out
+    alone: bool = False  # nothing queued before it at the cloud: its round time is the link's
 
     @property
     def tokens(self) -> list[int]:
@@ -63,14 +73,11 @@ class Batch:
 
 class PipelinedRun(SplitRun):
     """Split decoding with PicoSpec's pipeline. The device cache holds the prompt, the
-    committed tokens (but `unfed`), then the drafts in flight and being drafted, in order."""
-
-    pipelined = True
+    committed tokens (but `unfed`), then the drafts of the batches not judged yet, in order."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.inflight: deque[Batch] = deque()
-        self.current: Batch | None = None
+        self.batches: deque[Batch] = deque()  # not judged yet; the newest may be drafting
         self.logits: np.ndarray | None = None  # for the next draft, once the cache has caught up
         self._step: asyncio.Future[tuple[np.ndarray, float]] | None = None
         self._step_catches_up = False  # the step in flight feeds `unfed` (else: a draft)
@@ -79,8 +86,24 @@ class PipelinedRun(SplitRun):
         self.prompt_length = 0
         self.drafting_ended = False  # a stop token drafted, or drafts reach max_new_tokens
         self.stopping = False  # AS² takes over once the batches in flight are judged
-        self.cloud_idle = False  # the cloud judged all we sent while we still draft: send now
+        self.cloud_idle = False  # the cloud holds nothing to verify while we draft: send now
         self.stats.pipeline = True
+
+    @property
+    def current(self) -> Batch | None:
+        """The batch being drafted (its drafts already went out, but not its last)."""
+        return self.batches[-1] if self.batches and not self.batches[-1].closed else None
+
+    def _plan(self, remaining: int) -> tuple[GammaChoice | None, bool]:
+        """The better round for the next batch, and whether the device drafts on past it:
+        pipelined (eq. 9) or stop-and-wait, as the measured costs predict them."""
+        pipe, wait = self.costs.choose(remaining, pipelined=True), self.costs.choose(remaining)
+        if pipe is None or wait is None or pipe.tokens_per_second >= wait.tokens_per_second:
+            return pipe, True
+        return wait, False
+
+    def _choice(self, remaining: int) -> GammaChoice | None:
+        return self._plan(remaining)[0]
 
     async def _speculate(self, logits: np.ndarray) -> AsyncIterator[Event]:
         """Run the pipeline until the answer ends, or until AS² wants the cloud to decode (the
@@ -96,7 +119,7 @@ class PipelinedRun(SplitRun):
             while self.transcript.finish is None:
                 while self.logits is not None and self._may_draft():
                     await self._draft_one()
-                if self.stopping and not self.inflight:
+                if self.stopping and not self.batches:
                     break
                 waiting: set[asyncio.Future[Any]] = {recv}
                 if self._step is not None:
@@ -123,21 +146,26 @@ class PipelinedRun(SplitRun):
 
     # ---- drafting --------------------------------------------------------------------------
     def _ahead(self) -> int:
-        """Drafts not judged yet (in flight and being drafted)."""
-        current = len(self.current.drafts) if self.current else 0
-        return current + sum(len(b.drafts) for b in self.inflight)
+        """Drafts not judged yet (sent, and being drafted)."""
+        return sum(len(b.drafts) for b in self.batches)
 
     def _may_draft(self) -> bool:
-        if self.stopping or self.drafting_ended or len(self.inflight) >= DEPTH:
+        if self.stopping or self.drafting_ended:
             return False
+        closed = [b for b in self.batches if b.closed]
+        if len(closed) >= DEPTH or not all(b.ahead for b in closed):
+            return False  # the pipeline is full, or a stop-and-wait batch awaits its verdict
         if self.current is None:  # a new batch: AS² or a cloud measurement may come first
             remaining = self.transcript.remaining - self._ahead()
             if self._measure_cloud() or self._as2_tokens(remaining):
                 self.stopping = True
                 return False
+            choice, ahead = self._plan(remaining)
             step = len(self.transcript.tokens) + self._ahead()
-            self.current = Batch(step, self._gamma(remaining), draft_s=self._unowned_s)
+            gamma = self._gamma(remaining, choice)
+            self.batches.append(Batch(step, gamma, ahead, draft_s=self._unowned_s))
             self._unowned_s = 0.0
+            self.stats.waits += not ahead
         return True
 
     async def _draft_one(self) -> None:
@@ -152,25 +180,26 @@ class PipelinedRun(SplitRun):
             self.drafting_ended = True  # nothing to draft after the end
         else:
             self._start_step([draft.token])
-        if self.drafting_ended or len(batch.drafts) >= batch.gamma or self.cloud_idle:
-            await self._send_current()
+        last = self.drafting_ended or len(batch.drafts) >= batch.gamma or self.cloud_idle
+        await self._send(batch, last)
 
-    async def _send_current(self) -> None:
-        batch, self.current = self.current, None
-        assert batch is not None and batch.drafts
-        if self.cloud_idle and len(batch.drafts) < batch.gamma and not self.drafting_ended:
-            self.stats.truncations += 1
-        self.cloud_idle = False
+    async def _send(self, batch: Batch, last: bool) -> None:
+        """The drafts of `batch` not sent yet, as one part; `last` ends the batch."""
+        if last and self.cloud_idle and len(batch.drafts) < batch.gamma:
+            self.stats.truncations += not self.drafting_ended
+        self.cloud_idle = self.cloud_idle and not last
         frame = self.scheme.draft_frame(
-            batch.drafts, self.device.lm.vocab_size, request_id=self.rid, epoch=self.epoch,
-            step=batch.step,
+            batch.drafts[batch.sent_n :], self.device.lm.vocab_size, request_id=self.rid,
+            epoch=self.epoch, step=batch.step + batch.sent_n,
+            more=0 if last else batch.gamma - len(batch.drafts), ahead=last and batch.ahead,
         )  # fmt: skip
-        batch.alone, batch.sent = not self.inflight, time.perf_counter()
+        batch.alone = not any(b.closed for b in self.batches if b is not batch)
+        batch.sent, batch.sent_n, batch.closed = time.perf_counter(), len(batch.drafts), last
         up0 = self.client.bytes_up
         await self.client.send(frame)
         self.stats.draft_bytes_up += self.client.bytes_up - up0
-        self.inflight.append(batch)
-        self.stats.pipeline_depth = max(self.stats.pipeline_depth, len(self.inflight))
+        depth = sum(b.sent_n > 0 for b in self.batches)  # batches with drafts at the cloud
+        self.stats.pipeline_depth = max(self.stats.pipeline_depth, depth)
 
     def _start_step(self, tokens: list[int], catch_up: bool = False) -> None:
         fed = list(tokens)
@@ -194,13 +223,14 @@ class PipelinedRun(SplitRun):
         else:  # a catch-up counts as the next batch's drafting, as in stop-and-wait
             self._unowned_s += seconds
 
-    async def _stop_step(self) -> None:
-        """Preempt the model step in flight; a step not started yet never starts."""
+    async def _stop_step(self, finish: bool = False) -> None:
+        """Preempt the model step in flight (or, `finish`, let it end: it feeds an accepted
+        draft); a step not started yet never starts."""
         step, self._step = self._step, None
         self.logits = None
         if step is None:
             return
-        if not step.done():
+        if not step.done() and not finish:
             self.device.cancel()
             step.cancel()
         await asyncio.wait([step])
@@ -215,40 +245,44 @@ class PipelinedRun(SplitRun):
         if not isinstance(msg, Verdict):
             self._unexpected(msg)
             return
-        if not self.inflight or msg.accepted > len(self.inflight[0].drafts):
+        if not self.batches or msg.accepted > self.batches[0].sent_n:
             raise CloudError("the cloud judged drafts that were never sent")
-        batch = self.inflight.popleft()
+        batch = self.batches.popleft()
         n, token = msg.accepted, msg.token
+        if not batch.closed or 0 < msg.scored < batch.sent_n:
+            self.stats.fast_verified += 1  # the cloud began before the batch was whole
         link_s = time.perf_counter() - batch.sent - msg.compute_s if batch.alone else None
-        self.costs.observe_round(len(batch.drafts), n, batch.draft_s, link_s, msg.compute_s)
+        self.costs.observe_round(
+            batch.sent_n, n, batch.draft_s, link_s, msg.compute_s, scored=msg.scored
+        )
         self.stats.rounds += 1
-        self.stats.drafted += len(batch.drafts)
+        self.stats.drafted += batch.sent_n
         self.stats.accepted += n
-        self.stats.per_round.append((len(batch.drafts), n))
+        self.stats.per_round.append((batch.sent_n, n))
         kept = self.transcript.commit(batch.tokens[:n])
         if n == len(batch.drafts) and token is None:
-            # accepted whole: the drafts made from its tail are valid. If the cloud has nothing
-            # left to verify while we are still drafting, the batch goes out with its next
-            # draft, however short (truncation).
-            self.cloud_idle = not self.inflight and self.transcript.finish is None
-            if self.cloud_idle and self.current is not None and self.current.drafts:
-                await self._send_current()
+            # accepted whole: the drafts made from its tail are valid. If the cloud holds
+            # nothing to verify while we are still drafting, the next draft goes out as a batch
+            # of its own, however short (truncation).
+            held = any(b.sent_n for b in self.batches)
+            self.cloud_idle = not held and self.transcript.finish is None
         else:
             kept += await self._flush(batch, msg)
         for event in self.answer.emit(kept):
             yield event
 
     async def _flush(self, batch: Batch, verdict: Verdict) -> list[int]:
-        """A rejection in `batch` (or a token after it): every later draft is void. Stop the
+        """A rejection in `batch` (or its bonus token): every later draft is void. Stop the
         step in flight, roll the cache back to the committed prefix, take the cloud's token
         (or sample the correction the variant leaves to the device) and draft on from it."""
         n, token = verdict.accepted, verdict.token
-        if self._ahead() or self._step is not None:
+        rejected = n < len(batch.drafts)
+        if rejected and (self._ahead() or self._step is not None):
             self.stats.rollbacks += 1  # drafting past the rejection is thrown away
-        await self._stop_step()
-        self.inflight.clear()
-        self.current, self.drafting_ended, self.cloud_idle = None, False, False
-        if n < len(batch.drafts):
+        await self._stop_step(finish=not rejected)
+        self.batches.clear()
+        self.drafting_ended = self.cloud_idle = False
+        if rejected:
             self.epoch += 1
         await self._cut_cache()
         kept: list[int] = []
@@ -278,5 +312,5 @@ class PipelinedRun(SplitRun):
     async def _settle(self) -> None:
         """Leave the cache at the committed prefix with its newest token unfed, as a
         stop-and-wait round does: the next speculation catches up from there."""
-        self.current = None
+        self.batches.clear()
         await self._cut_cache(keep_unfed=1)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -60,9 +60,8 @@ PROBE_EVERY = 96  # under AS², one speculative round per this many cloud tokens
 class SplitRun:
     """One answer's speculation on the device: tokens the device cache has not seen yet, the
     epoch (rejections so far) and the request's frames. Stop-and-wait rounds; a subclass
-    changes how speculation proceeds by overriding `_speculate`."""
-
-    pipelined: ClassVar[bool] = False  # which round-cost model chooses γ
+    changes how speculation proceeds by overriding `_speculate` (and `_choice`, the cost
+    model's answer for its kind of round)."""
 
     def __init__(
         self, mode: SplitMode, client: CloudClient, rid: int, options: AnswerOptions,
@@ -142,11 +141,14 @@ class SplitRun:
         the speculation's own costs are known."""
         costs, remaining = self.costs, self.transcript.remaining
         return (costs.as2 and not self.always_speculate and costs.t_cloud_step is None
-                and costs.choose(remaining, self.pipelined) is not None)  # fmt: skip
+                and self._choice(remaining) is not None)  # fmt: skip
 
-    def _gamma(self, remaining: int) -> int:
+    def _choice(self, remaining: int) -> GammaChoice | None:
+        """The cost model's best round (γ, or AS²); None until it has measured."""
+        return self.costs.choose(remaining)
+
+    def _gamma(self, remaining: int, choice: GammaChoice | None) -> int:
         """The next batch's draft length: the cost model's (INITIAL_GAMMA before it knows)."""
-        choice = self.costs.choose(remaining, self.pipelined)
         gamma = max(1, min(INITIAL_GAMMA if choice is None else choice.gamma, remaining))
         self.stats.gamma = gamma
         return gamma
@@ -160,7 +162,7 @@ class SplitRun:
             return 0
         if since >= PROBE_EVERY:
             return 0
-        choice = costs.choose(remaining, self.pipelined)
+        choice = self._choice(remaining)
         if choice is None or not choice.use_cloud_only:
             return 0
         self.as2_choice = choice
@@ -231,7 +233,7 @@ class SplitRun:
 
     async def _speculate(self, logits: np.ndarray) -> AsyncIterator[Event]:
         """One stop-and-wait round (`logits`: the device's, if it has no tokens to catch up)."""
-        gamma = self._gamma(self.transcript.remaining)
+        gamma = self._gamma(self.transcript.remaining, self._choice(self.transcript.remaining))
         step = len(self.transcript.tokens)
         t0 = time.perf_counter()  # device time per round includes catching up on new tokens
         if self.unfed:
@@ -272,7 +274,8 @@ class SplitRun:
         self.stats.accepted += n
         self.stats.per_round.append((len(drafts), n))
         link_s = round_s - draft_s - verdict.compute_s
-        self.costs.observe_round(len(drafts), n, draft_s, link_s, verdict.compute_s)
+        self.costs.observe_round(len(drafts), n, draft_s, link_s, verdict.compute_s,
+                                 scored=verdict.scored)  # fmt: skip
         for event in self.answer.emit(kept):
             yield event
 
