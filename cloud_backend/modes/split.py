@@ -123,8 +123,8 @@ class SplitRequest(Request):
         pace = self.ctx.pace
         if pace.gap is None or not pace.passes:
             return False
-        held = sum(p.token_ids.size for p in self.parts) + (self.pending is not None)
-        return verify_line(pace.passes, held + 1) <= more * pace.gap
+        fed = sum(p.token_ids.size for p in self.parts) + (self.pending is not None)
+        return verify_line(pace.passes, fed) <= more * pace.gap
 
     async def verify(self) -> None:
         """Score every part held in one forward pass and judge them in order, as one batch
@@ -165,7 +165,7 @@ class SplitRequest(Request):
         keep = base + (len(feed) - drafts.size) + n
         await self.ctx.session.rollback(keep)
         seconds = time.perf_counter() - t0
-        self.ctx.pace.passes.append((drafts.size + 1, seconds))
+        self.ctx.pace.passes.append((len(feed), seconds))
         self.rounds += 1
         self.drafted += drafts.size
         self.accepted += n

@@ -180,12 +180,15 @@ class PipelinedRun(SplitRun):
             self.drafting_ended = True  # nothing to draft after the end
         else:
             self._start_step([draft.token])
-        last = self.drafting_ended or len(batch.drafts) >= batch.gamma or self.cloud_idle
+        # truncation is for a pipelined batch: a stop-and-wait one cut short waits a whole
+        # round for fewer drafts
+        idle = self.cloud_idle and batch.ahead
+        last = self.drafting_ended or len(batch.drafts) >= batch.gamma or idle
         await self._send(batch, last)
 
     async def _send(self, batch: Batch, last: bool) -> None:
         """The drafts of `batch` not sent yet, as one part; `last` ends the batch."""
-        if last and self.cloud_idle and len(batch.drafts) < batch.gamma:
+        if last and self.cloud_idle and batch.ahead and len(batch.drafts) < batch.gamma:
             self.stats.truncations += not self.drafting_ended
         self.cloud_idle = self.cloud_idle and not last
         frame = self.scheme.draft_frame(
@@ -249,18 +252,27 @@ class PipelinedRun(SplitRun):
             raise CloudError("the cloud judged drafts that were never sent")
         batch = self.batches.popleft()
         n, token = msg.accepted, msg.token
-        if not batch.closed or 0 < msg.scored < batch.sent_n:
-            self.stats.fast_verified += 1  # the cloud began before the batch was whole
-        link_s = time.perf_counter() - batch.sent - msg.compute_s if batch.alone else None
+        early = not batch.closed or 0 < msg.scored < batch.sent_n
+        self.stats.fast_verified += early  # the cloud began before the batch was whole
+        # the round's time on the link, where it can be told: not when the pass that decided
+        # began before the newest part went out, nor behind another batch
+        link_s = time.perf_counter() - batch.sent - msg.compute_s
+        link = None if early or not batch.alone else link_s
         self.costs.observe_round(
-            batch.sent_n, n, batch.draft_s, link_s, msg.compute_s, scored=msg.scored
+            batch.sent_n, n, batch.draft_s, link, msg.compute_s, scored=msg.scored
         )
         self.stats.rounds += 1
         self.stats.drafted += batch.sent_n
         self.stats.accepted += n
         self.stats.per_round.append((batch.sent_n, n))
         kept = self.transcript.commit(batch.tokens[:n])
-        if n == len(batch.drafts) and token is None:
+        if n < len(batch.drafts) and token is None and msg.p_probs is None:
+            # no rejection: the cloud ended the answer inside this batch (its own length limit,
+            # the context's room); Done follows
+            self.drafting_ended = True
+            await self._stop_step()
+            self.batches.clear()
+        elif n == len(batch.drafts) and token is None:
             # accepted whole: the drafts made from its tail are valid. If the cloud holds
             # nothing to verify while we are still drafting, the next draft goes out as a batch
             # of its own, however short (truncation).
