@@ -1,12 +1,14 @@
 """Private knowledge through RAPID (issue 15; DESIGN §5.4): does a split answer use what only
 the device read? Each private note holds a made-up fact no model can know (invented names and
 numbers from a seeded generator, not tuned to pass), with a question about it; an answer is
-right when it contains the fact. Split with η ∈ {0, 0.5, 1, 2} (the device model drafts with
-the note in its prompt, the cloud never sees it) against local mode (the device alone, note in
-its prompt), cloud mode (cannot know) and dragon; sampled, since RAPID's p̂ is p at T = 0.
+right when it contains the fact. Split with η ∈ {0, 0.5, 1, 2, 5, 10, 20} (the device model
+drafts with the note in its prompt, the cloud never sees it) against local mode (the device
+alone, note in its prompt), cloud mode (cannot know) and dragon; sampled, since RAPID's p̂ is
+p at T = 0.
 
     python -m benchmarks.private_facts                      # 32 notes, ORT cloud
-    python -m benchmarks.private_facts --notes 12 --engine torch
+    python -m benchmarks.private_facts --engine torch --methods cloud split-eta-20
+    python -m benchmarks.private_facts --report A.json B.json   # pool runs made in pieces
     python -m benchmarks.private_facts --quick              # 3 notes, local and split η 0/2
 
 Prints, per method, the share of answers holding the fact, acceptance and tokens/s, and the
@@ -22,14 +24,14 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-ETAS = (0.0, 0.5, 1.0, 2.0)
+ETAS = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0)
 SYLLABLES = ("ka", "lo", "mi", "zu", "ren", "tho", "vas", "quil", "dor", "nep", "sa", "wyn",
              "bri", "gal", "tor", "xe", "mun", "pha", "lek", "ost")  # fmt: skip
 # (note, question) templates: {name} a made-up person, {value} the fact (a made-up word or a
@@ -90,9 +92,10 @@ def method_names(etas: Sequence[float], with_dragon: bool = True) -> list[str]:
 
 async def ask_all(
     device: Any, index: Any, url: str, token: str, notes: Sequence[Note], methods: Sequence[str],
-    *, temperature: float, max_tokens: int,
+    *, temperature: float, max_tokens: int, on_method: Callable[[list[dict]], None],
 ) -> list[dict]:  # fmt: skip
-    """Every note's question in every method: one row each."""
+    """Every note's question in every method: one row each; `on_method` gets the rows so far
+    after each method (a long run keeps what it measured)."""
     from edge_runtime.events import Stats, TextDelta
     from edge_runtime.modes import get_mode
     from edge_runtime.modes.base import AnswerOptions, CloudSettings, ModeContext
@@ -123,6 +126,7 @@ async def ask_all(
                       f"{text[:60]!r}", file=sys.stderr, flush=True)  # fmt: skip
         finally:
             await mode.close()
+        on_method(rows)
     return rows
 
 
@@ -167,6 +171,13 @@ def print_summary(summary: dict) -> None:
               "memory-bound regime)")  # fmt: skip
 
 
+def result(args: argparse.Namespace, notes: Sequence[Note], rows: list[dict], seconds: float,
+           ) -> dict:  # fmt: skip
+    return {"config": {k: v for k, v in vars(args).items() if k != "out"},
+            "notes": [asdict(n) for n in notes], "rows": rows, "summary": summarise(rows),
+            "seconds": seconds}  # fmt: skip
+
+
 async def run(args: argparse.Namespace) -> dict:
     from benchmarks.common import pin_device, start_cloud
     from cloud_backend.corpus import default_embedder_dir
@@ -178,6 +189,11 @@ async def run(args: argparse.Namespace) -> dict:
     cloud_core = pin_device(0, 1)
     device = DeviceModel.load(model_path("device", "onnx-quant"), threads=1)
     started = time.perf_counter()
+
+    def save(rows: list[dict]) -> None:
+        args.out.write_text(json.dumps(result(args, notes, rows, time.perf_counter() - started),
+                                       indent=1))  # fmt: skip
+
     with tempfile.TemporaryDirectory(prefix="tandem-facts-") as tmp:
         folder = Path(tmp) / "notes"
         folder.mkdir()
@@ -189,14 +205,24 @@ async def run(args: argparse.Namespace) -> dict:
         try:
             rows = await ask_all(
                 device, index, url, token, notes, args.methods,
-                temperature=args.temperature, max_tokens=args.max_tokens,
+                temperature=args.temperature, max_tokens=args.max_tokens, on_method=save,
             )  # fmt: skip
         finally:
             await cloud.stop()
             index.close()
-    return {"config": {k: v for k, v in vars(args).items() if k != "out"},
-            "notes": [asdict(n) for n in notes], "rows": rows, "summary": summarise(rows),
-            "seconds": time.perf_counter() - started}  # fmt: skip
+    return result(args, notes, rows, time.perf_counter() - started)
+
+
+def report(paths: Sequence[Path]) -> None:
+    """Runs made in pieces (`--methods`), pooled per cloud engine and note set: a method
+    measured in two files counts all its answers."""
+    pools: dict[tuple[str, int], list[dict]] = {}
+    for path in paths:
+        run = json.loads(path.read_text())
+        pools.setdefault((run["config"]["engine"], run["config"]["notes"]), []).extend(run["rows"])
+    for (engine, notes), rows in pools.items():
+        print(f"\n{engine} cloud, {notes} notes ({len(rows)} answers)")
+        print_summary(summarise(rows))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -207,21 +233,31 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--no-dragon", action="store_true")
+    parser.add_argument("--methods", nargs="+", help="a subset, in this order (default: all)")
     parser.add_argument("--quick", action="store_true", help="3 notes, local and split η 0 / 2")
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--report",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="pool earlier runs' rows per engine and print them (run nothing)",
+    )
     args = parser.parse_args(argv)
+    if args.report:
+        report(args.report)
+        return
     if args.quick:
         args.notes, args.etas, args.max_tokens = 3, [0.0, 2.0], 16
         args.methods = ["local", *(f"split-eta-{eta:g}" for eta in args.etas)]
-    else:
+    elif not args.methods:
         args.methods = method_names(args.etas, not args.no_dragon)
-    result = asyncio.run(run(args))
-    print_summary(result["summary"])
-    out = args.out or Path(__file__).parent / "results" / "private-facts" / (
+    args.out = args.out or Path(__file__).parent / "results" / "private-facts" / (
         f"{args.engine}-{args.notes}notes.json")  # fmt: skip
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    print(f"\n{result['seconds']:.0f} s; written to {out}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    measured = asyncio.run(run(args))  # saved after each method
+    print_summary(measured["summary"])
+    print(f"\n{measured['seconds']:.0f} s; written to {args.out}")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 from benchmarks.private_facts import holds_fact, make_notes, method_names, summarise
 
 
@@ -34,3 +36,23 @@ def test_summary_picks_the_best_eta_and_compares_it_with_local_and_cloud():
     assert out["right_vs_local"] == 2 / 3 and out["speed_vs_cloud"] == 7.0 / 4.0
     assert out["methods"]["split-eta-2"]["acceptance"] == 0.7
     assert method_names([0.0, 1.0]) == ["local", "cloud", "dragon", "split-eta-0", "split-eta-1"]
+
+
+def test_report_pools_runs_made_in_pieces_per_engine_and_note_set(tmp_path, capsys):
+    from benchmarks.private_facts import report
+
+    def run(engine, notes, method, right):
+        rows = [{"method": method, "right": r, "tokens_per_s": 5.0, "acceptance": None}
+                for r in right]  # fmt: skip
+        return {"config": {"engine": engine, "notes": notes}, "rows": rows}
+
+    runs = [run("ort", 2, "local", [1, 1]), run("ort", 2, "split-eta-20", [1, 0]),
+            run("torch", 2, "local", [1, 0])]  # fmt: skip
+    paths = []
+    for i, data in enumerate(runs):
+        paths.append(tmp_path / f"{i}.json")
+        paths[-1].write_text(json.dumps(data))
+    report(paths)
+    out = capsys.readouterr().out
+    assert "ort cloud, 2 notes (4 answers)" in out and "torch cloud, 2 notes (2 answers)" in out
+    assert "best split (split-eta-20) answers 50% of what local mode answers" in out
