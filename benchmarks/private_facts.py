@@ -92,10 +92,10 @@ def method_names(etas: Sequence[float], with_dragon: bool = True) -> list[str]:
 
 async def ask_all(
     device: Any, index: Any, url: str, token: str, notes: Sequence[Note], methods: Sequence[str],
-    *, temperature: float, max_tokens: int, on_method: Callable[[list[dict]], None],
+    *, temperature: float, max_tokens: int, on_row: Callable[[list[dict]], None],
 ) -> list[dict]:  # fmt: skip
-    """Every note's question in every method: one row each; `on_method` gets the rows so far
-    after each method (a long run keeps what it measured)."""
+    """Every note's question in every method: one row each; `on_row` gets the rows so far
+    after each answer (a long run cut short keeps what it measured)."""
     from edge_runtime.events import Stats, TextDelta
     from edge_runtime.modes import get_mode
     from edge_runtime.modes.base import AnswerOptions, CloudSettings, ModeContext
@@ -122,11 +122,11 @@ async def ask_all(
                        "tokens_per_s": stats.tokens_per_s, "acceptance": stats.acceptance,
                        "ttft_s": stats.ttft_s}  # fmt: skip
                 rows.append(row)
+                on_row(rows)
                 print(f"{name:14} {note.file} {'✓' if row['right'] else '·'} "
                       f"{text[:60]!r}", file=sys.stderr, flush=True)  # fmt: skip
         finally:
             await mode.close()
-        on_method(rows)
     return rows
 
 
@@ -205,7 +205,7 @@ async def run(args: argparse.Namespace) -> dict:
         try:
             rows = await ask_all(
                 device, index, url, token, notes, args.methods,
-                temperature=args.temperature, max_tokens=args.max_tokens, on_method=save,
+                temperature=args.temperature, max_tokens=args.max_tokens, on_row=save,
             )  # fmt: skip
         finally:
             await cloud.stop()
@@ -255,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args.out = args.out or Path(__file__).parent / "results" / "private-facts" / (
         f"{args.engine}-{args.notes}notes.json")  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    measured = asyncio.run(run(args))  # saved after each method
+    measured = asyncio.run(run(args))  # saved after each answer
     print_summary(measured["summary"])
     print(f"\n{measured['seconds']:.0f} s; written to {args.out}")
 

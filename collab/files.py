@@ -44,16 +44,21 @@ def fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
-def _create_temp(path: Path) -> tuple[int, Path]:
-    """A new, unique `.<name>.<random>.tmp` beside `path`, opened for writing. Created like any
-    new file (0o666 less the umask), unlike `tempfile.mkstemp`'s 0o600, so a replaced file keeps
-    the permissions it always had."""
+def _create_temp(path: Path, mode: int | None) -> tuple[int, Path]:
+    """A new, unique `.<name>.<random>.tmp` beside `path`, opened for writing. Without `mode`
+    it is created like any new file (0o666 less the umask), unlike `tempfile.mkstemp`'s 0o600,
+    so a replaced file keeps the permissions it always had; with `mode` it has exactly that
+    from its creation, before a byte is written (a kill mid-write must not leave a secret in a
+    file others can read)."""
     while True:
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}{_TMP_SUFFIX}")
         try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode)
         except FileExistsError:
             continue
+        if mode is not None:
+            os.fchmod(fd, mode)  # exactly `mode`: the umask only ever narrowed it
+        return fd, tmp
 
 
 def atomic_write(
@@ -61,20 +66,19 @@ def atomic_write(
 ) -> None:
     """Replace `path` with `data` (text is encoded with `encoding`) so that readers and crashes
     see the old content or the new, never a mix. `mode` (e.g. 0o600 for a file holding a
-    secret) is set before the rename, so the content is never visible with looser permissions.
+    secret) is the temporary file's from its creation, so the content is never visible with
+    looser permissions, even in a temporary file left by a kill.
 
     The temporary file is unique (`.<name>.<random>.tmp`), so two writers never share one; it
     is removed on any error. The parent folder must exist."""
     path = Path(path)
     payload = data.encode(encoding) if isinstance(data, str) else data
-    fd, tmp = _create_temp(path)
+    fd, tmp = _create_temp(path, mode)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(payload)
             fh.flush()
             os.fsync(fh.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import sqlite3
 import stat
 from pathlib import Path
@@ -28,6 +29,33 @@ def test_atomic_write_replaces_whole_and_sets_the_mode(tmp_path: Path) -> None:
     assert path.read_text(encoding="utf-8") == "new ☃"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert [p.name for p in tmp_path.iterdir()] == ["f.toml"]  # no temp file left
+
+
+def test_a_secret_is_never_in_a_file_others_can_read_even_mid_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kill between the write and the rename leaves the temporary file: it must already have
+    the target's mode (it used to be 0o644 until a chmod just before the rename)."""
+    path = tmp_path / "settings.toml"
+    modes = []
+
+    def killed_after_the_write(fd: int) -> None:
+        modes.append(stat.S_IMODE(os.fstat(fd).st_mode))
+        raise KeyboardInterrupt  # stands for the kill
+
+    monkeypatch.setattr(os, "fsync", killed_after_the_write)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(path, 'token = "s3cret"', mode=0o600)
+    assert modes == [0o600]
+    monkeypatch.undo()
+    atomic_write(path, "plain")  # without a mode: a new file's usual permissions
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def test_a_failed_write_keeps_the_old_file(tmp_path: Path) -> None:
