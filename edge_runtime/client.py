@@ -121,7 +121,9 @@ class CloudClient:
         self.connect_timeout = connect_timeout
         self._token = token
         self._own_limits = limits
-        self.limits: Limits = limits  # the server's, once connected
+        # the server's, once connected: what it accepts. What it sends is read within this
+        # device's own limits, never within limits the server announced for itself.
+        self.limits: Limits = limits
         self.cloud_model_name = ""
         self.on_frame_sent: Callable[[bytes], None] | None = None
         self.bytes_up = self.bytes_down = 0
@@ -347,7 +349,7 @@ class CloudClient:
                     received_ns = time.monotonic_ns()
                     self._count_down(len(wsmsg.data))
                     try:
-                        msg = decode(wsmsg.data, self.limits)
+                        msg = decode(wsmsg.data, self._own_limits)
                     except ProtocolError as exc:
                         inbox.put_nowait(
                             CloudProtocolError(
