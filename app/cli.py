@@ -189,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument(
         "--eta", type=float,
         help="split: RAPID's η, how far the device's drafts (which read your documents) pull "
-        "the cloud's answer when sampling; 0 = exactly the cloud model" + from_settings,
+        "the cloud's answer when sampling; 0 = exactly the cloud model, about 20 lets facts "
+        "from your documents through (≤ 2 does not)" + from_settings,
     )  # fmt: skip
     ask.add_argument(
         "--pipeline", action=argparse.BooleanOptionalAction,

@@ -179,16 +179,18 @@ async def test_each_batch_is_pipelined_or_waits_as_the_costs_say(variant, far_dr
 
 
 @pytest.mark.parametrize("variant", ["tk-slt", "dssd"])
+@pytest.mark.parametrize("pipeline", [True, False])
 async def test_the_cloud_ending_the_answer_inside_a_batch_ends_it_cleanly(
-    variant, near_drafter, cloud_engine, cloud_url, tiny_tokenizer, monkeypatch
+    variant, pipeline, near_drafter, cloud_engine, cloud_url, tiny_tokenizer, monkeypatch
 ):
     """The cloud's own length limit (the room its context leaves, which the device does not
     know) can fall inside a batch, even inside a part verified before the batch was whole:
-    the answer ends with LENGTH exactly where cloud-only's does, and nothing hangs."""
+    the answer ends with LENGTH exactly where cloud-only's does, and nothing hangs (pipelined
+    and stop-and-wait alike)."""
     phone = slow(near_drafter, 0.02)
     cloud = build_mode("cloud", context(phone, cloud_url))
     split = build_mode("split", context(phone, cloud_url, variant))
-    options = AnswerOptions(max_new_tokens=48, temperature=0.0, pipeline=True)
+    options = AnswerOptions(max_new_tokens=48, temperature=0.0, pipeline=pipeline)
     for question in QUESTIONS:
         for room in (5, 9, 14):
             limit = len(prompt_ids(tiny_tokenizer, question)) + room

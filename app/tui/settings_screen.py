@@ -147,7 +147,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 eta = Input(str(s.eta), type="number", id="eta", compact=True)
                 eta.tooltip = (
                     "split, when sampling: how far the device's drafts pull the cloud's answer "
-                    "toward your documents (0 = exactly the cloud model)"
+                    "toward your documents (0 = exactly the cloud model; about 20 lets facts "
+                    "from your documents through, 2 or less does not)"
                 )
                 yield eta
                 yield Label("Theme")

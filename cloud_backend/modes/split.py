@@ -46,6 +46,7 @@ from collab.protocol import (
 from collab.sampling import distribution
 from collab.scheduling import ewma_update, verify_line
 from collab.variants import get_variant
+from collab.variants.base import Judgement
 
 if TYPE_CHECKING:
     from cloud_backend.context import RequestContext
@@ -135,13 +136,19 @@ class SplitRequest(Request):
         assert batch is not None
         drafts = np.concatenate([np.asarray(p.token_ids, dtype=np.int64) for p in parts])
         t0 = time.perf_counter()
-        feed = ([self.pending] if self.pending is not None else []) + drafts.tolist()
+        # Only the drafts the answer can still take are scored: its room (the context's, or
+        # max_new_tokens) may end inside the batch, and the context holds no more. The rows
+        # past them are stand-ins whose judgements are never used.
+        room = self.transcript.remaining
+        fit = min(drafts.size, room)
+        feed = ([self.pending] if self.pending is not None else []) + drafts[:fit].tolist()
         base = self.ctx.session.length
         rows = await self.ctx.session.forward(feed)
         if self.pending is None:
             assert self.next_logits is not None
             rows = np.vstack([self.next_logits[None, :], rows])
         P = np.stack([distribution(r, self.params) for r in rows])
+        P = np.vstack([P, np.repeat(P[-1:], drafts.size - fit, axis=0)])
         n, at = 0, 0
         for part in parts:
             size = part.token_ids.size
@@ -157,12 +164,16 @@ class SplitRequest(Request):
             n, at = n + judgement.accepted, at + size
             if judgement.accepted < size:
                 break
+        if n >= room:
+            # the answer ends at its room in this batch: no token after it (a verdict with
+            # neither a token nor P_j tells the device so; Done follows)
+            n, judgement = room, Judgement(room, None)
         ended = n == drafts.size and parts[-1].more == 0
         if n == drafts.size and (parts[-1].more or parts[-1].ahead):
             # the device drafts on from here: no bonus token, the next draft starts at this row
             judgement = judgement._replace(token=None)
         token = judgement.token
-        keep = base + (len(feed) - drafts.size) + n
+        keep = base + (len(feed) - fit) + n
         await self.ctx.session.rollback(keep)
         seconds = time.perf_counter() - t0
         self.ctx.pace.passes.append((len(feed), seconds))

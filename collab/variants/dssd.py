@@ -52,6 +52,8 @@ class Dssd(SplitVariant):
     def correct(self, verdict: Verdict, q: np.ndarray, rng: np.random.Generator) -> int:
         """DSSD's resample: norm(max(0, P_j − Q_j)) on the device."""
         p_j = np.asarray(verdict.p_probs, dtype=np.float64)
+        if p_j.shape != q.shape or not np.isfinite(p_j).all() or p_j.min() < 0 or p_j.sum() <= 0:
+            raise ValueError("a dssd rejection carries P_j, a distribution over the vocabulary")
         return dssd_device_resample(p_j / p_j.sum(), q, rng)
 
 
@@ -66,6 +68,7 @@ class DssdTopK(Dssd):
         return Judgement(n, None, ids, p_j[ids].astype(np.float16))
 
     def correct(self, verdict: Verdict, q: np.ndarray, rng: np.random.Generator) -> int:
-        assert verdict.p_ids is not None
+        if verdict.p_ids is None:
+            raise ValueError("a dssd-topk rejection carries the ids of its P_j")
         p_j = np.asarray(verdict.p_probs, dtype=np.float64)
         return sample_from(picospec_residual_topk(verdict.p_ids, p_j, q), rng)

@@ -42,7 +42,7 @@ from collab.protocol import Done, Verdict
 from collab.sampling import distribution
 from collab.scheduling import GammaChoice
 from collab.variants.base import DraftToken
-from edge_runtime.client import CloudError
+from edge_runtime.client import CloudProtocolError
 from edge_runtime.events import Event
 from edge_runtime.modes.base import STOP_IDS
 from edge_runtime.modes.split_run import SplitRun
@@ -249,7 +249,7 @@ class PipelinedRun(SplitRun):
             self._unexpected(msg)
             return
         if not self.batches or msg.accepted > self.batches[0].sent_n:
-            raise CloudError("the cloud judged drafts that were never sent")
+            raise CloudProtocolError("the cloud judged drafts that were never sent")
         batch = self.batches.popleft()
         n, token = msg.accepted, msg.token
         early = not batch.closed or 0 < msg.scored < batch.sent_n

@@ -43,7 +43,7 @@ from collab.protocol import (
 from collab.sampling import distribution
 from collab.scheduling import GammaChoice
 from collab.variants.base import DraftToken
-from edge_runtime.client import CloudClient, CloudError
+from edge_runtime.client import CloudClient, CloudError, CloudProtocolError
 from edge_runtime.device import DeviceModel
 from edge_runtime.events import Event, Notice
 from edge_runtime.modes.base import STOP_IDS, Answer, AnswerOptions
@@ -258,14 +258,22 @@ class SplitRun:
             return
         round_s = time.perf_counter() - t0
         n, token = verdict.accepted, verdict.token
+        if n > len(drafts):
+            raise CloudProtocolError("the cloud judged drafts that were never sent")
         fed = len(drafts) - 1  # the last draft was never fed to the device model
         await self.device.rollback(base + min(n, fed))
         if n < len(drafts):
             self.epoch += 1
         kept = self.transcript.commit(tokens[:n])
         self.unfed = tokens[min(n, fed) : n]
+        ended = False
         if token is None and self.transcript.finish is None:
-            token = await self._correct(verdict, drafts[n], step + n)
+            if verdict.p_probs is None or n == len(drafts):
+                # no correction to sample: the cloud ended the answer in this batch (the room
+                # its context leaves, which the device does not know); Done follows
+                ended = True
+            else:
+                token = await self._correct(verdict, drafts[n], step + n)
         if token is not None:
             kept += self.transcript.commit([token])
             self.unfed.append(token)
@@ -278,11 +286,16 @@ class SplitRun:
                                  scored=verdict.scored)  # fmt: skip
         for event in self.answer.emit(kept):
             yield event
+        if ended:
+            await self._await_done()
 
     async def _correct(self, verdict: Verdict, rejected: DraftToken, step: int) -> int:
         """The cloud left the correction to us (it does not know Q): sample it from the
         rejected draft's distribution and tell the cloud."""
-        token = self.scheme.correct(verdict, rejected.q, self.rng)
+        try:
+            token = self.scheme.correct(verdict, rejected.q, self.rng)
+        except ValueError as exc:  # no distribution to sample from: not an honest cloud's
+            raise CloudProtocolError(f"the cloud's verdict cannot be used: {exc}") from None
         await self.client.send(TokenChunk(np.asarray([token]), request_id=self.rid,
                                           epoch=self.epoch, step=step))  # fmt: skip
         return token
