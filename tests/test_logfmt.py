@@ -9,9 +9,11 @@ from cloud_backend.logfmt import MAX_VALUE_CHARS, kv
 
 
 def test_a_value_from_a_peer_cannot_start_a_line_or_fake_a_field():
-    line = kv("device_error", session=3, message="oops\nsession_refused why=token x=1")
-    assert "\n" not in line
-    assert shlex.split(line)[:2] == ["device_error", "session=3"] and len(shlex.split(line)) == 3
+    for message in ("oops\nsession_refused why=token x=1", "oops\nsession_refused"):
+        line = kv("device_error", session=3, message=message)
+        assert "\n" not in line
+        words = shlex.split(line)
+        assert words[:2] == ["device_error", "session=3"] and len(words) == 3
     assert kv("e", a="x=1") == "e a='x=1'" and kv("e", a="") == "e a=''"
     assert kv("e", a="tab\there") == r"e a='tab\there'"
 
