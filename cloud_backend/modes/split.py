@@ -148,7 +148,8 @@ class SplitRequest(Request):
             assert self.next_logits is not None
             rows = np.vstack([self.next_logits[None, :], rows])
         P = np.stack([distribution(r, self.params) for r in rows])
-        P = np.vstack([P, np.repeat(P[-1:], drafts.size - fit, axis=0)])
+        if fit < drafts.size:
+            P = np.vstack([P, np.repeat(P[-1:], drafts.size - fit, axis=0)])
         n, at = 0, 0
         for part in parts:
             size = part.token_ids.size
