@@ -1,4 +1,5 @@
-"""An emulated network link: a TCP proxy with per-direction delay, jitter and bandwidth.
+"""An emulated network link: a TCP proxy with per-direction delay, jitter, bandwidth and loss,
+and the faults a real link has: resets, a peer that vanishes without a FIN, partitions.
 
 This kernel has no netem, so tests and benchmarks put this proxy between the device and the
 cloud on loopback (DESIGN.md §7). Each direction is shaped on its own: bytes leave a token
@@ -12,7 +13,17 @@ Run on its own, it serves the link until interrupted:
         --delay-ms 25 --jitter-ms 5 --up-kbit 10000 --down-kbit 50000
 
 Point the device at the listening port. Delay and jitter are one-way and apply to both
-directions; bandwidth is per direction (kbit/s; omit for unlimited)."""
+directions; bandwidth is per direction (kbit/s; omit for unlimited).
+
+Faults, at the level a TCP stream sees them (tests/test_link_faults.py):
+- loss: a chunk is lost with probability `loss` and arrives one retransmission timeout late,
+  holding back the bytes behind it (head-of-line blocking);
+- `reset()`: every open connection ends with a TCP reset on both sides;
+- `vanish()`: open connections stay open but nothing crosses them any more, either way (the
+  peer is gone without a FIN: a closed laptop lid, a pulled cable, a dead NAT entry);
+- `partition(seconds)`: nothing crosses the link for a while, then the bytes held back arrive
+  in order (TCP retransmitting across the gap); connections opened meanwhile wait too;
+- a bandwidth collapse mid-answer is `retune()` with a small bandwidth."""
 
 from __future__ import annotations
 
@@ -21,6 +32,7 @@ import asyncio
 import contextlib
 import random
 import socket
+import struct
 from dataclasses import dataclass, field
 
 
@@ -33,10 +45,14 @@ class LinkProfile:
     jitter: float = 0.0
     bandwidth: float | None = None
     burst: int = 16_384
+    loss: float = 0.0  # probability that a chunk is lost and sent again `rto` later
+    rto: float = 0.2  # TCP's retransmission timeout (Linux's minimum)
 
     def __post_init__(self) -> None:
-        if self.delay < 0 or self.jitter < 0:
-            raise ValueError("delay and jitter must be ≥ 0")
+        if self.delay < 0 or self.jitter < 0 or self.rto < 0:
+            raise ValueError("delay, jitter and rto must be ≥ 0")
+        if not 0 <= self.loss < 1:
+            raise ValueError("loss must be in [0, 1)")
         if self.bandwidth is not None and self.bandwidth <= 0:
             raise ValueError("bandwidth must be > 0 bytes/s (or None for unlimited)")
         if self.burst <= 0:
@@ -77,6 +93,8 @@ class _Shaper:
             else:
                 self.tokens -= size
         arrival = sent + p.delay + (self.rng.uniform(0.0, p.jitter) if p.jitter else 0.0)
+        if p.loss and self.rng.random() < p.loss:
+            arrival += p.rto
         self.last_delivery = max(arrival, self.last_delivery)  # never overtake earlier bytes
         return self.last_delivery
 
@@ -103,6 +121,29 @@ class LinkEmulator:
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task] = set()
         self._shapers: list[tuple[_Shaper, str]] = []
+        self._connections: set[_Connection] = set()
+        self._healed_at = 0.0  # loop time a partition ends (0: none)
+
+    # ---- faults ------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """End every open connection now with a TCP reset on both sides."""
+        for conn in list(self._connections):
+            conn.abort()
+
+    def vanish(self) -> None:
+        """The other side is gone without a FIN: open connections stay open, but nothing more
+        crosses them either way (what is sent is lost). New connections work."""
+        for conn in self._connections:
+            conn.dead = True
+
+    def partition(self, seconds: float) -> None:
+        """Nothing crosses the link for `seconds` from now; then what was held back arrives."""
+        self._healed_at = asyncio.get_running_loop().time() + seconds
+
+    async def _healed(self) -> None:
+        loop = asyncio.get_running_loop()
+        while (left := self._healed_at - loop.time()) > 0:
+            await asyncio.sleep(left)
 
     def retune(self, up: LinkProfile, down: LinkProfile) -> None:
         """Change the link from now on, open connections included (a latency trace replayed
@@ -138,6 +179,7 @@ class LinkEmulator:
 
     async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         self.stats.connections += 1
+        await self._healed()  # a connection opened across a partition waits for its end
         try:
             server_r, server_w = await asyncio.open_connection(*self.target)
         except OSError:
@@ -151,14 +193,17 @@ class LinkEmulator:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         shapers = [(_Shaper(self.up, self._rng), "up"), (_Shaper(self.down, self._rng), "down")]
         self._shapers += shapers
+        conn = _Connection(client_w, server_w)
+        self._connections.add(conn)
         pipes = [
-            asyncio.create_task(self._pipe(client_r, server_w, *shapers[0])),
-            asyncio.create_task(self._pipe(server_r, client_w, *shapers[1])),
+            asyncio.create_task(self._pipe(client_r, server_w, *shapers[0], conn)),
+            asyncio.create_task(self._pipe(server_r, client_w, *shapers[1], conn)),
         ]
         self._tasks.update(pipes)
         await asyncio.gather(*pipes, return_exceptions=True)
         self._tasks.difference_update(pipes)
         self._shapers = [s for s in self._shapers if s not in shapers]
+        self._connections.discard(conn)
         for w in (client_w, server_w):
             w.close()
 
@@ -168,8 +213,10 @@ class LinkEmulator:
         writer: asyncio.StreamWriter,
         shaper: _Shaper,
         direction: str,
+        conn: _Connection,
     ) -> None:
-        """Read as bytes arrive; a second task writes each chunk at its delivery time."""
+        """Read as bytes arrive; a second task writes each chunk at its delivery time (after a
+        partition's end; never, once the connection has vanished)."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
 
@@ -177,18 +224,23 @@ class LinkEmulator:
             while (item := await queue.get()) is not None:
                 at, data = item
                 await asyncio.sleep(max(0.0, at - loop.time()))
+                await self._healed()
+                if conn.dead:
+                    continue
                 writer.write(data)
                 await writer.drain()
                 if direction == "up":
                     self.stats.bytes_up += len(data)
                 else:
                     self.stats.bytes_down += len(data)
-            if writer.can_write_eof():
+            if writer.can_write_eof() and not conn.dead:
                 writer.write_eof()
 
         sender = asyncio.create_task(deliver())
         try:
             while data := await reader.read(shaper.profile.burst):
+                if conn.dead:
+                    continue  # swallowed: nothing reaches a side that has vanished
                 queue.put_nowait((shaper.delivery_time(loop.time(), len(data)), data))
         except (ConnectionError, OSError):
             pass
@@ -196,6 +248,24 @@ class LinkEmulator:
             queue.put_nowait(None)
             with contextlib.suppress(ConnectionError, OSError):
                 await sender
+
+
+@dataclass(eq=False)
+class _Connection:
+    """Both sockets of one proxied connection."""
+
+    client: asyncio.StreamWriter
+    server: asyncio.StreamWriter
+    dead: bool = False  # vanished: nothing more crosses it
+
+    def abort(self) -> None:
+        for writer in (self.client, self.server):
+            transport = writer.transport
+            sock = transport.get_extra_info("socket")
+            if sock is not None:  # SO_LINGER 0: close() sends a RST, not a FIN
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            transport.abort()
 
 
 def main() -> None:

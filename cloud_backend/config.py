@@ -38,8 +38,11 @@ class ServerConfig:
     model_dir: Path | None = None  # None: the prepared cloud model (`tandem models prepare`)
     model_name: str | None = None  # None: derived from model_dir
     threads: int | None = None
-    max_sessions: int = 8
+    max_sessions: int = 8  # websockets at once, handshaken or not; past it: 503 Retry-After
     idle_timeout_s: float = 300.0
+    hello_timeout_s: float = 10.0  # a websocket must say Hello within this, whatever it sends
+    heartbeat_s: float | None = 5.0  # websocket ping every this; no pong in half: dead (None: off)
+    send_timeout_s: float = 30.0  # a device that takes no frame for this long is cut off
     kv_budget_bytes: int = 2 * 1024**3
     limits: Limits = field(default=DEFAULT_LIMITS)
     corpus_enabled: bool = True
@@ -58,8 +61,11 @@ class ServerConfig:
             raise ConfigError(f"port must be in 0..65535, not {self.port}")
         if self.max_sessions < 1:
             raise ConfigError("max_sessions must be at least 1")
-        if not self.idle_timeout_s > 0:
-            raise ConfigError("idle_timeout_s must be > 0 seconds")
+        for name in ("idle_timeout_s", "hello_timeout_s", "send_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0 seconds")
+        if self.heartbeat_s is not None and not self.heartbeat_s > 0:
+            raise ConfigError("heartbeat_s must be > 0 seconds (or unset to turn it off)")
         if self.kv_budget_bytes < 0:
             raise ConfigError("kv_budget_bytes must be ≥ 0")
         if self.threads is not None and self.threads < 1:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cloud_backend.engine import EngineSession, LLMEngine
-from collab.protocol import Limits, Message, Mode
+from collab.protocol import Cancel, Limits, Message, Mode
 
 
 class RequestMetrics(Protocol):
@@ -27,6 +27,48 @@ class RequestMetrics(Protocol):
 
     def ttft(self, seconds: float) -> None:
         """Time from Generate to the first committed token."""
+
+
+class RequestInbox(asyncio.Queue[Message]):
+    """A request's frames from the device, bounded in count and bytes: a device that sends
+    faster than its request reads cannot grow the server's memory."""
+
+    def __init__(self, max_frames: int, max_bytes: int) -> None:
+        super().__init__()
+        self.max_frames, self.max_bytes = max_frames, max_bytes
+        self.nbytes = 0  # wire bytes of the frames queued
+        self._sizes: dict[int, int] = {}  # id(frame) → its wire bytes, while queued
+        self._cancels = 0
+
+    def offer(self, msg: Message, nbytes: int) -> bool:
+        """Queue a frame of `nbytes` wire bytes; False (nothing queued) if it would overflow."""
+        if self.qsize() >= self.max_frames or self.nbytes + nbytes > self.max_bytes:
+            return False
+        self._sizes[id(msg)] = nbytes
+        self.nbytes += nbytes
+        self.put_nowait(msg)
+        return True
+
+    def replace_all(self, msg: Message) -> None:
+        """Drop every frame queued and queue `msg` alone (a Cancel that must come first)."""
+        while not self.empty():
+            self.get_nowait()
+        self.put_nowait(msg)
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether a Cancel is queued (the queue is left as it is)."""
+        return self._cancels > 0
+
+    def _put(self, item: Message) -> None:
+        super()._put(item)
+        self._cancels += isinstance(item, Cancel)
+
+    def _get(self) -> Message:
+        msg: Message = super()._get()
+        self._cancels -= isinstance(msg, Cancel)
+        self.nbytes -= self._sizes.pop(id(msg), 0)
+        return msg
 
 
 @dataclass
@@ -51,7 +93,7 @@ class RequestContext:
     variant: str  # for SPLIT: a name in collab.variants.VARIANTS
     limits: Limits
     send: Callable[[Message], Awaitable[None]]  # encodes, counts bytes, sends one frame
-    inbox: asyncio.Queue[Message]  # drafts, CloudDecode, TokenChunk, Cancel for this request
+    inbox: RequestInbox  # drafts, CloudDecode, TokenChunk, Cancel for this request
     traffic: Callable[[], tuple[int, int]]  # (bytes_up, bytes_down) of this request so far
     metrics: RequestMetrics
     ping: Callable[[], Awaitable[None]] | None = None  # ask the device for a Pong (RTT)

@@ -61,6 +61,22 @@ def _check_auth(request: web.Request, token: str) -> web.Response | None:
     return None
 
 
+RETRY_AFTER_S = 5  # what an overloaded cloud tells a device to wait before trying again
+
+
+def _overloaded(state: AppState) -> web.Response:
+    """TGI's answer to a client past --max-concurrent-requests, in HTTP: 503 with Retry-After,
+    before any websocket exists (a websocket not yet past Hello holds a slot too)."""
+    state.metrics.refusals.labels(reason="busy").inc()
+    reason = (
+        f"the cloud is overloaded: all {state.config.max_sessions} sessions are in use; "
+        f"retry after {RETRY_AFTER_S} s"
+    )
+    return web.Response(
+        status=503, text=reason + "\n", headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)}
+    )
+
+
 async def _session_handler(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     refusal = _check_auth(request, state.token)
@@ -69,26 +85,41 @@ async def _session_handler(request: web.Request) -> web.StreamResponse:
         reason = (refusal.text or "").strip()
         log.info(kv("auth_refused", peer=request.remote or "?", reason=reason))
         return refusal
+    config = state.config
     ws = web.WebSocketResponse(
-        # Twice the protocol's frame limit: a frame somewhat over it still gets a readable
-        # Error (decode refuses it) and the session survives; beyond this the transport
-        # closes with 1009 before buffering more.
-        max_msg_size=2 * state.config.limits.max_frame_bytes,
+        # The largest legal frame and no more: a bigger one closes the transport with 1009
+        # before it is buffered. No compression (no decompression bomb); a ping every
+        # heartbeat_s and a peer silent for half of it after the ping is dead (1006).
+        max_msg_size=config.limits.max_frame_bytes,
         compress=False,
         autoping=True,
+        heartbeat=config.heartbeat_s,
     )
     if not ws.can_prepare(request).ok:
         return web.Response(
             status=400, text="this endpoint speaks websocket only (GET with Upgrade: websocket)\n"
         )
-    await ws.prepare(request)
-    _set_nodelay(request.transport)
-    state.websockets.add(ws)
+    if len(state.websockets) >= config.max_sessions:
+        log.info(kv("session_refused", peer=request.remote or "?", why="busy"))
+        return _overloaded(state)
+    state.websockets.add(ws)  # counted from here: no await between the check and this line
     try:
-        await Session(state, ws, request.remote).run()
+        await ws.prepare(request)
+        _set_nodelay(request.transport)
+        await Session(state, ws, request.remote, abort=_aborter(request)).run()
     finally:
         state.websockets.discard(ws)
     return ws
+
+
+def _aborter(request: web.Request) -> Callable[[], None]:
+    """Drop the TCP connection at once (a peer that reads nothing cannot take a close frame)."""
+
+    def abort() -> None:
+        if request.transport is not None:
+            request.transport.abort()
+
+    return abort
 
 
 async def _healthz(request: web.Request) -> web.Response:

@@ -15,13 +15,14 @@ import hmac
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from cloud_backend.config import ServerConfig
-from cloud_backend.context import DraftPace, RequestContext
+from cloud_backend.context import DraftPace, RequestContext, RequestInbox
 from cloud_backend.engine import EngineSession, LLMEngine
 from cloud_backend.logfmt import kv
 from cloud_backend.metrics import RequestMetrics, ServerMetrics
@@ -66,6 +67,12 @@ _REQUEST_FRAMES = (
     DragonTarget, DragonScore,
 )  # fmt: skip
 RTT_ALPHA = 0.2  # EWMA weight of a new round-trip sample (the device's client uses the same)
+# A request's frames waiting to be read: far above what any mode keeps in flight (a pipelined
+# split batch streams at most 2 × max_draft_tokens drafts, DRAGON a lookahead of drafts), so
+# only a device that floods its request reaches it, and the request is cancelled.
+INBOX_FRAMES = 1024
+INBOX_BYTES = 64 * 1024 * 1024
+MAX_PINGS = 16  # our Pings awaiting a Pong: older ones are forgotten
 
 
 def _error_label(code: int) -> str:
@@ -102,21 +109,29 @@ class _Request:
 
     id: int
     mode: str
-    inbox: asyncio.Queue[Message] = field(default_factory=asyncio.Queue)
+    inbox: RequestInbox = field(default_factory=lambda: RequestInbox(INBOX_FRAMES, INBOX_BYTES))
     bytes_up: int = 0
     bytes_down: int = 0
     metrics: RequestMetrics | None = None
     task: asyncio.Task[None] | None = None
     finished: bool = False
+    overflowed: bool = False  # cancelled for flooding its inbox
 
 
 class Session:
     """One websocket: handshake, reader loop, the running request, cleanup."""
 
-    def __init__(self, state: AppState, ws: web.WebSocketResponse, peer: str | None) -> None:
+    def __init__(
+        self,
+        state: AppState,
+        ws: web.WebSocketResponse,
+        peer: str | None,
+        abort: Callable[[], None] | None = None,
+    ) -> None:
         self.state = state
         self.ws = ws
         self.peer = peer or "?"
+        self._abort = abort
         self.id = next(state.ids)
         self.limits: Limits = state.config.limits
         self.idle_s = state.config.idle_timeout_s
@@ -143,7 +158,11 @@ class Session:
         if self.ws.closed:
             raise ConnectionResetError("the device has disconnected")
         async with self._send_lock:
-            await self.ws.send_bytes(frame)
+            try:
+                await asyncio.wait_for(self.ws.send_bytes(frame), self.state.config.send_timeout_s)
+            except TimeoutError:
+                self._cut_off()
+                raise ConnectionResetError("the device stopped reading") from None
         n = len(frame)
         self.last_activity = time.monotonic()
         self.bytes_out += n
@@ -181,6 +200,14 @@ class Session:
         if req is not None and request_id == req.id and not req.finished:
             req.bytes_up += n
 
+    def _cut_off(self) -> None:
+        """A device that takes no frame for send_timeout_s: its send buffer is full and stays
+        so. Drop the connection (a close frame could not get through either)."""
+        wait = self.state.config.send_timeout_s
+        log.info(kv("session_stalled", session=self.id, send_timeout_s=wait))
+        if self._abort is not None:
+            self._abort()
+
     # ---- lifecycle -------------------------------------------------------------------------
     async def run(self) -> None:
         try:
@@ -193,12 +220,14 @@ class Session:
         finally:
             await self._teardown()
 
-    async def _receive(self) -> Any:
+    async def _receive(self, deadline: float | None = None) -> Any:
         """The next websocket message, or None once no frame went either way for `idle_s`
-        seconds: a cloud answer streaming down is activity, a split request waiting for
-        drafts that never come is not."""
+        seconds (a cloud answer streaming down is activity, a split request waiting for
+        drafts that never come is not), or at `deadline` (monotonic) whatever came."""
         while True:
             left = self.last_activity + self.idle_s - time.monotonic()
+            if deadline is not None:
+                left = min(left, deadline - time.monotonic())
             if left <= 0:
                 return None
             try:
@@ -207,14 +236,15 @@ class Session:
                 continue
 
     async def _handshake(self) -> bool:
-        """Wait for a Hello; accept or refuse it. Malformed frames before it get an Error."""
+        """Wait for a Hello; accept or refuse it. Malformed frames before it get an Error, but
+        do not buy time: the Hello must come within hello_timeout_s of the upgrade."""
+        wait = self.state.config.hello_timeout_s
+        deadline = self.opened + wait
         while True:
-            wsmsg = await self._receive()
+            wsmsg = await self._receive(deadline)
             if wsmsg is None:
-                await self._error(
-                    ErrorCode.LIMIT, f"idle timeout: no Hello within {self.idle_s:g} s; closing"
-                )
-                await self.ws.close(code=WSCloseCode.OK, message=b"idle timeout")
+                await self._error(ErrorCode.LIMIT, f"no Hello within {wait:g} s; closing")
+                await self.ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"no hello")
                 return False
             if wsmsg.type == WSMsgType.TEXT:
                 self._count_in(len(wsmsg.data.encode("utf-8")))
@@ -282,14 +312,7 @@ class Session:
                     f"unknown split variant {variant!r}; this cloud serves "
                     + ", ".join(variant_names()),
                 )
-        if len(self.state.sessions) >= self.state.config.max_sessions:
-            return await self._refuse(
-                "busy",
-                f"the cloud is busy: all {self.state.config.max_sessions} sessions are in use; "
-                "try again later",
-                close_code=WSCloseCode.TRY_AGAIN_LATER,
-            )
-        # Accepted. No await between the capacity check and the registration.
+        # Accepted (capacity was checked before the upgrade: server._overloaded).
         self.state.sessions[self.id] = self
         self.mode, self.variant = hello.mode, variant
         self.engine_session = engine.open_session(on_evict=self._evicted_from_worker)
@@ -303,14 +326,12 @@ class Session:
         )  # fmt: skip
         return await self._try_send(ack)
 
-    async def _refuse(
-        self, why: str, reason: str, close_code: int = WSCloseCode.POLICY_VIOLATION
-    ) -> bool:
+    async def _refuse(self, why: str, reason: str) -> bool:
         self.state.metrics.refusals.labels(reason=why).inc()
         log.info(kv("session_refused", session=self.id, peer=self.peer, why=why, reason=reason))
         ack = HelloAck(False, limits=self.limits, reason=reason, model_name=self.state.engine.name)
         await self._try_send(ack)
-        await self.ws.close(code=close_code, message=why.encode())
+        await self.ws.close(code=WSCloseCode.POLICY_VIOLATION, message=why.encode())
         return False
 
     async def _text_frame(self) -> bool:
@@ -359,7 +380,7 @@ class Session:
         if isinstance(msg, Generate):
             return await self._start_request(msg, len(frame))
         if isinstance(msg, _REQUEST_FRAMES):
-            return await self._route(msg)
+            return await self._route(msg, len(frame))
         if isinstance(msg, Error):
             log.info(
                 kv(
@@ -385,6 +406,8 @@ class Session:
         """Ask the device for a Pong; its round trip updates `rtt_s` (DRAGON's scheduler)."""
         sent = time.monotonic_ns()
         self._pings.add(sent)
+        if len(self._pings) > MAX_PINGS:  # a device that answers none cannot grow the set
+            self._pings.discard(min(self._pings))
         await self.send(Ping(sent))
 
     def _on_pong(self, pong: Pong, received_ns: int) -> None:
@@ -394,10 +417,13 @@ class Session:
         rtt = (received_ns - pong.ping_sent_ns) / 1e9
         self.rtt_s = rtt if self.rtt_s is None else (1 - RTT_ALPHA) * self.rtt_s + RTT_ALPHA * rtt
 
-    async def _route(self, msg: Message) -> bool:
+    async def _route(self, msg: Message, nbytes: int) -> bool:
         req = self.request
         if req is not None and not req.finished and msg.request_id == req.id:
-            req.inbox.put_nowait(msg)
+            if req.overflowed:
+                return True  # cancelled for flooding: the rest of its frames are dropped
+            if not req.inbox.offer(msg, nbytes):
+                return await self._overflow(req)
             if isinstance(msg, Cancel) and self.engine_session is not None:
                 self.engine_session.cancel()  # a long prefill stops now, not at its end
             return True
@@ -411,6 +437,23 @@ class Session:
             return True
         return await self._error(
             ErrorCode.MALFORMED, f"no active request {msg.request_id}", msg.request_id
+        )
+
+    async def _overflow(self, req: _Request) -> bool:
+        """The device sent its request more frames than it reads: cancel that request (its
+        Done follows as for a Cancel); the session and other sessions go on."""
+        inbox = req.inbox
+        req.overflowed = True
+        log.info(kv("request_flooded", session=self.id, request=req.id, frames=inbox.qsize(),
+                    bytes=inbox.nbytes))  # fmt: skip
+        inbox.replace_all(Cancel(request_id=req.id))
+        if self.engine_session is not None:
+            self.engine_session.cancel()
+        return await self._error(
+            ErrorCode.LIMIT,
+            f"request {req.id} was sent more frames than it had read ({inbox.max_frames} "
+            f"frames or {inbox.max_bytes // 2**20} MiB waiting); it is cancelled",
+            req.id,
         )
 
     # ---- requests --------------------------------------------------------------------------

@@ -269,12 +269,16 @@ class Ledger:
         self.queues[self.me].append(draft)
         self.made[self.me] += 1
 
-    def receive(self, draft: DragonDraft) -> bool:
-        """File the other side's draft; False (and counted) if it is stale or out of order."""
+    def receive(self, draft: DragonDraft, limit: int | None = None) -> bool:
+        """File the other side's draft; False (and counted) if it is stale or out of order.
+        ValueError if `limit` of its drafts are already unresolved: an honest side stops
+        drafting at its lookahead (the link keeps order, so it never sees fewer resolved)."""
         side = self.me.other
         if draft.epoch != self.epochs[side] or draft.step != self.next_draft_step(side):
             self.stale += 1
             return False
+        if limit is not None and len(self.queues[side]) >= limit:
+            raise ValueError(f"a draft past the lookahead of {limit} unresolved drafts")
         self.queues[side].append(draft)
         self.made[side] += 1
         return True

@@ -179,7 +179,7 @@ class DragonPeer:
     async def _on_frame(self, msg: DragonDraft | DragonTarget) -> None:
         try:
             if isinstance(msg, DragonDraft):
-                if self.ledger.receive(msg):
+                if self.ledger.receive(msg, limit=max(self.setup.lookahead, 1)):
                     self.scheduler.observe_draft(self.me.other, msg)
             elif self.ledger.aggregating:
                 raise PeerError(f"a target for step {msg.step} from the side not aggregating")

@@ -43,6 +43,8 @@ from collab.protocol import (
 log = logging.getLogger("tandem.edge.client")
 
 RTT_ALPHA = 0.2  # EWMA weight of a new RTT sample
+HEARTBEAT_S = 5.0  # websocket ping every this; a cloud silent for half of it after: dead
+INBOX_BYTES = 32 * 1024 * 1024  # frames read but not yet taken; past it the reader waits
 
 
 class CloudError(Exception):
@@ -65,6 +67,14 @@ class CloudUnavailable(CloudError):
     """The cloud cannot be reached, or is not a Tandem cloud."""
 
 
+class CloudBusy(CloudError):
+    """The cloud is overloaded (HTTP 503): it said when to try again; retrying sooner is no use."""
+
+    def __init__(self, message: str, retry_after_s: float | None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class ConnectionLost(CloudError):
     """The connection closed (or was never opened)."""
 
@@ -78,11 +88,24 @@ class CloudProtocolError(CloudError):
 
 
 _CLOSE_REASONS: dict[int, str] = {
+    WSCloseCode.ABNORMAL_CLOSURE: "it broke off without a goodbye (the network or the cloud "
+    "went away)",
     WSCloseCode.MESSAGE_TOO_BIG: "a frame was larger than the connection allows",
     WSCloseCode.GOING_AWAY: "the cloud is shutting down",
     WSCloseCode.TRY_AGAIN_LATER: "the cloud is busy; try again later",
     WSCloseCode.POLICY_VIOLATION: "the cloud ended the session",
 }
+
+
+def _busy(exc: aiohttp.WSServerHandshakeError) -> CloudBusy:
+    """A 503's refusal in plain words, with its Retry-After (seconds) when it has one."""
+    retry = exc.headers.get(hdrs.RETRY_AFTER, "") if exc.headers else ""
+    try:
+        after: float | None = min(max(0.0, float(retry)), 3600.0)
+    except ValueError:
+        after = None
+    when = f"try again in {after:g} s" if after is not None else "try again later"
+    return CloudBusy(f"the cloud is overloaded (all its sessions are in use): {when}", after)
 
 
 def _plain(exc: BaseException) -> str:
@@ -112,6 +135,7 @@ class CloudClient:
         model_name: str,
         limits: Limits = DEFAULT_LIMITS,
         connect_timeout: float = 10.0,
+        heartbeat_s: float | None = HEARTBEAT_S,
     ) -> None:
         self.url = url
         self.mode = Mode(mode)
@@ -119,6 +143,7 @@ class CloudClient:
         self.tokenizer_hash = tokenizer_hash
         self.model_name = model_name
         self.connect_timeout = connect_timeout
+        self.heartbeat_s = heartbeat_s
         self._token = token
         self._own_limits = limits
         # the server's, once connected: what it accepts. What it sends is read within this
@@ -133,6 +158,9 @@ class CloudClient:
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._reader: asyncio.Task[None] | None = None
         self._inbox: asyncio.Queue[Message | CloudError] | None = None
+        self._inbox_bytes = 0  # wire bytes of the frames in the inbox
+        self._inbox_room = asyncio.Event()  # set while the inbox is under INBOX_BYTES
+        self._frame_bytes: dict[int, int] = {}  # id(frame) → its wire bytes, while queued
         self._pings: dict[int, asyncio.Future[float]] = {}
         self._send_lock = asyncio.Lock()
         self._request_ids = itertools.count(1)
@@ -194,6 +222,7 @@ class CloudClient:
                     max_msg_size=self._own_limits.max_frame_bytes,
                     compress=0,
                     autoping=True,
+                    heartbeat=self.heartbeat_s,
                 ),
                 self.connect_timeout,
             )
@@ -201,6 +230,8 @@ class CloudClient:
             await http.close()
             if exc.status == 401:
                 raise AuthError(self._auth_message(exc)) from None
+            if exc.status == 503:
+                raise _busy(exc) from None
             raise CloudUnavailable(
                 f"{self.url} did not open a session (HTTP {exc.status}): is it a Tandem cloud?"
             ) from None
@@ -225,7 +256,8 @@ class CloudClient:
         self.limits = ack.limits
         self.cloud_model_name = ack.model_name
         inbox: asyncio.Queue[Message | CloudError] = asyncio.Queue()
-        self._inbox = inbox
+        self._inbox, self._inbox_bytes, self._frame_bytes = inbox, 0, {}
+        self._inbox_room.set()
         self._reader = asyncio.create_task(self._read_loop(ws, inbox), name="tandem-cloud-reader")
         log.info(
             "connected to %s: model=%s mode=%s variant=%s",
@@ -336,6 +368,9 @@ class CloudClient:
             raise ConnectionLost(str(item))
         if isinstance(item, CloudError):
             raise item
+        self._inbox_bytes -= self._frame_bytes.pop(id(item), 0)
+        if self._inbox_bytes < INBOX_BYTES:
+            self._inbox_room.set()
         return item
 
     async def _read_loop(
@@ -365,7 +400,7 @@ class CloudClient:
                                  request_id=msg.request_id)
                         )  # fmt: skip
                     else:
-                        inbox.put_nowait(msg)
+                        await self._queue(inbox, msg, len(wsmsg.data))
                 elif wsmsg.type == WSMsgType.TEXT:
                     self._count_down(len(wsmsg.data.encode("utf-8")))
                     log.warning("ignored a text frame from the cloud")
@@ -382,9 +417,26 @@ class CloudClient:
             inbox.put_nowait(lost)
             self._fail_pings(lost)
 
+    async def _queue(
+        self, inbox: asyncio.Queue[Message | CloudError], msg: Message, nbytes: int
+    ) -> None:
+        """Hand a frame to recv(). A cloud that sends faster than the device reads is not read
+        from while INBOX_BYTES wait: TCP holds it back, the device's memory stays bounded."""
+        self._frame_bytes[id(msg)] = nbytes
+        self._inbox_bytes += nbytes
+        inbox.put_nowait(msg)
+        if self._inbox_bytes >= INBOX_BYTES:
+            self._inbox_room.clear()
+            await self._inbox_room.wait()
+
     def _close_reason(self, ws: aiohttp.ClientWebSocketResponse, wsmsg: Any) -> str:
         code = ws.close_code
         if wsmsg.type == WSMsgType.ERROR:
+            if isinstance(wsmsg.data, aiohttp.ServerTimeoutError):  # the heartbeat's verdict
+                return (
+                    "the cloud stopped answering (no reply to the connection's heartbeat "
+                    f"within {1.5 * (self.heartbeat_s or 0):g} s)"
+                )
             return f"the connection to the cloud failed: {_plain(wsmsg.data)}"
         if code in _CLOSE_REASONS:
             return f"the connection to the cloud closed: {_CLOSE_REASONS[code]}"

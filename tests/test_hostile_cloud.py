@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
 from aiohttp import WSMsgType, web
 
+from collab.dragon import DRAGON_LOOKAHEAD
 from collab.protocol import (
     DEFAULT_LIMITS,
     Draft,
+    DragonDraft,
+    DragonSetup,
     Generate,
     Hello,
     HelloAck,
@@ -25,7 +29,8 @@ from collab.protocol import (
     decode,
     encode,
 )
-from edge_runtime.client import CloudClient, CloudProtocolError
+from edge_runtime import client as client_module
+from edge_runtime.client import CloudClient, CloudProtocolError, ConnectionLost
 from edge_runtime.events import Failure
 from edge_runtime.modes import build_mode
 from edge_runtime.modes.base import AnswerOptions
@@ -42,11 +47,12 @@ Reply = Callable[[Message], Sequence[Message]]  # the cloud's answer to each dev
 @pytest.fixture
 async def hostile_cloud() -> AsyncIterator[Callable[..., Awaitable[str]]]:
     """Start a scripted cloud: `start(ack, frames, reply)` sends `frames` after the handshake,
-    then `reply(msg)` for every frame the device sends; returns its URL."""
+    then `reply(msg)` for every frame the device sends (or, `deaf`, reads nothing more);
+    returns its URL."""
     runners: list[web.AppRunner] = []
 
     async def start(ack: HelloAck, frames: Sequence[Message] = (), reply: Reply | None = None,
-                    ) -> str:  # fmt: skip
+                    deaf: bool = False) -> str:  # fmt: skip
         async def session(request: web.Request) -> web.WebSocketResponse:
             ws = web.WebSocketResponse(compress=False)
             await ws.prepare(request)
@@ -55,6 +61,8 @@ async def hostile_cloud() -> AsyncIterator[Callable[..., Awaitable[str]]]:
             await ws.send_bytes(encode(ack))
             for frame in frames:
                 await ws.send_bytes(encode(frame))
+            if deaf:  # reads nothing more, so answers no websocket ping: a vanished peer
+                await asyncio.Event().wait()
             async for wsmsg in ws:  # until the device leaves
                 for frame in reply(decode(wsmsg.data)) if reply else ():
                     await ws.send_bytes(encode(frame))
@@ -74,8 +82,8 @@ async def hostile_cloud() -> AsyncIterator[Callable[..., Awaitable[str]]]:
         await runner.cleanup()
 
 
-def client(url: str) -> CloudClient:
-    return CloudClient(url, "token", Mode.CLOUD, "", b"\x01" * 32, "tiny-device")
+def client(url: str, **kw: Any) -> CloudClient:
+    return CloudClient(url, "token", Mode.CLOUD, "", b"\x01" * 32, "tiny-device", **kw)
 
 
 async def test_frames_are_read_within_the_devices_limits_not_the_ones_the_cloud_announced(
@@ -142,3 +150,112 @@ async def test_a_lying_verdict_is_a_plain_failure_and_the_device_finishes(
     assert "never sent" in failures[0].message or "cannot be used" in failures[0].message
     assert stats.tokens > 1  # the device finished the answer
     await split.close()
+
+
+# ---------------------------------------------------------------------------- the link itself
+
+
+async def test_a_cloud_that_stops_answering_is_found_by_the_heartbeat(hostile_cloud):
+    """The cloud vanishes without a FIN (it answers no websocket ping): the device's recv()
+    ends with ConnectionLost, in plain words, within 1.5 heartbeats."""
+    beat = 0.2
+    url = await hostile_cloud(ACK, deaf=True)
+    async with client(url, heartbeat_s=beat) as device:
+        t0 = asyncio.get_running_loop().time()
+        with pytest.raises(ConnectionLost, match=r"stopped answering .*heartbeat"):
+            await device.recv(timeout=10)
+        assert asyncio.get_running_loop().time() - t0 < 1.5 * beat + 0.5
+
+
+async def test_a_cloud_that_floods_the_device_is_held_back_not_buffered(hostile_cloud, monkeypatch):
+    """Frames the device has not taken yet are bounded in bytes: past the bound the reader
+    stops reading the socket (TCP holds the cloud back) until recv() takes some. Nothing is
+    lost and the order is kept."""
+    monkeypatch.setattr(client_module, "INBOX_BYTES", 64 * 1024)
+    n, size = 400, 1000  # 400 frames of ~4 KB: 1.6 MB, 25 times the bound
+    frames = [TokenChunk(np.full(size, i, dtype=np.uint32), request_id=1) for i in range(n)]
+    url = await hostile_cloud(ACK, frames)
+    async with client(url) as device:
+        await asyncio.sleep(0.5)  # the cloud has sent all it could
+        assert device._inbox_bytes <= 64 * 1024 + 4 * size + 64
+        for i in range(n):
+            msg = await device.recv(timeout=10)
+            assert isinstance(msg, TokenChunk) and int(msg.token_ids[0]) == i
+            assert device._inbox_bytes <= 64 * 1024 + 4 * size + 64
+
+
+async def test_a_silent_cloud_mid_answer_is_given_up_on_and_the_device_finishes(
+    hostile_cloud, near_drafter
+):
+    """Alive (it answers pings) but silent after Generate: the answer fails after the stall
+    bound, in plain words, and the device answers instead."""
+    url = await hostile_cloud(ACK, reply=lambda msg: [])
+    ctx = context(near_drafter, url)
+    assert ctx.cloud is not None
+    ctx.cloud.stall_timeout_s = 0.5
+    mode = build_mode("cloud", ctx)
+    options = AnswerOptions(max_new_tokens=6, temperature=0.0)
+    _, stats, events = await asyncio.wait_for(ask(mode, QUESTIONS[0], options), 30)
+    failures = [e for e in events if isinstance(e, Failure)]
+    assert len(failures) == 1 and failures[0].recoverable
+    assert "no answer from the cloud within 0.5 s" in failures[0].message
+    assert stats.tokens > 0  # the device answered
+    await mode.close()
+
+
+async def test_an_overloaded_cloud_is_reported_and_the_device_answers(near_drafter):
+    """HTTP 503 with Retry-After at the upgrade: the device says the cloud is overloaded and
+    when to try again, and answers on its own (no retries against a cloud that said when)."""
+    calls = []
+
+    async def overloaded(request: web.Request) -> web.Response:
+        calls.append(1)
+        return web.Response(status=503, text="overloaded\n", headers={"Retry-After": "7"})
+
+    app = web.Application()
+    app.router.add_get("/v1/session", overloaded)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    host, port = runner.addresses[0][:2]
+    try:
+        mode = build_mode("cloud", context(near_drafter, f"ws://{host}:{port}/v1/session"))
+        options = AnswerOptions(max_new_tokens=6, temperature=0.0)
+        _, stats, events = await asyncio.wait_for(ask(mode, QUESTIONS[0], options), 30)
+        failures = [e for e in events if isinstance(e, Failure)]
+        assert len(failures) == 1 and failures[0].recoverable
+        assert "overloaded" in failures[0].message and "try again in 7 s" in failures[0].message
+        assert stats.tokens > 0 and calls == [1]
+        await mode.close()
+    finally:
+        await runner.cleanup()
+
+
+def _dragon_drafts(n: int) -> Reply:
+    """A DRAGON cloud that answers the setup with `n` drafts at once, whatever the lookahead."""
+
+    def reply(msg: Message) -> Sequence[Message]:
+        if not isinstance(msg, DragonSetup):
+            return []
+        return [
+            DragonDraft(FIRST_TOKEN, [FIRST_TOKEN], [1.0], 0.0, 0.01,
+                        request_id=msg.request_id, step=step)
+            for step in range(n)
+        ]  # fmt: skip
+
+    return reply
+
+
+async def test_a_dragon_cloud_drafting_past_its_lookahead_is_a_plain_failure(
+    hostile_cloud, near_drafter
+):
+    url = await hostile_cloud(ACK, reply=_dragon_drafts(DRAGON_LOOKAHEAD + 2))
+    mode = build_mode("dragon", context(near_drafter, url, aggregator="device"))
+    options = AnswerOptions(max_new_tokens=8, temperature=0.0)
+    _, stats, events = await asyncio.wait_for(ask(mode, QUESTIONS[0], options), 60)
+    failures = [e for e in events if isinstance(e, Failure)]
+    assert len(failures) == 1 and failures[0].recoverable, failures
+    assert "broke the DRAGON protocol" in failures[0].message
+    assert "past the lookahead" in failures[0].message
+    assert stats.tokens > 0  # the device finished the answer
+    await mode.close()

@@ -382,14 +382,22 @@ async def test_frames_before_hello_get_errors_then_hello_works(cloud):
 
 
 async def test_max_sessions(start_cloud):
+    """Past capacity the upgrade itself is refused: 503 with Retry-After, before any websocket
+    (a socket that has not said Hello yet holds a slot too); the device's client says so."""
+    from edge_runtime.client import CloudBusy, CloudClient
+
     cloud = await start_cloud(max_sessions=2)
-    async with raw(cloud), raw(cloud) as second:
-        async with raw(cloud, greet=hello(cloud.engine)) as third:
-            ack = await third.recv()
-            assert isinstance(ack, HelloAck) and not ack.accepted
-            assert "busy" in ack.reason
-            await third.expect_closed()
-        await second.ping_pong()
+    async with raw(cloud), raw(cloud, greet=False):  # one session, one socket before Hello
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await http.ws_connect(cloud.url, headers=cloud.headers())
+        assert refused.value.status == 503 and refused.value.headers["Retry-After"] == "5"
+        device = CloudClient(cloud.url, TOKEN, Mode.CLOUD, "", cloud.engine.tokenizer_hash, "d")
+        with pytest.raises(CloudBusy, match=r"overloaded .*try again in 5 s") as busy:
+            await device.connect(retries=3)  # not retried: the cloud said when
+        assert busy.value.retry_after_s == 5
+        metrics = await cloud.metrics()
+        assert metrics[("tandem_handshake_refusals_total", (("reason", "busy"),))] == 2
     await wait_for(lambda: _sessions_now(cloud, 0))
     async with raw(cloud) as again:  # capacity is back
         await again.ping_pong()
@@ -490,15 +498,15 @@ async def test_streaming_is_activity_but_a_silent_split_request_is_idle(start_cl
         await s.expect_closed()
 
 
-async def test_oversized_frames(start_cloud):
+async def test_oversized_frames_close_with_1009(start_cloud):
+    """The transport takes the largest legal frame and no more: one byte past it closes the
+    connection with 1009 (message too big) before it is buffered."""
     cloud = await start_cloud(limits=Limits(max_frame_bytes=4096))
     async with raw(cloud) as s:
-        await s.send(TokenChunk(np.arange(1400), request_id=1))  # ~5.6 KB: over the limit
+        await s.send(TokenChunk(np.arange(900), request_id=1))  # ~3.6 KB: read, then refused
         err = await s.recv()
-        assert isinstance(err, Error) and err.code == ErrorCode.MALFORMED
-        assert "max_frame_bytes" in err.message and err.request_id == 1
-        await s.ping_pong()
-        await s.send(TokenChunk(np.arange(3000), request_id=1))  # ~12 KB: the transport's cap
+        assert isinstance(err, Error) and "no active request 1" in err.message
+        await s.ws.send_bytes(encode(Ping(1)) + bytes(4096))  # over the limit
         wsmsg = await s.ws.receive(timeout=5)
         assert wsmsg.type == aiohttp.WSMsgType.CLOSE and wsmsg.data == 1009
 

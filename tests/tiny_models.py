@@ -59,9 +59,9 @@ def builder_version() -> str:
 
     from tandem_packaging import grouped_attention
 
-    src = "".join(
-        inspect.getsource(m) for m in (inspect.getmodule(build_tiny_hf), steps, grouped_attention)
-    )
+    here = inspect.getmodule(build_tiny_hf)
+    assert here is not None
+    src = "".join(inspect.getsource(m) for m in (here, steps, grouped_attention))
     libs = "".join(version(d) for d in ("transformers", "optimum-onnx", "onnxruntime", "torch"))
     return hashlib.sha256((src + libs).encode()).hexdigest()[:16]
 

@@ -24,7 +24,6 @@ import numpy as np
 
 from cloud_backend.engine import Evicted
 from collab.protocol import (
-    Cancel,
     Citations,
     Done,
     Error,
@@ -144,16 +143,10 @@ class Request(ABC):
         await self.ctx.send(Error(code, message, request_id=self.gen.request_id))
 
     def check_cancel(self) -> None:
-        """Stop on a Cancel; keep every other frame, in order, for after this decoding (a
-        device under AS² asks for its next tokens before the first one arrives)."""
-        kept = []
-        while not self.ctx.inbox.empty():
-            msg = self.ctx.inbox.get_nowait()
-            if isinstance(msg, Cancel):
-                raise Stop(FinishReason.CANCELLED)
-            kept.append(msg)
-        for msg in kept:
-            self.ctx.inbox.put_nowait(msg)
+        """Stop on a Cancel; every other frame stays queued, in order, for after this decoding
+        (a device under AS² asks for its next tokens before the first one arrives)."""
+        if self.ctx.inbox.cancelled:
+            raise Stop(FinishReason.CANCELLED)
 
     async def current_logits(self) -> np.ndarray:
         """Logits for the next token: the pending token goes through the model first."""

@@ -108,12 +108,23 @@ class SplitRequest(Request):
         """A batch's frame: verify now if it ends the batch, or (fast verification) if the
         cloud is free and can verify what it holds before the rest arrives."""
         now = time.perf_counter()
+        size, room = (
+            frame.token_ids.size,
+            (self.ctx.limits.max_draft_tokens if self.batch is None else self.batch.more),
+        )
+        if size + frame.more > room:  # announced counts only fall within a batch
+            await self.error(
+                ErrorCode.MALFORMED,
+                f"a batch part of {size} drafts with {frame.more} more to come, where at most "
+                f"{room} drafts were left in the batch; ignored",
+            )
+            return
         if self.batch is None:
             self.batch = Batch(step=len(self.transcript.tokens), last=now)
         elif waited:  # it arrived while we waited: the gap is the device's drafting
             gap = (now - self.batch.last) / frame.token_ids.size
             self.ctx.pace.gap = ewma_update(self.ctx.pace.gap, gap, 0.3)
-        self.batch.last = now
+        self.batch.last, self.batch.more = now, frame.more
         self.parts.append(frame)
         if frame.more == 0 or (self.ctx.inbox.empty() and self.verify_first(frame.more)):
             await self.verify()
@@ -210,8 +221,10 @@ class SplitRequest(Request):
 @dataclass
 class Batch:
     """A batch of drafts the cloud is receiving: where it starts, its drafts verified so far
-    (committed, the verdict still to come) and when its newest part arrived."""
+    (committed, the verdict still to come), when its newest part arrived and how many drafts
+    that part said are still to come (a batch never grows past max_draft_tokens)."""
 
     step: int
     last: float
     accepted: int = 0
+    more: int = 0  # drafts its newest part said are still to come

@@ -21,6 +21,7 @@ from collab.protocol import FinishReason
 from collab.sampling import sample
 from collab.sources import Source
 from collab.split import Transcript
+from edge_runtime.client import HEARTBEAT_S
 from edge_runtime.device import DeviceModel, Retriever, retrieve_private
 from edge_runtime.events import Event, Notice, Stats, TextDelta
 from edge_runtime.options import AnswerOptions
@@ -54,6 +55,10 @@ class CloudSettings:
     token: str
     connect_timeout_s: float = 10.0
     retries: int = 2
+    # A cloud that is alive (it answers the websocket's heartbeat) but sends nothing for this
+    # long mid-answer is given up on; longer than any prefill it may be running.
+    stall_timeout_s: float = 300.0
+    heartbeat_s: float | None = HEARTBEAT_S  # websocket pings (None: off)
 
 
 @dataclass

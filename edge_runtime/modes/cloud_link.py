@@ -5,13 +5,14 @@ answer stops early; and, if the link breaks mid-answer, the device finishing the
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
 from collab.protocol import Cancel, Citations, Done, Error, Generate, Message, Mode
-from edge_runtime.client import CloudClient, CloudError, CloudUnavailable
+from edge_runtime.client import CloudClient, CloudError, CloudUnavailable, ConnectionLost
 from edge_runtime.events import Citation, Event, Failure, Notice
 from edge_runtime.modes.base import (
     Answer,
@@ -24,6 +25,8 @@ from edge_runtime.modes.base import (
     device_prompt,
     need_device,
 )
+
+log = logging.getLogger("tandem.edge.modes")
 
 
 class CloudBacked(Orchestrator):
@@ -54,12 +57,23 @@ class CloudBacked(Orchestrator):
         try:
             async for event in self.prepare(question, history, options, answer):
                 yield event
-            client = await self.client()
-            up0, down0 = client.bytes_up, client.bytes_down
-            self._live_bytes = (client, up0, down0)
-            await client.send(self.generate_message(rid, question, history, options))
-            async for event in self.converse(client, rid, options, answer):
-                yield event
+            for last_try in (False, True):
+                reused = self._open_client() is not None
+                client = await self.client()
+                up0, down0 = client.bytes_up, client.bytes_down
+                self._live_bytes = (client, up0, down0)
+                try:
+                    await client.send(self.generate_message(rid, question, history, options))
+                    async for event in self.converse(client, rid, options, answer):
+                        yield event
+                    break
+                except ConnectionLost as exc:
+                    # A session kept from the last answer may have died since (the cloud's
+                    # heartbeat, a NAT forgetting it) without this side noticing: open a new
+                    # one and ask again, once, if nothing of this answer has come yet.
+                    if last_try or not reused or answer.transcript.tokens:
+                        raise
+                    log.info("the cloud session had dropped (%s); reconnecting", exc)
         except CloudError as exc:
             answer.broken = True
             can_finish = self.ctx.finish_locally and device is not None
@@ -91,14 +105,22 @@ class CloudBacked(Orchestrator):
 
     # ---- the session ---------------------------------------------------------------------
 
+    def _open_client(self) -> CloudClient | None:
+        """This mode's session, if one is open (as far as this side knows)."""
+        client = self.ctx.clients.get((self.protocol_mode, self.variant))
+        return client if client is not None and client.connected else None
+
     async def client(self) -> CloudClient:
         if self.ctx.cloud is None:
             raise CloudUnavailable("no cloud is configured")
         key = (self.protocol_mode, self.variant)
-        client = self.ctx.clients.get(key)
-        if client is not None and client.connected:
+        client = self._open_client()
+        if client is not None:
             await self._drain(client)
             return client
+        dropped = self.ctx.clients.pop(key, None)
+        if dropped is not None:
+            await dropped.close()  # its HTTP session, after the websocket went away
         device = need_device(self.ctx)
         client = CloudClient(
             self.ctx.cloud.url,
@@ -108,6 +130,7 @@ class CloudBacked(Orchestrator):
             device.tokenizer_hash,
             device.name,
             connect_timeout=self.ctx.cloud.connect_timeout_s,
+            heartbeat_s=self.ctx.cloud.heartbeat_s,
         )
         await client.connect(retries=self.ctx.cloud.retries)
         self.ctx.clients[key] = client
@@ -126,9 +149,11 @@ class CloudBacked(Orchestrator):
                 return
 
     async def recv(self, client: CloudClient, rid: int) -> Message:
-        """The next frame of request `rid` (frames of older requests are dropped)."""
+        """The next frame of request `rid` (frames of older requests are dropped); CloudTimeout
+        if the cloud sends nothing for the stall bound."""
+        stall = self.ctx.cloud.stall_timeout_s if self.ctx.cloud is not None else None
         while True:
-            msg = await client.recv()
+            msg = await client.recv(timeout=stall)
             if msg.request_id == rid or (isinstance(msg, Error) and msg.request_id == 0):
                 return msg
 

@@ -55,7 +55,7 @@ from collab.protocol import (
     Side,
 )
 from collab.sources import Source
-from edge_runtime.client import CloudClient, CloudError
+from edge_runtime.client import CloudClient, CloudError, CloudProtocolError
 from edge_runtime.device import search_private
 from edge_runtime.events import Event, Notice
 from edge_runtime.modes.base import (
@@ -159,6 +159,7 @@ class DragonMode(CloudBacked):
                 coin=np.random.default_rng(None if seed is None else [seed, 0xC0]),
                 scheduler=scheduler,
                 rescore=self._rescore if docs.hits else None,
+                on_error=_cloud_broke_protocol,
             )  # fmt: skip
             async for kept in peer.run(docs.first_logits, prefill_s):
                 _figures(answer, ledger, scheduler)
@@ -258,6 +259,13 @@ class _DeviceLink:
     def take_events(self) -> list[Event]:
         out, self.events = self.events, []
         return out
+
+
+async def _cloud_broke_protocol(text: str) -> None:
+    """A DRAGON frame from the cloud that no honest cloud sends (a draft past the lookahead, a
+    target for the wrong step): the answer cannot go on with it; the device may finish it."""
+    what = text.removesuffix("; ignored")
+    raise CloudProtocolError(f"the cloud broke the DRAGON protocol: {what}")
 
 
 async def _ping(client: CloudClient) -> None:

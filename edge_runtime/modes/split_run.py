@@ -148,8 +148,10 @@ class SplitRun:
         return self.costs.choose(remaining)
 
     def _gamma(self, remaining: int, choice: GammaChoice | None) -> int:
-        """The next batch's draft length: the cost model's (INITIAL_GAMMA before it knows)."""
-        gamma = max(1, min(INITIAL_GAMMA if choice is None else choice.gamma, remaining))
+        """The next batch's draft length: the cost model's (INITIAL_GAMMA before it knows),
+        within what the cloud said it accepts in a batch."""
+        wanted = INITIAL_GAMMA if choice is None else choice.gamma
+        gamma = max(1, min(wanted, remaining, self.client.limits.max_draft_tokens))
         self.stats.gamma = gamma
         return gamma
 

@@ -1,0 +1,43 @@
+"""`python -m fuzzing frames|session [--minutes N] [--corpus DIR]`: run one fuzzer for N
+minutes (libFuzzer prints the inputs tried; a crash is saved as crash-<sha1> and fails the
+run). The corpus directory keeps what the fuzzer learned between runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import atheris
+import platformdirs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m fuzzing", description=__doc__)
+    parser.add_argument("target", choices=["frames", "session"])
+    parser.add_argument("--minutes", type=float, default=5.0)
+    parser.add_argument("--corpus", type=Path, help="default: a fresh directory of seeds")
+    args, libfuzzer = parser.parse_known_args()
+    cache = Path(platformdirs.user_cache_dir("tandem")) / "fuzzing"
+    corpus = args.corpus or Path(tempfile.mkdtemp(prefix=f"tandem-fuzz-{args.target}-"))
+    corpus.mkdir(parents=True, exist_ok=True)
+    if args.target == "frames":
+        from fuzzing import frames
+
+        seeds, test_one = frames.seeds(), frames.test_one
+    else:
+        from fuzzing import session
+
+        harness = session.Harness(cache)
+        seeds, test_one = session.seeds(), harness.test_one
+    for i, seed in enumerate(seeds):
+        (corpus / f"seed-{i:02d}").write_bytes(seed)
+    seconds = max(1, round(args.minutes * 60))
+    argv = [sys.argv[0], f"-max_total_time={seconds}", "-print_final_stats=1", *libfuzzer]
+    atheris.Setup([*argv, str(corpus)], test_one)
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main()
