@@ -160,3 +160,92 @@ def test_bad_profiles_are_refused():
     for bad in ({"delay": -1}, {"jitter": -0.1}, {"bandwidth": 0}, {"burst": 0}):
         with pytest.raises(ValueError):
             LinkProfile(**bad)
+
+
+# ---------------------------------------------------------------------------- faults
+
+
+async def _echo_link(**profile: float) -> tuple[asyncio.Server, LinkEmulator]:
+    server = await echo_server()
+    shape = LinkProfile(**profile)
+    link = LinkEmulator("127.0.0.1", port_of(server), shape, shape, seed=3)
+    await link.start()
+    return server, link
+
+
+def test_loss_delays_a_chunk_by_the_rto_and_keeps_the_order():
+    async def main() -> tuple[list[float], bytes]:
+        server, link = await _echo_link(loss=0.5, rto=0.1)
+        r, w = await asyncio.open_connection("127.0.0.1", link.port)
+        times, got = [], b""
+        for i in range(20):
+            t = time.perf_counter()
+            w.write(bytes([i]))
+            await w.drain()
+            got += await r.readexactly(1)
+            times.append(time.perf_counter() - t)
+        w.close()
+        await link.close()
+        server.close()
+        return times, got
+
+    times, got = asyncio.run(main())
+    assert got == bytes(range(20))
+    late = sum(t >= 0.1 for t in times)
+    assert 5 <= late <= 19  # each way loses half: most round trips pay at least one RTO
+
+
+def test_reset_ends_open_connections_and_new_ones_work():
+    async def main() -> None:
+        server, link = await _echo_link()
+        r, w = await asyncio.open_connection("127.0.0.1", link.port)
+        w.write(b"o")  # one echo: the proxied connection exists
+        await r.readexactly(1)
+        link.reset()
+        with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
+            w.write(b"p")
+            await w.drain()
+            await asyncio.wait_for(r.readexactly(1), 2)
+        assert await round_trip(link.port) < 0.05
+        await link.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_vanish_leaves_connections_open_but_silent():
+    async def main() -> None:
+        server, link = await _echo_link()
+        r, w = await asyncio.open_connection("127.0.0.1", link.port)
+        w.write(b"o")  # one echo: the proxied connection exists
+        await r.readexactly(1)
+        link.vanish()
+        w.write(b"p")
+        await w.drain()  # the write itself succeeds: nothing says the peer is gone
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(r.readexactly(1), 0.3)
+        assert await round_trip(link.port) < 0.05  # a new connection gets through
+        w.close()
+        await link.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_a_partition_holds_bytes_then_delivers_them_in_order():
+    async def main() -> tuple[float, bytes]:
+        server, link = await _echo_link()
+        r, w = await asyncio.open_connection("127.0.0.1", link.port)
+        t = time.perf_counter()
+        link.partition(0.3)
+        w.write(b"abc")
+        await w.drain()
+        got = await asyncio.wait_for(r.readexactly(3), 2)
+        took = time.perf_counter() - t
+        w.close()
+        await link.close()
+        server.close()
+        return took, got
+
+    took, got = asyncio.run(main())
+    assert got == b"abc" and 0.3 <= took < 0.5
