@@ -1,0 +1,264 @@
+"""Many device sessions against one cloud (issue 16): `python -m benchmarks.load [--sessions
+100] [--capacity 90] [--quick]`.
+
+One `tandem serve` (the tiny test model, torch float32, on its own thread and event loop) and
+N scripted devices on loopback, all at once, each asking one question in its mode (cloud,
+split TK-SLT, DRAGON with the cloud aggregating, in turn). A device speaks the protocol as the
+real one does, but drafts with a fixed id instead of a model, so the load is the cloud's:
+its engine serves every session's steps on one worker. Past `capacity` sessions the cloud
+refuses with 503 and Retry-After; a refused device counts as falling back to local.
+
+Printed (and written to results/load/<name>.json): admitted and refused sessions, errors other
+than refusals (must be none), time to first token and time per token at p50/p99, fairness
+(each session's tokens/s against the median), the engine's peak KV cache against its budget,
+and the whole run's wall time. Bounded: every session must end within `--timeout` s."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+
+from collab import protocol as p
+
+MODES = ("cloud", "split", "dragon")
+RESULTS = Path(__file__).parent / "results" / "load"
+
+
+@dataclass
+class Outcome:
+    """One device session's figures."""
+
+    mode: str
+    refused: bool = False
+    error: str = ""
+    tokens: int = 0
+    ttft_s: float | None = None
+    per_token_s: float | None = None
+    seconds: float = 0.0
+
+
+@dataclass
+class Device:
+    """A scripted device: one session, one question, in its mode."""
+
+    url: str
+    token: str
+    tokenizer_hash: bytes
+    mode: str
+    max_tokens: int
+    outcome: Outcome = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.outcome = Outcome(self.mode)
+
+    async def run(self, http: aiohttp.ClientSession) -> Outcome:
+        out, t0 = self.outcome, time.perf_counter()
+        try:
+            ws = await http.ws_connect(self.url, headers={"Authorization": f"Bearer {self.token}"})
+        except aiohttp.WSServerHandshakeError as exc:
+            out.refused = exc.status == 503 and "Retry-After" in (exc.headers or {})
+            out.error = "" if out.refused else f"HTTP {exc.status}"
+            return out
+        try:
+            variant = "tk-slt" if self.mode == "split" else ""
+            await ws.send_bytes(p.encode(p.Hello(self.tokenizer_hash, p.Mode[self.mode.upper()],
+                                                 variant)))  # fmt: skip
+            ack = await self._recv(ws)
+            if not isinstance(ack, p.HelloAck) or not ack.accepted:
+                out.error = f"handshake: {ack}"
+                return out
+            await ws.send_bytes(p.encode(p.Generate("Tell me about tandem bicycles.",
+                                                    max_new_tokens=self.max_tokens,
+                                                    retrieve=False, request_id=1)))  # fmt: skip
+            if self.mode == "dragon":
+                setup = p.DragonSetup(1, p.AggregatorPolicy.CLOUD, p.Side.CLOUD, request_id=1)
+                await ws.send_bytes(p.encode(setup))
+                await ws.send_bytes(p.encode(self._dragon_draft(0, 0)))
+            await self._answer(ws, t0)
+        except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:
+            out.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            out.seconds = time.perf_counter() - t0
+            await ws.close()
+        return out
+
+    async def _answer(self, ws: aiohttp.ClientWebSocketResponse, t0: float) -> None:
+        out = self.outcome
+        first = last = None
+        step = epoch = 0
+        while True:
+            msg = await self._recv(ws)
+            now = time.perf_counter()
+            if isinstance(msg, p.Error):
+                out.error = f"Error {p.ErrorCode(msg.code).name}: {msg.message}"
+                continue
+            if isinstance(msg, p.Done):
+                out.tokens = msg.tokens
+                break
+            got = 0
+            if isinstance(msg, p.TokenChunk):
+                got = msg.token_ids.size
+                step = msg.step + got
+            elif isinstance(msg, p.Verdict):
+                got = msg.accepted + (msg.token is not None)
+                epoch += msg.accepted < 3
+                step = msg.step + got
+            elif isinstance(msg, p.DragonTarget):
+                got = 1
+                epoch += not msg.device_accepted
+                step = msg.step + 1
+                await ws.send_bytes(p.encode(self._dragon_draft(step, epoch)))
+            if got:
+                first = first or now
+                last = now
+            if self.mode == "split" and isinstance(msg, p.TokenChunk | p.Verdict):
+                draft = p.TopKDraft(np.full(3, 13), np.full((3, 1), 13), np.ones((3, 1)),
+                                    request_id=1, epoch=epoch, step=step)  # fmt: skip
+                await ws.send_bytes(p.encode(draft))
+        if first is not None:
+            out.ttft_s = first - t0
+            if out.tokens > 1 and last is not None and last > first:
+                out.per_token_s = (last - first) / (out.tokens - 1)
+
+    def _dragon_draft(self, step: int, epoch: int) -> p.DragonDraft:
+        return p.DragonDraft(13, np.asarray([13]), np.asarray([1.0]), 0.0, 0.001,
+                             request_id=1, epoch=epoch, step=step)  # fmt: skip
+
+    async def _recv(self, ws: aiohttp.ClientWebSocketResponse) -> p.Message:
+        while True:
+            wsmsg = await ws.receive(timeout=120)
+            if wsmsg.type != aiohttp.WSMsgType.BINARY:
+                raise ConnectionError(f"the cloud closed the session ({ws.close_code})")
+            msg = p.decode(wsmsg.data)
+            if isinstance(msg, p.Ping):  # DRAGON's cloud measures the round trip
+                pong = p.Pong(msg.sent_ns, time.monotonic_ns(), time.monotonic_ns(),
+                              request_id=msg.request_id)  # fmt: skip
+                await ws.send_bytes(p.encode(pong))
+                continue
+            return msg
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    return float(np.quantile(values, q)) if values else None
+
+
+def summarise(outcomes: list[Outcome], peak_kv: int, budget: int, wall: float) -> dict:
+    admitted = [o for o in outcomes if not o.refused]
+    ok = [o for o in admitted if not o.error]
+    ttft = [o.ttft_s for o in ok if o.ttft_s is not None]
+    per_token = [o.per_token_s for o in ok if o.per_token_s is not None]
+    rates = [o.tokens / o.seconds for o in ok if o.seconds > 0]
+    median_rate = statistics.median(rates) if rates else None
+    return {
+        "sessions": len(outcomes),
+        "admitted": len(admitted),
+        "refused": len(outcomes) - len(admitted),
+        "errors": [f"{o.mode}: {o.error}" for o in admitted if o.error],
+        "by_mode": {m: sum(o.mode == m for o in ok) for m in MODES},
+        "tokens": sum(o.tokens for o in ok),
+        "ttft_p50_s": quantile(ttft, 0.5),
+        "ttft_p99_s": quantile(ttft, 0.99),
+        "per_token_p50_s": quantile(per_token, 0.5),
+        "per_token_p99_s": quantile(per_token, 0.99),
+        "slowest_vs_median_rate": min(rates) / median_rate if median_rate else None,
+        "longest_session_s": max((o.seconds for o in ok), default=None),
+        "peak_kv_bytes": peak_kv,
+        "kv_budget_bytes": budget,
+        "wall_s": wall,
+    }
+
+
+async def run_load(
+    url: str, token: str, tokenizer_hash: bytes, sessions: int, max_tokens: int,
+    cache_bytes: Callable[[], int], timeout: float,
+) -> tuple[list[Outcome], int, float]:  # fmt: skip
+    """All devices at once; the engine's KV cache sampled every 10 ms while they run."""
+    devices = [Device(url, token, tokenizer_hash, MODES[i % len(MODES)], max_tokens)
+               for i in range(sessions)]  # fmt: skip
+    peak = 0
+    stop = asyncio.Event()
+
+    async def watch() -> None:
+        nonlocal peak
+        while not stop.is_set():
+            peak = max(peak, cache_bytes())
+            await asyncio.sleep(0.01)
+
+    watcher = asyncio.create_task(watch())
+    t0 = time.perf_counter()
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        outcomes = await asyncio.wait_for(asyncio.gather(*(d.run(http) for d in devices)), timeout)
+    wall = time.perf_counter() - t0
+    stop.set()
+    await watcher
+    return list(outcomes), peak, wall
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.load",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--sessions", type=int, default=100)
+    parser.add_argument("--capacity", type=int, default=90, help="the cloud's max_sessions")
+    parser.add_argument("--tokens", type=int, default=16, help="tokens per answer")
+    parser.add_argument("--kv-budget-mib", type=int, default=256)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--quick", action="store_true", help="12 sessions, capacity 10")
+    parser.add_argument("--name", default=None, help="results/load/<name>.json")
+    parser.add_argument("--out", type=Path, help="write the JSON here instead")
+    parser.add_argument("--tiny-root", type=Path, help="where the tiny model is (built if not)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.sessions, args.capacity, args.tokens = 12, 10, 8
+    from platformdirs import user_cache_dir
+
+    from cloud_backend.engine import LLMEngine
+    from model_runtime.tokenizer import load_tokenizer
+    from model_runtime.torch_runtime import TorchCausalLM
+    from tests.tiny_models import build_all, builder_version
+    from tests.wire import TOKEN, ServerThread
+
+    logging.getLogger("tandem").setLevel(logging.WARNING)  # a line per session is noise here
+    cache = Path(user_cache_dir("tandem")) / "load" / f"tiny-qwen2-{builder_version()}"
+    tiny = build_all(args.tiny_root or cache)
+    budget = args.kv_budget_mib * 2**20
+    engine = LLMEngine(TorchCausalLM(tiny["hf"]), load_tokenizer(tiny["hf"]), "tiny-cloud",
+                       kv_budget_bytes=budget)  # fmt: skip
+    server = ServerThread(engine, p.DEFAULT_LIMITS, max_sessions=args.capacity)
+    try:
+        outcomes, peak, wall = asyncio.run(run_load(
+            server.url, TOKEN, engine.tokenizer_hash, args.sessions, args.tokens,
+            lambda: engine.cache_bytes, args.timeout,
+        ))  # fmt: skip
+    finally:
+        server.stop()
+        engine.close()
+    summary = summarise(outcomes, peak, budget, wall)
+    summary["server_errors"] = [r.getMessage() for r in server.errors]
+    summary["config"] = vars(args)
+    summary["outcomes"] = [asdict(o) for o in outcomes]
+    name = args.name or ("quick" if args.quick else time.strftime("%Y%m%d-%H%M%S"))
+    out = args.out or RESULTS / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=1, default=str))
+    show = {k: v for k, v in summary.items() if k not in ("outcomes", "config")}
+    print(json.dumps(show, indent=1), file=sys.stderr)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
