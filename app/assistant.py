@@ -220,7 +220,9 @@ class Assistant:
                                             embedded=True), on_status)  # fmt: skip
                 url, token = await self._start_embedded(on_status)
             ctx = self.context()
-            ctx.cloud = CloudSettings(url, token, retries=1)
+            s = self.settings
+            ctx.cloud = CloudSettings(url, token, retries=1, ca_file=s.cloud_ca or None,
+                                      allow_insecure=s.cloud_allow_insecure)  # fmt: skip
             if self.device is not None:
                 await self._probe()
             self._set_cloud(CloudStatus("ready", url, embedded=embedded), on_status)

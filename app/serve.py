@@ -21,10 +21,11 @@ def run_serve(args: argparse.Namespace) -> int:
         tie_to_parent()  # first: the imports and the model take a while
     from cloud_backend.config import ConfigError, load_config
     from cloud_backend.engine import build_engine
-    from cloud_backend.server import run_server
+    from cloud_backend.server import run_server, tls_context
 
     try:
         config = _config(args, load_config)
+        tls_context(config)  # a certificate that cannot be used stops here, in plain words
         engine = build_engine(config)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -58,6 +59,8 @@ def _config(args: argparse.Namespace, load_config):
         corpus_enabled=False if args.no_corpus else None,
         corpus_limit=args.corpus_limit,
         corpus_k=args.corpus_k,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
     )
     config.require_token()
     return config

@@ -49,6 +49,8 @@ class Settings:
 
     cloud_url: str = ""  # "" = start the embedded backend on loopback
     cloud_token: str = ""  # for a remote cloud; also $TANDEM_CLOUD_TOKEN
+    cloud_ca: str = ""  # a CA bundle (PEM) to verify a wss:// cloud with; "" = the system's
+    cloud_allow_insecure: bool = False  # allow ws:// (unencrypted) to a host not on loopback
     cloud_engine: str = "ort"  # embedded backend engine: "ort" | "torch"
     device_model: str = ""  # "" = the prepared default; else a folder with an ONNX model
     cloud_model: str = ""  # "" = the prepared default; else a folder (embedded backend)
@@ -67,6 +69,8 @@ class Settings:
 _FIELD_TYPES: dict[str, type] = {
     "cloud_url": str,
     "cloud_token": str,
+    "cloud_ca": str,
+    "cloud_allow_insecure": bool,
     "cloud_engine": str,
     "device_model": str,
     "cloud_model": str,

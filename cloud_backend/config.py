@@ -49,6 +49,10 @@ class ServerConfig:
     corpus_limit: int | None = None
     corpus_k: int = 3
     data_dir: Path | None = None
+    tls_cert: Path | None = None  # PEM certificate chain: serve wss:// (with tls_key)
+    tls_key: Path | None = None
+    auth_failures: int = 10  # wrong tokens from one address within auth_window_s, then 429
+    auth_window_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -74,7 +78,11 @@ class ServerConfig:
             raise ConfigError("corpus_k must be at least 1")
         if self.corpus_limit is not None and self.corpus_limit < 1:
             raise ConfigError("corpus_limit must be at least 1 (or unset for the whole corpus)")
-        for name in ("model_dir", "data_dir"):
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("tls_cert and tls_key go together: give both, or neither")
+        if self.auth_failures < 1 or not self.auth_window_s > 0:
+            raise ConfigError("auth_failures must be ≥ 1 and auth_window_s > 0 seconds")
+        for name in ("model_dir", "data_dir", "tls_cert", "tls_key"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, Path):
                 object.__setattr__(self, name, Path(value).expanduser())

@@ -12,13 +12,15 @@ import contextlib
 import hmac
 import logging
 import socket
+import ssl
 import time
+from collections import defaultdict, deque
 from collections.abc import Callable
 from typing import Any
 
 from aiohttp import WSCloseCode, hdrs, web
 
-from cloud_backend.config import ServerConfig
+from cloud_backend.config import ConfigError, ServerConfig
 from cloud_backend.engine import LLMEngine
 from cloud_backend.logfmt import kv
 from cloud_backend.metrics import CONTENT_TYPE, ServerMetrics
@@ -46,6 +48,32 @@ def _set_nodelay(transport: Any) -> None:
 def _unauthorized(reason: str) -> web.Response:
     challenge = f'Bearer realm="tandem", error="invalid_token", error_description="{reason}"'
     return web.Response(status=401, text=reason + "\n", headers={hdrs.WWW_AUTHENTICATE: challenge})
+
+
+class AuthThrottle:
+    """Wrong tokens are counted per address; past `limit` within `window` seconds every try
+    from that address gets 429 with Retry-After until the oldest failure ages out (guessing
+    the token costs time). The right token does not reset the count."""
+
+    def __init__(self, limit: int, window: float) -> None:
+        self.limit, self.window = limit, window
+        self._failures: defaultdict[str, deque[float]] = defaultdict(deque)
+
+    def retry_after(self, peer: str) -> float:
+        """0 if `peer` may try now, else the seconds until it may."""
+        failures, now = self._failures[peer], time.monotonic()
+        while failures and failures[0] <= now - self.window:
+            failures.popleft()
+        if not failures:
+            del self._failures[peer]
+            return 0.0
+        return failures[0] + self.window - now if len(failures) >= self.limit else 0.0
+
+    def failed(self, peer: str) -> None:
+        self._failures[peer].append(time.monotonic())
+
+
+THROTTLE = web.AppKey("tandem_auth_throttle", AuthThrottle)
 
 
 def _check_auth(request: web.Request, token: str) -> web.Response | None:
@@ -79,11 +107,20 @@ def _overloaded(state: AppState) -> web.Response:
 
 async def _session_handler(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
+    throttle, peer = request.app[THROTTLE], request.remote or "?"
+    wait = throttle.retry_after(peer)
+    if wait > 0:
+        log.info(kv("auth_throttled", peer=peer, retry_after_s=round(wait, 1)))
+        return web.Response(
+            status=429, text="too many wrong access tokens from this address; wait\n",
+            headers={hdrs.RETRY_AFTER: str(max(1, round(wait)))},
+        )  # fmt: skip
     refusal = _check_auth(request, state.token)
     if refusal is not None:
+        throttle.failed(peer)
         state.metrics.errors.labels(code=ErrorCode.AUTH.name).inc()
         reason = (refusal.text or "").strip()
-        log.info(kv("auth_refused", peer=request.remote or "?", reason=reason))
+        log.info(kv("auth_refused", peer=peer, reason=reason))
         return refusal
     config = state.config
     ws = web.WebSocketResponse(
@@ -155,6 +192,7 @@ def create_app(
     metrics.sessions.set_function(lambda: len(state.sessions))
     app = web.Application()
     app[STATE] = state
+    app[THROTTLE] = AuthThrottle(config.auth_failures, config.auth_window_s)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get(SESSION_PATH, _session_handler)
@@ -178,9 +216,22 @@ def create_app(
     return app
 
 
-def _url(host: str, port: int) -> str:
+def _url(host: str, port: int, tls: bool) -> str:
     host = f"[{host}]" if ":" in host else host
-    return f"ws://{host}:{port}{SESSION_PATH}"
+    return f"{'wss' if tls else 'ws'}://{host}:{port}{SESSION_PATH}"
+
+
+def tls_context(config: ServerConfig) -> ssl.SSLContext | None:
+    """The server's TLS context (TLS 1.2 at least) from its certificate chain and key."""
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(config.tls_cert, config.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot use the TLS certificate {config.tls_cert}: {exc}") from None
+    return ctx
 
 
 async def run_server(
@@ -194,10 +245,11 @@ async def run_server(
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, config.host, config.port)
+        tls = tls_context(config)
+        site = web.TCPSite(runner, config.host, config.port, ssl_context=tls)
         await site.start()
         host, port = runner.addresses[0][:2]
-        url = _url(host, port)
+        url = _url(host, port, tls is not None)
         log.info(
             kv(
                 "serving", url=url, model=engine.name, runtime=type(engine.lm).__name__,

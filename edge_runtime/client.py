@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import itertools
 import logging
 import random
 import re
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import WSCloseCode, WSMsgType, hdrs
@@ -67,6 +70,11 @@ class CloudUnavailable(CloudError):
     """The cloud cannot be reached, or is not a Tandem cloud."""
 
 
+class CloudUntrusted(CloudError):
+    """The link would not be private: a certificate that does not verify, or ws:// to another
+    machine (not retried: retrying cannot fix either)."""
+
+
 class CloudBusy(CloudError):
     """The cloud is overloaded (HTTP 503): it said when to try again; retrying sooner is no use."""
 
@@ -108,6 +116,16 @@ def _busy(exc: aiohttp.WSServerHandshakeError) -> CloudBusy:
     return CloudBusy(f"the cloud is overloaded (all its sessions are in use): {when}", after)
 
 
+def _loopback(host: str) -> bool:
+    """Whether `host` is this machine (where ws:// exposes nothing)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def _plain(exc: BaseException) -> str:
     """A short description of a connection error, without a traceback's jargon."""
     if isinstance(exc, asyncio.TimeoutError):
@@ -136,6 +154,8 @@ class CloudClient:
         limits: Limits = DEFAULT_LIMITS,
         connect_timeout: float = 10.0,
         heartbeat_s: float | None = HEARTBEAT_S,
+        ca_file: str | None = None,
+        allow_insecure: bool = False,
     ) -> None:
         self.url = url
         self.mode = Mode(mode)
@@ -144,6 +164,7 @@ class CloudClient:
         self.model_name = model_name
         self.connect_timeout = connect_timeout
         self.heartbeat_s = heartbeat_s
+        self.ca_file, self.allow_insecure = ca_file, allow_insecure
         self._token = token
         self._own_limits = limits
         # the server's, once connected: what it accepts. What it sends is read within this
@@ -211,13 +232,34 @@ class CloudClient:
         if not self.connected:
             await self.connect(retries=retries)
 
+    def _tls(self) -> ssl.SSLContext | bool:
+        """What protects the connection: certificate verification for wss:// (the system's
+        trust store, or `ca_file`); for ws://, nothing, so only to loopback unless allowed."""
+        url = urlsplit(self.url)
+        if url.scheme == "wss":
+            try:
+                return ssl.create_default_context(cafile=self.ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise CloudUnavailable(f"cannot read the CA bundle {self.ca_file}: {exc}") from None
+        if url.scheme != "ws":
+            raise CloudUnavailable(f"the cloud URL must start with ws:// or wss://: {self.url}")
+        if not self.allow_insecure and not _loopback(url.hostname or ""):
+            raise CloudUntrusted(
+                f"refusing to send the access token and your questions unencrypted to "
+                f"{url.hostname}: use a wss:// URL, or allow it explicitly "
+                "(cloud_allow_insecure = true in the settings)"
+            )
+        return False
+
     async def _connect_once(self) -> HelloAck:
+        tls = self._tls()
         await self._drop_connection()
         http = aiohttp.ClientSession()
         try:
             ws = await asyncio.wait_for(
                 http.ws_connect(
                     self.url,
+                    ssl=tls,
                     headers={hdrs.AUTHORIZATION: f"Bearer {self._token}"},
                     max_msg_size=self._own_limits.max_frame_bytes,
                     compress=0,
@@ -234,6 +276,13 @@ class CloudClient:
                 raise _busy(exc) from None
             raise CloudUnavailable(
                 f"{self.url} did not open a session (HTTP {exc.status}): is it a Tandem cloud?"
+            ) from None
+        except aiohttp.ClientConnectorCertificateError as exc:
+            await http.close()
+            raise CloudUntrusted(
+                f"the cloud at {self.url} did not prove who it is (its TLS certificate: "
+                f"{getattr(exc.certificate_error, 'verify_message', exc.certificate_error)}); set "
+                "cloud_ca to the CA that signed it if it is yours"
             ) from None
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
             await http.close()

@@ -59,6 +59,8 @@ class CloudSettings:
     # long mid-answer is given up on; longer than any prefill it may be running.
     stall_timeout_s: float = 300.0
     heartbeat_s: float | None = HEARTBEAT_S  # websocket pings (None: off)
+    ca_file: str | None = None  # PEM bundle to verify a wss:// cloud with (None: the system's)
+    allow_insecure: bool = False  # ws:// to a host not on loopback (token and text in clear)
 
 
 @dataclass

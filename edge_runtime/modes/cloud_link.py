@@ -131,6 +131,8 @@ class CloudBacked(Orchestrator):
             device.name,
             connect_timeout=self.ctx.cloud.connect_timeout_s,
             heartbeat_s=self.ctx.cloud.heartbeat_s,
+            ca_file=self.ctx.cloud.ca_file,
+            allow_insecure=self.ctx.cloud.allow_insecure,
         )
         await client.connect(retries=self.ctx.cloud.retries)
         self.ctx.clients[key] = client

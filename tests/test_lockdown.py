@@ -1,0 +1,132 @@
+"""The cloud locked down (issue 16): TLS with a certificate the device verifies (a custom CA
+can be given), no ws:// to another machine unless the user allows it, wrong tokens throttled
+per address, /metrics and /healthz free of session content, and no session able to touch
+another's request."""
+
+from __future__ import annotations
+
+import ssl
+
+import aiohttp
+import numpy as np
+import pytest
+import trustme
+
+from collab.protocol import Cancel, Done, Error, FinishReason, Generate, Mode, TokenChunk
+from edge_runtime.client import CloudClient, CloudUntrusted
+from tests import test_server
+from tests.test_server import TOKEN, raw
+
+engine, start_cloud, cloud = test_server.engine, test_server.start_cloud, test_server.cloud
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture
+async def tls_cloud(start_cloud, ca, tmp_path):
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    chain, key = tmp_path / "chain.pem", tmp_path / "key.pem"
+    cert.private_key_and_cert_chain_pem.write_to_path(str(chain))
+    cert.private_key_pem.write_to_path(str(key))
+    return await start_cloud(tls_cert=chain, tls_key=key)
+
+
+def device(url: str, tokenizer_hash: bytes = b"\x01" * 32, **kw) -> CloudClient:
+    return CloudClient(url, TOKEN, Mode.CLOUD, "", tokenizer_hash, "d", **kw)
+
+
+async def test_tls_with_a_custom_ca_and_the_bytes_on_the_wire_are_not_plain(
+    tls_cloud, ca, tmp_path
+):
+    assert tls_cloud.url.startswith("wss://")
+    bundle = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(bundle))
+    sent: list[bytes] = []
+    client = device(tls_cloud.url, tls_cloud.engine.tokenizer_hash, ca_file=str(bundle))
+    client.on_frame_sent = sent.append
+    async with client:
+        await client.send(Generate("a very private question", max_new_tokens=3, request_id=1))
+        while not isinstance(await client.recv(timeout=30), Done):
+            pass
+    assert any(b"a very private question" in f for f in sent)  # before encryption
+    # the same server refuses a client that speaks plain websocket to it
+    plain = device(tls_cloud.url.replace("wss://", "ws://"), tls_cloud.engine.tokenizer_hash)
+    with pytest.raises(Exception, match="cloud"):
+        await plain.connect()
+    await plain.close()
+
+
+async def test_a_certificate_that_does_not_verify_is_refused_in_plain_words(tls_cloud):
+    client = device(tls_cloud.url)  # the system's trust store does not know the test CA
+    with pytest.raises(CloudUntrusted, match="did not prove who it is"):
+        await client.connect(retries=3)  # and it is not retried
+    await client.close()
+
+
+@pytest.mark.parametrize("host", ["10.255.255.1", "example.org", "[2001:db8::1]"])
+async def test_plain_ws_to_another_machine_is_refused_unless_allowed(host):
+    client = device(f"ws://{host}:8765/v1/session", connect_timeout=0.5)
+    with pytest.raises(CloudUntrusted, match="unencrypted"):
+        await client.connect()
+    allowed = device(f"ws://{host}:8765/v1/session", connect_timeout=0.5, allow_insecure=True)
+    with pytest.raises(Exception) as tried:  # it tries (and cannot reach it from here)
+        await allowed.connect()
+    assert not isinstance(tried.value, CloudUntrusted)
+
+
+async def test_wrong_tokens_are_throttled_per_address(start_cloud):
+    cloud = await start_cloud(auth_failures=3, auth_window_s=30)
+    async with aiohttp.ClientSession() as http:
+        for _ in range(3):
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await http.ws_connect(cloud.url, headers={"Authorization": "Bearer wrong"})
+            assert refused.value.status == 401
+        with pytest.raises(aiohttp.WSServerHandshakeError) as throttled:
+            await http.ws_connect(cloud.url, headers=cloud.headers())  # even the right one
+        assert throttled.value.status == 429
+        assert 1 <= int(throttled.value.headers["Retry-After"]) <= 30
+
+
+async def test_metrics_and_healthz_reveal_no_session_content(cloud):
+    secret = "my bank PIN is 4711"
+    async with raw(cloud) as s:
+        await s.send(Generate(secret, max_new_tokens=4, request_id=1))
+        await s.recv_until(Done)
+        async with aiohttp.ClientSession() as http:
+            bodies = []
+            for path in ("/metrics", "/healthz"):
+                async with http.get(cloud.http + path) as resp:
+                    bodies.append(await resp.text())
+    for body in bodies:
+        assert "4711" not in body and "bank" not in body and TOKEN not in body
+        assert "127.0.0.1" not in body  # no peer addresses either
+
+
+async def test_a_session_cannot_touch_another_sessions_request(cloud):
+    """B sends a Cancel and a correction with A's request id: B gets an error, A's answer
+    runs to its end."""
+    async with raw(cloud) as a, raw(cloud) as b:
+        await a.send(Generate("Tell me a long story.", max_new_tokens=60, request_id=1))
+        first = await a.recv()
+        assert isinstance(first, TokenChunk)
+        await b.send(Cancel(request_id=1))
+        await b.send(TokenChunk(np.asarray([5]), request_id=1))
+        errors = [await b.recv(), await b.recv()]
+        assert all(isinstance(e, Error) and "no active request 1" in e.message for e in errors)
+        done = (await a.recv_until(Done, timeout=60))[-1]
+        assert done.reason == FinishReason.LENGTH and done.tokens == 60
+
+
+def test_the_servers_tls_context_refuses_old_protocols(tmp_path, ca):
+    from cloud_backend.config import ServerConfig
+    from cloud_backend.server import tls_context
+
+    cert = ca.issue_cert("localhost")
+    chain, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    cert.private_key_and_cert_chain_pem.write_to_path(str(chain))
+    cert.private_key_pem.write_to_path(str(key))
+    ctx = tls_context(ServerConfig(token="t", tls_cert=chain, tls_key=key))
+    assert ctx is not None and ctx.minimum_version == ssl.TLSVersion.TLSv1_2
