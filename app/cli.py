@@ -65,22 +65,22 @@ def _open_store():
 def _cmd_ingest(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from personal_index.index import IngestBusyError, PersonalIndex
+    from personal_index.index import IndexWriteError, IngestBusyError, PersonalIndex
 
-    with PersonalIndex(*index_paths()) as index:
-        bar = tqdm(total=0, unit="file", desc="ingest", disable=args.json)
+    bar = tqdm(total=0, unit="file", desc="ingest", disable=args.json)
 
-        def on_progress(p) -> None:
-            bar.total, bar.n = p.total, p.done
-            bar.set_postfix_str(Path(p.result.path).name[-40:], refresh=False)
-            bar.refresh()
+    def on_progress(p) -> None:
+        bar.total, bar.n = p.total, p.done
+        bar.set_postfix_str(Path(p.result.path).name[-40:], refresh=False)
+        bar.refresh()
 
-        try:
+    try:
+        with PersonalIndex(*index_paths()) as index:
             results = index.ingest(args.paths, on_progress)
-        except IngestBusyError as exc:
-            bar.close()
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+    except (IngestBusyError, IndexWriteError) as exc:
+        print(f"\nerror: {exc}", file=sys.stderr)
+        return 2
+    finally:
         bar.close()
     if args.json:
         print(json.dumps([r.__dict__ for r in results], indent=2))

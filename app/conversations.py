@@ -12,6 +12,7 @@ imports numpy (and pandas when present), and this module is imported at start-up
 from __future__ import annotations
 
 import builtins
+import contextlib
 import itertools
 import json
 import logging
@@ -20,7 +21,7 @@ import sqlite3
 import threading
 import time
 import unicodedata
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,8 @@ EXPORT_SCHEMA = 1
 
 
 class ConversationStoreError(RuntimeError):
-    """The history file cannot be used (corrupt, or written by a newer Tandem)."""
+    """The history file cannot be used (corrupt, written by a newer Tandem, or not writable:
+    a full disk)."""
 
 
 class SchemaTooNewError(ConversationStoreError):
@@ -247,6 +249,20 @@ class ConversationStore:
             raise ConversationStoreError(f"{self.path}: the store is closed")
         return self._conn
 
+    @contextlib.contextmanager
+    def _saving(self) -> Iterator[sqlite3.Connection]:
+        """The lock and one transaction. A write the disk refuses (full, failing) is rolled
+        back and becomes a plain error; everything saved before it stays as it was."""
+        with self._lock:
+            try:
+                with transaction(self.conn) as conn:
+                    yield conn
+            except sqlite3.OperationalError as exc:
+                raise ConversationStoreError(
+                    f"could not save the conversation to {self.path} ({exc}): is the disk "
+                    "full? Everything saved before is kept."
+                ) from exc
+
     def _write(self, sql: str, params: Iterable[Any] = ()) -> sqlite3.Cursor:
         """Run one statement (callers hold the lock; alone, it is its own transaction)."""
         return self.conn.execute(sql, tuple(params))
@@ -270,7 +286,7 @@ class ConversationStore:
     def create(self, title: str = DEFAULT_TITLE) -> ConversationRow:
         title = title.strip() or DEFAULT_TITLE
         now = time.time()
-        with self._lock:
+        with self._saving():
             cursor = self._write(
                 "INSERT INTO conversations (title, created_at, updated_at) VALUES (?, ?, ?)",
                 (title, now, now),
@@ -293,7 +309,7 @@ class ConversationStore:
         title = " ".join(title.split())
         if not title:
             raise ValueError("a conversation title cannot be empty")
-        with self._lock:
+        with self._saving():
             cursor = self._write(
                 "UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id)
             )
@@ -305,7 +321,7 @@ class ConversationStore:
         title = title_from_question(question)
         if not title:
             return
-        with self._lock:
+        with self._saving():
             self._write(
                 "UPDATE conversations SET title = ? WHERE id = ? AND title = ?",
                 (title, conversation_id, DEFAULT_TITLE),
@@ -313,7 +329,7 @@ class ConversationStore:
 
     def delete(self, conversation_id: int) -> None:
         """Delete a conversation and its messages (one transaction)."""
-        with self._lock, transaction(self.conn) as conn:
+        with self._saving() as conn:
             conn.execute("DELETE FROM messages WHERE conversation_id = ?", (conversation_id,))
             cursor = conn.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
             if cursor.rowcount == 0:
@@ -341,7 +357,7 @@ class ConversationStore:
         now = time.time()
         citations_json = json.dumps([dict(c) for c in citations], ensure_ascii=False)
         stats_json = json.dumps(dict(stats or {}), ensure_ascii=False)
-        with self._lock, transaction(self.conn):
+        with self._saving():
             self._get(conversation_id)  # a clear error rather than a foreign-key failure
             cursor = self._write(
                 "INSERT INTO messages (conversation_id, role, text, mode, created_at, citations,"
@@ -375,7 +391,7 @@ class ConversationStore:
             columns["status"] = status
         if error is not None:
             columns["error"] = error
-        with self._lock, transaction(self.conn):
+        with self._saving():
             row = self.conn.execute(
                 "SELECT conversation_id FROM messages WHERE id = ?", (message_id,)
             ).fetchone()

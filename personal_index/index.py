@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -17,6 +18,17 @@ from retrieval.store import DocumentRow, Hit, IndexStore, StoreStats
 
 class IngestBusyError(RuntimeError):
     """Two ingests on one index would embed the same files twice."""
+
+
+class IndexWriteError(RuntimeError):
+    """The index could not be written (a full disk, a failing one); what was stored before the
+    failing write is kept, and an ingest run again once there is room finishes the job."""
+
+    def __init__(self, root: Path, exc: BaseException) -> None:
+        super().__init__(
+            f"could not write the index in {root} ({exc}): is the disk full? The documents "
+            "already stored are kept; ingest again once there is room"
+        )
 
 
 class PersonalIndex:
@@ -49,7 +61,10 @@ class PersonalIndex:
         self.close()
 
     def close(self) -> None:
-        self.store.close()
+        try:
+            self.store.close()
+        except (OSError, sqlite3.OperationalError) as exc:
+            raise IndexWriteError(self.store.root, exc) from exc
 
     def ingest(
         self, paths: Sequence[str | Path], progress: Callable[[Progress], None] | None = None
@@ -61,7 +76,10 @@ class PersonalIndex:
                 raise IngestBusyError(
                     "another ingest is running on this index; wait for it"
                 ) from exc
-            return Ingestor(self.store, self.embedder, self.chunker, progress).ingest(paths)
+            try:
+                return Ingestor(self.store, self.embedder, self.chunker, progress).ingest(paths)
+            except (OSError, sqlite3.OperationalError) as exc:
+                raise IndexWriteError(self.store.root, exc) from exc
 
     def search(self, query: str, k: int = 5, min_score: float | None = None) -> list[Hit]:
         """The k chunks most similar to `query` (cosine), best first, with their locations."""
