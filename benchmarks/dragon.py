@@ -481,6 +481,22 @@ def targets(cells: dict[tuple[str, float], dict], band: tuple[float, float] = BA
     return out
 
 
+def pooled_rows(paths: Sequence[Path]) -> tuple[list[dict], int]:
+    """The grid rows of several runs (pieces of one grid), each (engine, sampling, method,
+    latency, prompt) once: a cell run again beside other methods is not counted twice (the
+    first file listed wins). Also the number of rows left out."""
+    seen: set[tuple] = set()
+    rows: list[dict] = []
+    for path in paths:
+        for r in json.loads(Path(path).read_text()).get("rows", []):
+            key = (r["engine"], r["sampling"], r["method"], r["latency_ms"], r["prompt"])
+            if key not in seen:
+                seen.add(key)
+                rows.append(r)
+    total = sum(len(json.loads(Path(p).read_text()).get("rows", [])) for p in paths)
+    return rows, total - len(rows)
+
+
 def summarise(rows: Sequence[dict], band: tuple[float, float] = BAND_MS) -> dict:
     """Cell means per (engine, sampling) group and pooled over all ("all", "all"), and each
     group's targets."""
@@ -617,8 +633,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         traces = [r for data in saved for r in data.get("trace", [])]
         if traces:
             print_trace(trace_summary(traces))
-        rows = [r for data in saved for r in data.get("rows", [])]
-        print(f"{len(rows)} answers from {len(args.report)} file(s)")
+        rows, repeats = pooled_rows(args.report)
+        print(
+            f"{len(rows)} answers from {len(args.report)} file(s)"
+            + (f"; {repeats} repeated cells left out (the first file wins)" if repeats else "")
+        )
         print_summary(summarise(rows))
         return
     if args.quick:

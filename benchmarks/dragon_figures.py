@@ -20,7 +20,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: the repository root is the import root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.dragon import METHODS, summarise
+from benchmarks.dragon import METHODS, pooled_rows, summarise
 
 OUT = Path(__file__).resolve().parent / "results" / "dragon" / "figures"
 LABELS = {
@@ -115,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     written = []
-    rows = [r for path in args.grid for r in json.loads(path.read_text()).get("rows", [])]
+    rows, _ = pooled_rows(args.grid)
     if rows:
         written += latency_figures(rows, args.out)
     if args.ppl:

@@ -263,3 +263,20 @@ async def test_trace_run_retunes_the_link_during_each_answer(
     # mid-answer fails this; a slow machine cannot.
     assert min(slow.values()) > 400 / DRAGON_LOOKAHEAD / 2, (slow, fast)
     assert min(fast.values()) < min(slow.values()), (slow, fast)
+
+
+def test_pooled_rows_count_each_prompt_once_per_cell(tmp_path):
+    """A cell run again beside other methods (DRAGON beside the baselines) is not counted
+    twice when the grid's pieces are pooled: the first file listed wins."""
+    from benchmarks.dragon import pooled_rows
+
+    def row(method: str, prompt: str, ms: float) -> dict:
+        return {"engine": "ort", "sampling": "greedy", "method": method, "latency_ms": 100.0,
+                "prompt": prompt, "per_token_s": ms / 1000}  # fmt: skip
+
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps({"rows": [row("dragon-auto", "p1", 160)]}))
+    second.write_text(json.dumps({"rows": [row("dragon-auto", "p1", 999),
+                                           row("drdg-sw", "p1", 300)]}))  # fmt: skip
+    rows, repeats = pooled_rows([first, second])
+    assert repeats == 1 and [r["per_token_s"] for r in rows] == [0.16, 0.3]

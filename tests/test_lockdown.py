@@ -130,3 +130,17 @@ def test_the_servers_tls_context_refuses_old_protocols(tmp_path, ca):
     cert.private_key_pem.write_to_path(str(key))
     ctx = tls_context(ServerConfig(token="t", tls_cert=chain, tls_key=key))
     assert ctx is not None and ctx.minimum_version == ssl.TLSVersion.TLSv1_2
+
+
+async def test_the_token_is_never_logged(start_cloud, caplog):
+    caplog.set_level("DEBUG")
+    cloud = await start_cloud()
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(aiohttp.WSServerHandshakeError):
+            await http.ws_connect(cloud.url, headers={"Authorization": "Bearer guess-1234"})
+    async with raw(cloud) as s:
+        await s.send(Generate("hello", max_new_tokens=2, request_id=1))
+        await s.recv_until(Done)
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "auth_refused" in text and "session_open" in text  # the log did run
+    assert TOKEN not in text and "guess-1234" not in text
