@@ -489,8 +489,8 @@ def pooled_rows(paths: Sequence[Path]) -> tuple[list[dict], int]:
     rows: list[dict] = []
     for path in paths:
         for r in json.loads(Path(path).read_text()).get("rows", []):
-            key = (r["engine"], r["sampling"], r["method"], r["latency_ms"], r["prompt"])
-            if key not in seen:
+            key = (r["engine"], r["sampling"], r["method"], r["latency_ms"], r.get("prompt"))
+            if key[-1] is None or key not in seen:  # a row with no prompt is its own cell
                 seen.add(key)
                 rows.append(r)
     total = sum(len(json.loads(Path(p).read_text()).get("rows", [])) for p in paths)

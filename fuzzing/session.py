@@ -16,6 +16,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import atheris
 
 with atheris.instrument_imports(include=["cloud_backend", "collab"]):
@@ -95,6 +96,20 @@ class Harness:
         assert self.bystander.open("cloud", "").accepted
         self.pings = itertools.count(1)
 
+    async def _session_ends(self, within: float = 10.0) -> None:
+        """The input's session is gone from the server soon after its socket closed (a
+        teardown that hangs would hold a slot, and capacity, for ever)."""
+        health = self.server.url.replace("ws://", "http://").replace("/v1/session", "/healthz")
+        deadline = self.loop.time() + within
+        async with aiohttp.ClientSession() as http:
+            while True:
+                async with http.get(health) as resp:
+                    sessions = (await resp.json())["sessions"]
+                if sessions <= 1:  # the bystander
+                    return
+                assert self.loop.time() < deadline, f"{sessions - 1} session(s) never ended"
+                await asyncio.sleep(0.005)
+
     def test_one(self, data: bytes) -> None:
         mode, frames = frames_of(data)
         link = Link(self.loop, self.server, drain_s=0.001)  # (0 would mean no timeout)
@@ -114,5 +129,6 @@ class Harness:
             assert not internal, internal
         finally:
             link.close()
+        self.loop.run_until_complete(self._session_ends())
         self.bystander.ping(next(self.pings))
         assert not self.server.errors, [r.getMessage() for r in self.server.errors]
