@@ -158,8 +158,9 @@ class Session:
         if self.ws.closed:
             raise ConnectionResetError("the device has disconnected")
         async with self._send_lock:
-            try:
-                await asyncio.wait_for(self.ws.send_bytes(frame), self.state.config.send_timeout_s)
+            try:  # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel
+                async with asyncio.timeout(self.state.config.send_timeout_s):
+                    await self.ws.send_bytes(frame)
             except TimeoutError:
                 self._cut_off()
                 raise ConnectionResetError("the device stopped reading") from None

@@ -256,8 +256,8 @@ class CloudClient:
         await self._drop_connection()
         http = aiohttp.ClientSession()
         try:
-            ws = await asyncio.wait_for(
-                http.ws_connect(
+            async with asyncio.timeout(self.connect_timeout):
+                ws = await http.ws_connect(
                     self.url,
                     ssl=tls,
                     headers={hdrs.AUTHORIZATION: f"Bearer {self._token}"},
@@ -265,9 +265,7 @@ class CloudClient:
                     compress=0,
                     autoping=True,
                     heartbeat=self.heartbeat_s,
-                ),
-                self.connect_timeout,
-            )
+                )
         except aiohttp.WSServerHandshakeError as exc:
             await http.close()
             if exc.status == 401:
@@ -409,7 +407,8 @@ class CloudClient:
         if inbox is None:
             raise ConnectionLost("not connected to the cloud")
         try:
-            item = await asyncio.wait_for(inbox.get(), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: 3.11's can swallow a cancel
+                item = await inbox.get()
         except TimeoutError:
             raise CloudTimeout(f"no answer from the cloud within {timeout:g} s") from None
         if isinstance(item, ConnectionLost):
@@ -524,7 +523,8 @@ class CloudClient:
         self._pings[sent] = fut
         try:
             await self.send(Ping(sent))
-            return await asyncio.wait_for(fut, timeout)
+            async with asyncio.timeout(timeout):
+                return await fut
         except TimeoutError:
             raise CloudTimeout(f"the cloud did not answer a ping within {timeout:g} s") from None
         finally:

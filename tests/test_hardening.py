@@ -178,3 +178,24 @@ async def test_a_dragon_side_cannot_draft_past_its_lookahead(start_cloud):
         cloud_drafts = [f for f in frames if isinstance(f, DragonDraft)]
         assert len(cloud_drafts) <= 2  # the cloud keeps to its own lookahead too
         await s.ping_pong()
+
+
+async def test_a_cancel_that_meets_a_finishing_send_is_not_lost(engine):
+    """Found by the session fuzzer: the send timeout used asyncio.wait_for, which in Python
+    3.11 returns the result, dropping the cancel, when the send ends as the task is cancelled.
+    A request cancelled at that moment (its session closing) then went on to wait for frames
+    that never came, and its session never ended: a slot held for good."""
+    outer: list[asyncio.Task] = []
+
+    class SocketThatFinishesAsTheTaskIsCancelled:
+        closed = False
+
+        async def send_bytes(self, data: bytes) -> None:
+            outer[0].cancel()  # the teardown's cancel, at the very moment the send is done
+
+    config = ServerConfig(token=TOKEN)
+    state = AppState(config, engine, None, TOKEN, ServerMetrics())
+    session = Session(state, SocketThatFinishesAsTheTaskIsCancelled(), "peer")  # type: ignore[arg-type]
+    outer.append(asyncio.create_task(session.send(Ping(1))))
+    await asyncio.wait(outer, timeout=5)
+    assert outer[0].cancelled()
