@@ -226,11 +226,11 @@ def main(argv: list[str] | None = None) -> dict:
         args.sessions, args.capacity, args.tokens = 12, 10, 8
     from platformdirs import user_cache_dir
 
+    from benchmarks.tiny_models import build_all, builder_version
+    from benchmarks.wire import TOKEN, ServerThread
     from cloud_backend.engine import LLMEngine
     from model_runtime.tokenizer import load_tokenizer
     from model_runtime.torch_runtime import TorchCausalLM
-    from tests.tiny_models import build_all, builder_version
-    from tests.wire import TOKEN, ServerThread
 
     logging.getLogger("tandem").setLevel(logging.WARNING)  # a line per session is noise here
     cache = Path(user_cache_dir("tandem")) / "load" / f"tiny-qwen2-{builder_version()}"

@@ -20,9 +20,9 @@ import aiohttp
 import atheris
 
 with atheris.instrument_imports(include=["cloud_backend", "collab"]):
+    from benchmarks.wire import Link, ServerThread
     from collab import protocol as p
     from collab.variants import variant_names
-    from tests.wire import Link, ServerThread
 
 MODES = [("cloud", ""), *(("split", v) for v in variant_names()), ("dragon", "")]
 LIMITS = p.Limits(max_frame_bytes=64 * 1024)
@@ -82,10 +82,10 @@ class Harness:
     """The server, the bystander and the client's loop, alive across inputs."""
 
     def __init__(self, cache: Path) -> None:
+        from benchmarks.tiny_models import build_all, builder_version
         from cloud_backend.engine import LLMEngine
         from model_runtime.tokenizer import load_tokenizer
         from model_runtime.torch_runtime import TorchCausalLM
-        from tests.tiny_models import build_all, builder_version
 
         logging.getLogger("tandem").setLevel(logging.WARNING)  # a line per session is noise here
         tiny = build_all(cache / f"tiny-qwen2-{builder_version()}")

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiny_models import build_all, builder_version
+from benchmarks.tiny_models import build_all, builder_version
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,9 @@ REPO = Path(__file__).resolve().parents[1]
 # Top to bottom (DESIGN §2, README "Layout"): a package may import itself and any package of a
 # lower tier, never a sibling of its own tier nor anything above.
 TIERS: tuple[tuple[str, ...], ...] = (
-    ("tests", "benchmarks"),  # may import anything below
+    ("tests",),  # may import anything below
+    ("fuzzing",),  # the fuzzers drive a real server with the tiny model (benchmarks' helpers)
+    ("benchmarks",),  # measurements, the link emulator, the tiny test models, a server thread
     ("app",),  # the TUI and CLI: the only composition of device and (embedded) cloud
     ("edge_runtime", "personal_index", "cloud_backend"),  # the two sides never meet
     ("tandem_packaging",),  # model preparation: the device app and the cloud find models here

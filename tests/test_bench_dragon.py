@@ -19,6 +19,7 @@ from benchmarks.dragon import (
     warm_up,
 )
 from benchmarks.prompts import Prompt
+from benchmarks.tiny_models import build_tiny_hf
 from cloud_backend.config import ServerConfig
 from cloud_backend.engine import LLMEngine
 from cloud_backend.server import create_app
@@ -26,7 +27,6 @@ from collab.dragon import DRAGON_LOOKAHEAD
 from collab.sources import Source
 from edge_runtime.device import DeviceModel
 from model_runtime.torch_runtime import TorchCausalLM
-from tests.tiny_models import build_tiny_hf
 
 TOKEN = "bench-token-0123456789"
 

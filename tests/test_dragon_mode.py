@@ -11,6 +11,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 from scipy import stats as scipy_stats
 
+from benchmarks.tiny_models import TINY_CONTEXT, build_tiny_hf
 from cloud_backend.config import ServerConfig
 from cloud_backend.engine import LLMEngine
 from cloud_backend.server import create_app
@@ -30,7 +31,6 @@ from edge_runtime.modes.base import AnswerOptions, CloudSettings, ModeContext
 from model_runtime.prompting import document_prompt, prompt_budget
 from model_runtime.tokenizer import IM_END_ID
 from model_runtime.torch_runtime import TorchCausalLM
-from tests.tiny_models import TINY_CONTEXT, build_tiny_hf
 
 TOKEN = "test-token-0123456789"
 VOCAB = 151_936

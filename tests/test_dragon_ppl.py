@@ -22,9 +22,9 @@ from benchmarks.dragon_ppl import (
     with_docs,
 )
 from benchmarks.heldout import Article, plain_text
+from benchmarks.tiny_models import build_tiny_hf
 from collab.dragon import relevance
 from model_runtime.torch_runtime import TorchCausalLM
-from tests.tiny_models import build_tiny_hf
 
 
 @pytest.fixture(scope="module")

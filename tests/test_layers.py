@@ -79,7 +79,7 @@ def test_imports_are_resolved_from_every_kind_of_statement(tmp_path: Path) -> No
 def test_the_tiers_name_every_package() -> None:
     """A new top-level package must be given its place here before it can pass the checks."""
     setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert set(setuptools["packages"]) | {"benchmarks", "tests"} == set(TIER)
+    assert set(setuptools["packages"]) | {"benchmarks", "fuzzing", "tests"} == set(TIER)
     assert setuptools["package-dir"] == {"tandem_packaging": "packaging"}
     assert len(modules()) > 50
 

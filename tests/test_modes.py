@@ -14,6 +14,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 from scipy import stats as scipy_stats
 
+from benchmarks.tiny_models import TINY_CONTEXT, build_tiny_hf
 from cloud_backend.config import ServerConfig
 from cloud_backend.engine import LLMEngine
 from cloud_backend.server import create_app
@@ -28,7 +29,6 @@ from edge_runtime.split_costs import SplitCosts
 from model_runtime.ort_runtime import OrtCausalLM
 from model_runtime.prompting import prompt_ids
 from model_runtime.torch_runtime import TorchCausalLM
-from tests.tiny_models import TINY_CONTEXT, build_tiny_hf
 
 TOKEN = "test-token-0123456789"
 QUESTIONS = ["What is a tandem bicycle?", "Write a haiku about autumn rain."]

@@ -26,11 +26,11 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from benchmarks.wire import Link, ServerThread
 from collab import protocol as p
 from collab.variants import variant_names
 from tests import test_server
 from tests.test_protocol import messages
-from tests.wire import Link, ServerThread
 
 engine = test_server.engine  # the tiny float32 cloud model, shared by the module
 MAX_FRAME = 256 * 1024  # small, so that an oversized frame is cheap to send

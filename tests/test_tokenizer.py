@@ -6,6 +6,7 @@ import unicodedata
 
 import pytest
 
+from benchmarks.tiny_models import part1_path
 from model_runtime.tokenizer import (
     IM_END_ID,
     chat_prompt_ids,
@@ -13,7 +14,6 @@ from model_runtime.tokenizer import (
     tokenizer_fingerprint,
 )
 from tandem_packaging.steps import TOKENIZER_PROBE, gguf_tokenizer
-from tests.tiny_models import part1_path
 
 TEXTS = [
     TOKENIZER_PROBE,
