@@ -232,7 +232,9 @@ def main(argv: list[str] | None = None) -> dict:
     from model_runtime.tokenizer import load_tokenizer
     from model_runtime.torch_runtime import TorchCausalLM
 
-    logging.getLogger("tandem").setLevel(logging.WARNING)  # a line per session is noise here
+    quiet = logging.getLogger("tandem")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)  # a line per session is noise here
     cache = Path(user_cache_dir("tandem")) / "load" / f"tiny-qwen2-{builder_version()}"
     tiny = build_all(args.tiny_root or cache)
     budget = args.kv_budget_mib * 2**20
@@ -247,6 +249,7 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         server.stop()
         engine.close()
+        quiet.setLevel(level)
     summary = summarise(outcomes, peak, budget, wall)
     summary["server_errors"] = [r.getMessage() for r in server.errors]
     summary["config"] = vars(args)

@@ -249,8 +249,11 @@ def _dragon_drafts(n: int) -> Reply:
 async def test_a_dragon_cloud_drafting_past_its_lookahead_is_a_plain_failure(
     hostile_cloud, near_drafter
 ):
+    # the cloud aggregates (in name: it sends no target), so the device applies nothing and
+    # every draft it sent stays unresolved; with the device aggregating, a rejection of the
+    # cloud's first draft would make the rest stale instead, depending on timing
     url = await hostile_cloud(ACK, reply=_dragon_drafts(DRAGON_LOOKAHEAD + 2))
-    mode = build_mode("dragon", context(near_drafter, url, aggregator="device"))
+    mode = build_mode("dragon", context(near_drafter, url, aggregator="cloud"))
     options = AnswerOptions(max_new_tokens=8, temperature=0.0)
     _, stats, events = await asyncio.wait_for(ask(mode, QUESTIONS[0], options), 60)
     failures = [e for e in events if isinstance(e, Failure)]

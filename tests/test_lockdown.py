@@ -133,7 +133,7 @@ def test_the_servers_tls_context_refuses_old_protocols(tmp_path, ca):
 
 
 async def test_the_token_is_never_logged(start_cloud, caplog):
-    caplog.set_level("DEBUG")
+    caplog.set_level("DEBUG", logger="tandem")
     cloud = await start_cloud()
     async with aiohttp.ClientSession() as http:
         with pytest.raises(aiohttp.WSServerHandshakeError):
