@@ -173,6 +173,14 @@ async def _echo_link(**profile: float) -> tuple[asyncio.Server, LinkEmulator]:
     return server, link
 
 
+async def _proxied(link: LinkEmulator) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection through the link, after one echo (so the proxy has it open)."""
+    r, w = await asyncio.open_connection("127.0.0.1", link.port)
+    w.write(b"o")
+    await r.readexactly(1)
+    return r, w
+
+
 def test_loss_delays_a_chunk_by_the_rto_and_keeps_the_order():
     async def main() -> tuple[list[float], bytes]:
         server, link = await _echo_link(loss=0.5, rto=0.1)
@@ -198,9 +206,7 @@ def test_loss_delays_a_chunk_by_the_rto_and_keeps_the_order():
 def test_reset_ends_open_connections_and_new_ones_work():
     async def main() -> None:
         server, link = await _echo_link()
-        r, w = await asyncio.open_connection("127.0.0.1", link.port)
-        w.write(b"o")  # one echo: the proxied connection exists
-        await r.readexactly(1)
+        r, w = await _proxied(link)
         link.reset()
         with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
             w.write(b"p")
@@ -216,9 +222,7 @@ def test_reset_ends_open_connections_and_new_ones_work():
 def test_vanish_leaves_connections_open_but_silent():
     async def main() -> None:
         server, link = await _echo_link()
-        r, w = await asyncio.open_connection("127.0.0.1", link.port)
-        w.write(b"o")  # one echo: the proxied connection exists
-        await r.readexactly(1)
+        r, w = await _proxied(link)
         link.vanish()
         w.write(b"p")
         await w.drain()  # the write itself succeeds: nothing says the peer is gone
