@@ -4,7 +4,7 @@ in every mode. After every step: the session still answers a Ping (no crash, no 
 frame it sent is a typed frame this device can read, it never reports an internal error or
 logs one, and a bystander session on the same server is unaffected.
 
-The server runs on its own thread (tests/wire.py); Hypothesis drives the client synchronously,
+The server runs on its own thread (benchmarks/wire.py); Hypothesis drives the client synchronously,
 one rule at a time."""
 
 from __future__ import annotations
