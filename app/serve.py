@@ -62,7 +62,7 @@ def _config(args: argparse.Namespace, load_config):
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
     )
-    config.require_token()
+    config.access_tokens()
     return config
 
 

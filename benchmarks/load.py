@@ -8,10 +8,13 @@ real one does, but drafts with a fixed id instead of a model, so the load is the
 its engine serves every session's steps on one worker. Past `capacity` sessions the cloud
 refuses with 503 and Retry-After; a refused device counts as falling back to local.
 
-Printed (and written to results/load/<name>.json): admitted and refused sessions, errors other
-than refusals (must be none), time to first token and time per token at p50/p99, fairness
-(each session's tokens/s against the median), the engine's peak KV cache against its budget,
-and the whole run's wall time. Bounded: every session must end within `--timeout` s."""
+Printed (and written to results/load/<name>.json): admitted, refused and evicted sessions,
+errors other than refusals and evictions (must be none), time to first token and time per
+token at p50/p99, fairness (each session's tokens/s against the median), the engine's peak KV
+cache against its budget, and the whole run's wall time. Bounded: every session must end
+within `--timeout` s. With `--kv-budget-mib` below what the sessions hold, the engine evicts
+(the least recently used sessions end with EVICTED, the rest finish) and the peak stays under
+the budget."""
 
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ class Outcome:
 
     mode: str
     refused: bool = False
+    evicted: bool = False  # its KV cache was dropped for the budget: it ends with an error
     error: str = ""
     tokens: int = 0
     ttft_s: float | None = None
@@ -101,7 +105,10 @@ class Device:
             msg = await self._recv(ws)
             now = time.perf_counter()
             if isinstance(msg, p.Error):
-                out.error = f"Error {p.ErrorCode(msg.code).name}: {msg.message}"
+                out.evicted = msg.code == p.ErrorCode.EVICTED
+                out.error = (
+                    "" if out.evicted else f"Error {p.ErrorCode(msg.code).name}: {msg.message}"
+                )
                 continue
             if isinstance(msg, p.Done):
                 out.tokens = msg.tokens
@@ -155,7 +162,7 @@ def quantile(values: list[float], q: float) -> float | None:
 
 def summarise(outcomes: list[Outcome], peak_kv: int, budget: int, wall: float) -> dict:
     admitted = [o for o in outcomes if not o.refused]
-    ok = [o for o in admitted if not o.error]
+    ok = [o for o in admitted if not (o.error or o.evicted)]
     ttft = [o.ttft_s for o in ok if o.ttft_s is not None]
     per_token = [o.per_token_s for o in ok if o.per_token_s is not None]
     rates = [o.tokens / o.seconds for o in ok if o.seconds > 0]
@@ -164,6 +171,7 @@ def summarise(outcomes: list[Outcome], peak_kv: int, budget: int, wall: float) -
         "sessions": len(outcomes),
         "admitted": len(admitted),
         "refused": len(outcomes) - len(admitted),
+        "evicted": sum(o.evicted for o in admitted),
         "errors": [f"{o.mode}: {o.error}" for o in admitted if o.error],
         "by_mode": {m: sum(o.mode == m for o in ok) for m in MODES},
         "tokens": sum(o.tokens for o in ok),
@@ -215,7 +223,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sessions", type=int, default=100)
     parser.add_argument("--capacity", type=int, default=90, help="the cloud's max_sessions")
     parser.add_argument("--tokens", type=int, default=16, help="tokens per answer")
-    parser.add_argument("--kv-budget-mib", type=int, default=256)
+    parser.add_argument("--kv-budget-mib", type=float, default=256,
+                        help="the engine's KV budget; below what the sessions hold, the least "
+                        "recently used lose their cache (EVICTED) and the rest go on")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--quick", action="store_true", help="12 sessions, capacity 10")
     parser.add_argument("--name", default=None, help="results/load/<name>.json")
@@ -237,7 +247,7 @@ def main(argv: list[str] | None = None) -> dict:
     quiet.setLevel(logging.WARNING)  # a line per session is noise here
     cache = Path(user_cache_dir("tandem")) / "load" / f"tiny-qwen2-{builder_version()}"
     tiny = build_all(args.tiny_root or cache)
-    budget = args.kv_budget_mib * 2**20
+    budget = int(args.kv_budget_mib * 2**20)
     engine = LLMEngine(TorchCausalLM(tiny["hf"]), load_tokenizer(tiny["hf"]), "tiny-cloud",
                        kv_budget_bytes=budget)  # fmt: skip
     server = ServerThread(engine, p.DEFAULT_LIMITS, max_sessions=args.capacity)

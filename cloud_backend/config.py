@@ -18,6 +18,7 @@ from typing import Any, Literal
 from collab.protocol import DEFAULT_LIMITS, Limits
 
 TOKEN_ENV = "TANDEM_CLOUD_TOKEN"
+DEFAULT_TOKEN_NAME = "default"
 ENGINES = ("ort", "torch")
 TORCH_DTYPES = ("bfloat16", "float32")
 
@@ -32,7 +33,8 @@ class ServerConfig:
 
     host: str = "127.0.0.1"
     port: int = 8765
-    token: str | None = None
+    token: str | None = None  # the access token (named "default" in logs and limits)
+    tokens: dict[str, str] = field(default_factory=dict)  # more: name -> token, one per user
     engine: Literal["ort", "torch"] = "ort"
     torch_dtype: Literal["bfloat16", "float32"] = "bfloat16"
     model_dir: Path | None = None  # None: the prepared cloud model (`tandem models prepare`)
@@ -53,6 +55,7 @@ class ServerConfig:
     tls_key: Path | None = None
     auth_failures: int = 10  # wrong tokens from one address within auth_window_s, then 429
     auth_window_s: float = 60.0
+    requests_per_minute: int = 3000  # per access token, in bursts of a minute's worth; 0: off
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -82,19 +85,28 @@ class ServerConfig:
             raise ConfigError("tls_cert and tls_key go together: give both, or neither")
         if self.auth_failures < 1 or not self.auth_window_s > 0:
             raise ConfigError("auth_failures must be ≥ 1 and auth_window_s > 0 seconds")
+        if self.requests_per_minute < 0:
+            raise ConfigError("requests_per_minute must be ≥ 0 (0 turns the limit off)")
+        for name, secret in self.tokens.items():
+            if not name or not secret:
+                raise ConfigError("every entry of [cloud.tokens] needs a name and a token")
         for name in ("model_dir", "data_dir", "tls_cert", "tls_key"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, Path):
                 object.__setattr__(self, name, Path(value).expanduser())
 
-    def require_token(self) -> str:
-        """The access token, or a clear error: the cloud never serves without one."""
-        if not self.token:
+    def access_tokens(self) -> dict[str, str]:
+        """Every access token by name, or a clear error: the cloud never serves without one."""
+        named = {DEFAULT_TOKEN_NAME: self.token} if self.token else {}
+        named.update(self.tokens)
+        if not named:
             raise ConfigError(
                 "no access token is set for the cloud server: set the environment variable "
                 f'{TOKEN_ENV}, or `token = "..."` in the [cloud] table of the config file'
             )
-        return self.token
+        if len(set(named.values())) < len(named):
+            raise ConfigError("two access tokens are the same: give each user their own")
+        return named
 
 
 def _type_name(tp: Any) -> str:
@@ -122,6 +134,12 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         if value not in choices:
             raise ConfigError(f"{key} must be one of {', '.join(map(str, choices))}, not {value!r}")
         return value
+    if origin is dict:
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            raise ConfigError(f"{key} must be a table of names to strings ([cloud.{key}])")
+        return dict(value)
     if tp is Path:
         if not isinstance(value, str | Path):
             raise ConfigError(f"{key} must be a path (a string), not {value!r}")

@@ -104,18 +104,19 @@ class LLMEngine:
             session.state = None if session.closed else state  # closed mid-step: drop it
         seconds = time.perf_counter() - start
         session.evicted = False
-        session.nbytes = session.state.nbytes
         session.last_step_s = seconds
-        with self._lock:
-            if session.id in self._lru:
-                self._lru.move_to_end(session.id)
         self._enforce_budget(keep=session)
         if self.on_step is not None:
             self.on_step(kind, n, seconds)
         return result
 
     def _enforce_budget(self, keep: EngineSession) -> None:
+        """Count `keep`'s cache as it is after its step and evict others to fit, in one go
+        (`cache_bytes` never sees the total over the budget, unless `keep` alone is)."""
         with self._lock:
+            keep.nbytes = keep.state.nbytes if keep.state is not None else 0
+            if keep.id in self._lru:
+                self._lru.move_to_end(keep.id)
             total = sum(s.nbytes for s in self._lru.values())
             victims = []
             for other in list(self._lru.values()):

@@ -51,7 +51,7 @@ class ServerMetrics:
         )
         self.refusals = Counter(
             "tandem_handshake_refusals",
-            "Handshakes refused (version, tokenizer, mode, variant, busy)",
+            "Sessions and requests refused (version, tokenizer, mode, variant, busy, rate)",
             ["reason"],
             registry=r,
         )

@@ -14,12 +14,12 @@ import logging
 import socket
 import ssl
 import time
-from collections import defaultdict, deque
 from collections.abc import Callable
 from typing import Any
 
 from aiohttp import WSCloseCode, hdrs, web
 
+from cloud_backend.admission import AuthThrottle
 from cloud_backend.config import ConfigError, ServerConfig
 from cloud_backend.engine import LLMEngine
 from cloud_backend.logfmt import kv
@@ -50,43 +50,23 @@ def _unauthorized(reason: str) -> web.Response:
     return web.Response(status=401, text=reason + "\n", headers={hdrs.WWW_AUTHENTICATE: challenge})
 
 
-class AuthThrottle:
-    """Wrong tokens are counted per address; past `limit` within `window` seconds every try
-    from that address gets 429 with Retry-After until the oldest failure ages out (guessing
-    the token costs time). The right token does not reset the count."""
-
-    def __init__(self, limit: int, window: float) -> None:
-        self.limit, self.window = limit, window
-        self._failures: defaultdict[str, deque[float]] = defaultdict(deque)
-
-    def retry_after(self, peer: str) -> float:
-        """0 if `peer` may try now, else the seconds until it may."""
-        failures, now = self._failures[peer], time.monotonic()
-        while failures and failures[0] <= now - self.window:
-            failures.popleft()
-        if not failures:
-            del self._failures[peer]
-            return 0.0
-        return failures[0] + self.window - now if len(failures) >= self.limit else 0.0
-
-    def failed(self, peer: str) -> None:
-        self._failures[peer].append(time.monotonic())
-
-
 THROTTLE = web.AppKey("tandem_auth_throttle", AuthThrottle)
 
 
-def _check_auth(request: web.Request, token: str) -> web.Response | None:
-    """None if the bearer token is right; else the 401 to return."""
+def _check_auth(request: web.Request, tokens: dict[str, str]) -> str | web.Response:
+    """The name of the bearer token if it is one of `tokens`; else the 401 to return. Every
+    token is compared, in constant time, whatever matched (no timing says which is close)."""
     scheme, _, given = request.headers.get(hdrs.AUTHORIZATION, "").partition(" ")
     given = given.strip()
     if scheme.lower() != "bearer" or not given:
         return _unauthorized(
             "missing access token: send the header 'Authorization: Bearer <token>'"
         )
-    if not hmac.compare_digest(given.encode("utf-8"), token.encode("utf-8")):
-        return _unauthorized("wrong access token")
-    return None
+    found = None
+    for name, token in tokens.items():
+        if hmac.compare_digest(given.encode("utf-8"), token.encode("utf-8")):
+            found = name
+    return found if found is not None else _unauthorized("wrong access token")
 
 
 RETRY_AFTER_S = 5  # what an overloaded cloud tells a device to wait before trying again
@@ -115,13 +95,12 @@ async def _session_handler(request: web.Request) -> web.StreamResponse:
             status=429, text="too many wrong access tokens from this address; wait\n",
             headers={hdrs.RETRY_AFTER: str(max(1, round(wait)))},
         )  # fmt: skip
-    refusal = _check_auth(request, state.token)
-    if refusal is not None:
+    user = _check_auth(request, state.tokens)
+    if isinstance(user, web.Response):
         throttle.failed(peer)
         state.metrics.errors.labels(code=ErrorCode.AUTH.name).inc()
-        reason = (refusal.text or "").strip()
-        log.info(kv("auth_refused", peer=peer, reason=reason))
-        return refusal
+        log.info(kv("auth_refused", peer=peer, reason=(user.text or "").strip()))
+        return user
     config = state.config
     ws = web.WebSocketResponse(
         # The largest legal frame and no more: a bigger one closes the transport with 1009
@@ -143,7 +122,7 @@ async def _session_handler(request: web.Request) -> web.StreamResponse:
     try:
         await ws.prepare(request)
         _set_nodelay(request.transport)
-        await Session(state, ws, request.remote, abort=_aborter(request)).run()
+        await Session(state, ws, request.remote, user, abort=_aborter(request)).run()
     finally:
         state.websockets.discard(ws)
     return ws
@@ -185,9 +164,9 @@ def create_app(
     config: ServerConfig, engine: LLMEngine, corpus: Any | None = None
 ) -> web.Application:
     """The aiohttp application. Refuses to exist without an access token."""
-    token = config.require_token()
+    tokens = config.access_tokens()
     metrics = ServerMetrics()
-    state = AppState(config, engine, corpus, token, metrics)
+    state = AppState(config, engine, corpus, tokens, metrics)
     metrics.watch_kv_cache(lambda: engine.cache_bytes)
     metrics.sessions.set_function(lambda: len(state.sessions))
     app = web.Application()

@@ -14,6 +14,7 @@ import contextlib
 import hmac
 import itertools
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +22,8 @@ from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from cloud_backend.config import ServerConfig
+from cloud_backend.admission import RequestRate
+from cloud_backend.config import DEFAULT_TOKEN_NAME, ServerConfig
 from cloud_backend.context import DraftPace, RequestContext, RequestInbox
 from cloud_backend.engine import EngineSession, LLMEngine
 from cloud_backend.logfmt import kv
@@ -95,12 +97,16 @@ class AppState:
     config: ServerConfig
     engine: LLMEngine
     corpus: Any | None
-    token: str
+    tokens: dict[str, str]  # access tokens by name
     metrics: ServerMetrics
+    request_rate: RequestRate = field(init=False)
     started: float = field(default_factory=time.monotonic)
     sessions: dict[int, Session] = field(default_factory=dict)  # handshake accepted
     websockets: set[web.WebSocketResponse] = field(default_factory=set)  # all, for shutdown
     ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+
+    def __post_init__(self) -> None:
+        self.request_rate = RequestRate(self.config.requests_per_minute)
 
 
 @dataclass
@@ -126,11 +132,13 @@ class Session:
         state: AppState,
         ws: web.WebSocketResponse,
         peer: str | None,
+        user: str = DEFAULT_TOKEN_NAME,
         abort: Callable[[], None] | None = None,
     ) -> None:
         self.state = state
         self.ws = ws
         self.peer = peer or "?"
+        self.user = user  # the name of the access token it came with
         self._abort = abort
         self.id = next(state.ids)
         self.limits: Limits = state.config.limits
@@ -320,8 +328,9 @@ class Session:
         ack = HelloAck(True, limits=self.limits, model_name=engine.name)
         log.info(
             kv(
-                "session_open", session=self.id, peer=self.peer, mode=hello.mode.name.lower(),
-                variant=variant or "-", device_model=hello.model_name or "-",
+                "session_open", session=self.id, peer=self.peer, user=self.user,
+                mode=hello.mode.name.lower(), variant=variant or "-",
+                device_model=hello.model_name or "-",
                 sessions=len(self.state.sessions),
             )
         )  # fmt: skip
@@ -459,13 +468,6 @@ class Session:
 
     # ---- requests --------------------------------------------------------------------------
     async def _start_request(self, gen: Generate, nbytes: int) -> bool:
-        active = self.request
-        if active is not None and not active.finished:
-            return await self._error(
-                ErrorCode.BUSY,
-                f"request {active.id} is still running: cancel it or wait for its Done",
-                gen.request_id,
-            )
         if gen.request_id <= self.last_request_id:
             return await self._error(
                 ErrorCode.MALFORMED,
@@ -473,6 +475,22 @@ class Session:
                 "request ids must increase within a session",
                 gen.request_id,
             )
+        active = self.request
+        if active is not None and not active.finished:
+            return await self._turn_down(
+                gen, ErrorCode.BUSY,
+                f"request {active.id} is still running: cancel it or wait for its Done",
+            )  # fmt: skip
+        wait = self.state.request_rate.take(self.user)
+        if wait > 0:
+            self.state.metrics.refusals.labels(reason="rate").inc()
+            log.info(kv("request_rate_limited", session=self.id, user=self.user,
+                        retry_after_s=round(wait, 1)))  # fmt: skip
+            return await self._turn_down(
+                gen, ErrorCode.RATE_LIMITED,
+                f"this access token has used its {self.state.config.requests_per_minute} "
+                f"requests per minute: retry in {max(1, math.ceil(wait))} s",
+            )  # fmt: skip
         assert self.mode is not None and self.engine_session is not None
         self.last_request_id = gen.request_id
         self.requests += 1
@@ -500,6 +518,15 @@ class Session:
             self._run_request(gen, ctx, req), name=f"tandem-request-{self.id}-{req.id}"
         )
         return True
+
+    async def _turn_down(self, gen: Generate, code: ErrorCode, text: str) -> bool:
+        """Turn a Generate down: its Error, then its Done (every request ends with one, so
+        the device stops waiting at once and may answer on its own)."""
+        self.last_request_id = gen.request_id
+        rid = gen.request_id
+        return await self._error(code, text, rid) and await self._try_send(
+            Done(FinishReason.ERROR, request_id=rid)
+        )
 
     async def _run_request(self, gen: Generate, ctx: RequestContext, req: _Request) -> None:
         start = time.perf_counter()

@@ -124,7 +124,7 @@ async def test_a_device_that_reads_nothing_is_cut_off(engine):
 
     aborted = []
     config = ServerConfig(token=TOKEN, send_timeout_s=0.2)
-    state = AppState(config, engine, None, TOKEN, ServerMetrics())
+    state = AppState(config, engine, None, {"default": TOKEN}, ServerMetrics())
     session = Session(state, FullSocket(), "peer", abort=lambda: aborted.append(True))  # type: ignore[arg-type]
     t0 = time.monotonic()
     with pytest.raises(ConnectionResetError, match="stopped reading"):
@@ -194,7 +194,7 @@ async def test_a_cancel_that_meets_a_finishing_send_is_not_lost(engine):
             outer[0].cancel()  # the teardown's cancel, at the very moment the send is done
 
     config = ServerConfig(token=TOKEN)
-    state = AppState(config, engine, None, TOKEN, ServerMetrics())
+    state = AppState(config, engine, None, {"default": TOKEN}, ServerMetrics())
     session = Session(state, SocketThatFinishesAsTheTaskIsCancelled(), "peer")  # type: ignore[arg-type]
     outer.append(asyncio.create_task(session.send(Ping(1))))
     await asyncio.wait(outer, timeout=5)

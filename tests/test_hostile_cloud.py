@@ -1,11 +1,13 @@
 """The device against a cloud it cannot trust: a scripted websocket server (no model) that
 answers the handshake and then sends what a script says, lies included. The device must turn
-every lie into a plain CloudError, never crash or act on it."""
+every lie into a plain CloudError, never crash or act on it, and never send the liar anything
+it would not send an honest cloud."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -15,6 +17,7 @@ from aiohttp import WSMsgType, web
 from collab.dragon import DRAGON_LOOKAHEAD
 from collab.protocol import (
     DEFAULT_LIMITS,
+    Cancel,
     Draft,
     DragonDraft,
     DragonSetup,
@@ -24,6 +27,8 @@ from collab.protocol import (
     Limits,
     Message,
     Mode,
+    Ping,
+    Pong,
     TokenChunk,
     Verdict,
     decode,
@@ -39,6 +44,7 @@ from tests import test_modes
 from tests.test_modes import QUESTIONS, ask, context
 
 near_drafter = test_modes.near_drafter  # the tiny device model of tests/test_modes.py
+cloud_engine, cloud_url = test_modes.cloud_engine, test_modes.cloud_url  # an honest cloud
 
 
 Reply = Callable[[Message], Sequence[Message]]  # the cloud's answer to each device frame
@@ -109,13 +115,13 @@ ACK = HelloAck(True, DEFAULT_LIMITS, "", "hostile")
 FIRST_TOKEN = 785  # any id: the cloud's first token of the answer
 
 
-def lying_verdicts(lie: Callable[..., Verdict]) -> Reply:
+def lying_verdicts(lie: Callable[..., Verdict], first: int = FIRST_TOKEN) -> Reply:
     """A split cloud that answers Generate with a first token and every draft with `lie`."""
 
     def reply(msg: Message) -> Sequence[Message]:
         header = {"request_id": msg.request_id}
         if isinstance(msg, Generate):
-            return [TokenChunk(np.asarray([FIRST_TOKEN]), **header)]
+            return [TokenChunk(np.asarray([first]), **header)]
         if isinstance(msg, Draft):
             return [lie(msg, epoch=msg.epoch, step=msg.step, **header)]
         return []
@@ -150,6 +156,47 @@ async def test_a_lying_verdict_is_a_plain_failure_and_the_device_finishes(
     assert "never sent" in failures[0].message or "cannot be used" in failures[0].message
     assert stats.tokens > 1  # the device finished the answer
     await split.close()
+
+
+async def frames_sent(
+    mode: Any, question: str, options: AnswerOptions
+) -> tuple[list[Message], Any, list[Any]]:
+    """One answer, and every frame the device sent the cloud for it (pings aside)."""
+    client = await mode.client()
+    sent: list[Message] = []
+    client.on_frame_sent = lambda frame: sent.append(decode(frame))
+    _, stats, events = await asyncio.wait_for(ask(mode, question, options), 60)
+    return [m for m in sent if not isinstance(m, Ping | Pong)], stats, events
+
+
+def _same_frame(a: Message, b: Message) -> bool:
+    """The same bytes but for the request id."""
+    return encode(replace(a, request_id=0)) == encode(replace(b, request_id=0))
+
+
+@pytest.mark.parametrize("lie", LIES)
+@pytest.mark.parametrize("variant", ["tk-slt", "dssd"])
+async def test_a_lying_cloud_is_sent_nothing_an_honest_one_would_not_be(
+    hostile_cloud, cloud_url, near_drafter, lie, variant
+):
+    """Frame by frame: the liar starts the answer as the honest cloud did (the same first
+    token), so the device owes it the same frames until the lie: the same Generate and the
+    same first draft, byte for byte; then nothing but a Cancel, all for this request."""
+    options = AnswerOptions(max_new_tokens=12, temperature=0.0)
+    honest = build_mode("split", context(near_drafter, cloud_url, variant))
+    honest.costs = SplitCosts(as2=False)
+    fair, fair_stats, _ = await frames_sent(honest, QUESTIONS[0], options)
+    await honest.close()
+    url = await hostile_cloud(ACK, reply=lying_verdicts(LIES[lie], fair_stats.token_ids[0]))
+    split = build_mode("split", context(near_drafter, url, variant))
+    split.costs = SplitCosts(as2=False)
+    told, stats, _ = await frames_sent(split, QUESTIONS[0], options)
+    await split.close()
+    assert isinstance(told[0], Generate) and _same_frame(told[0], fair[0])
+    assert isinstance(told[1], Draft) and _same_frame(told[1], fair[1])
+    assert all(isinstance(m, Cancel) for m in told[2:]), told  # the verdict on it was the lie
+    assert {m.request_id for m in told} == {told[0].request_id}
+    assert stats.tokens > 1  # and the device answered on its own
 
 
 # ---------------------------------------------------------------------------- the link itself

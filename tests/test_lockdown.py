@@ -1,7 +1,7 @@
 """The cloud locked down (issue 16): TLS with a certificate the device verifies (a custom CA
 can be given), no ws:// to another machine unless the user allows it, wrong tokens throttled
-per address, /metrics and /healthz free of session content, and no session able to touch
-another's request."""
+per address, each access token held to its own request rate, /metrics and /healthz free of
+session content, and no session able to touch another's request."""
 
 from __future__ import annotations
 
@@ -12,12 +12,29 @@ import numpy as np
 import pytest
 import trustme
 
-from collab.protocol import Cancel, Done, Error, FinishReason, Generate, Mode, TokenChunk
+from cloud_backend import admission
+from cloud_backend.admission import RequestRate
+from collab.protocol import (
+    Cancel,
+    Done,
+    Error,
+    ErrorCode,
+    FinishReason,
+    Generate,
+    Mode,
+    TokenChunk,
+)
 from edge_runtime.client import CloudClient, CloudUntrusted
-from tests import test_server
+from edge_runtime.events import Failure
+from edge_runtime.modes import build_mode
+from edge_runtime.modes.base import AnswerOptions
+from tests import test_modes, test_server
+from tests.test_modes import QUESTIONS, ask, context
 from tests.test_server import TOKEN, raw
 
 engine, start_cloud, cloud = test_server.engine, test_server.start_cloud, test_server.cloud
+near_drafter = test_modes.near_drafter
+ALICE = "alice-" + "s" * 20  # a second user's access token
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +107,60 @@ async def test_wrong_tokens_are_throttled_per_address(start_cloud):
         assert 1 <= int(throttled.value.headers["Retry-After"]) <= 30
 
 
+async def test_each_access_token_has_its_own_request_rate(start_cloud):
+    """Past its rate a token's Generate gets RATE_LIMITED (saying when to retry) and its Done,
+    and the session goes on; another user's token is not held back by it."""
+    cloud = await start_cloud(tokens={"alice": ALICE}, requests_per_minute=2)
+    async with raw(cloud) as s:
+        for rid in (1, 2):
+            await s.send(Generate("hi", max_new_tokens=1, request_id=rid))
+            assert (await s.recv_until(Done))[-1].reason == FinishReason.LENGTH
+        await s.send(Generate("hi", max_new_tokens=1, request_id=3))
+        error, done = await s.recv_until(Done)
+        assert isinstance(error, Error) and error.code == ErrorCode.RATE_LIMITED
+        assert "2 requests per minute" in error.message and "retry in" in error.message
+        assert isinstance(done, Done) and done.reason == FinishReason.ERROR
+        assert done.request_id == error.request_id == 3
+        await s.ping_pong()  # the session survives
+        async with raw(cloud, token=ALICE) as alice:
+            await alice.send(Generate("hi", max_new_tokens=1, request_id=1))
+            assert (await alice.recv_until(Done))[-1].reason == FinishReason.LENGTH
+        metrics = await cloud.metrics()
+        assert metrics[("tandem_handshake_refusals_total", (("reason", "rate"),))] == 1
+
+
+def test_the_request_rate_refills_at_its_rate(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(admission.time, "monotonic", lambda: now[0])
+    rate = RequestRate(per_minute=6)  # one every 10 s, bursts of 6
+    assert [rate.take("a") for _ in range(6)] == [0.0] * 6
+    assert rate.take("a") == pytest.approx(10.0)
+    assert rate.take("b") == 0.0  # each name its own
+    now[0] += 4.0
+    assert rate.take("a") == pytest.approx(6.0)  # nothing spent by a refusal
+    now[0] += 6.0
+    assert rate.take("a") == 0.0 and rate.take("a") > 0
+    now[0] += 3600.0  # a long pause refills one burst, not more
+    assert [rate.take("a") for _ in range(7)].count(0.0) == 6
+    assert RequestRate(per_minute=0).take("a") == 0.0  # off
+
+
+@pytest.mark.parametrize("mode", ["cloud", "split", "dragon"])
+async def test_a_rate_limited_question_is_answered_on_the_device(start_cloud, near_drafter, mode):
+    cloud = await start_cloud(requests_per_minute=1, corpus_enabled=False)
+    assistant = build_mode(mode, context(near_drafter, cloud.url))
+    options = AnswerOptions(max_new_tokens=4, temperature=0.0)
+    _, first, events = await ask(assistant, QUESTIONS[0], options)
+    assert not any(isinstance(e, Failure) for e in events) and first.tokens > 0
+    _, second, events = await ask(assistant, QUESTIONS[1], options)
+    failures = [e for e in events if isinstance(e, Failure)]
+    assert len(failures) == 1 and failures[0].recoverable, failures
+    assert "turned the question down" in failures[0].message
+    assert "requests per minute" in failures[0].message
+    assert second.tokens > 0  # the device answered
+    await assistant.close()
+
+
 async def test_metrics_and_healthz_reveal_no_session_content(cloud):
     secret = "my bank PIN is 4711"
     async with raw(cloud) as s:
@@ -134,13 +205,15 @@ def test_the_servers_tls_context_refuses_old_protocols(tmp_path, ca):
 
 async def test_the_token_is_never_logged(start_cloud, caplog):
     caplog.set_level("DEBUG", logger="tandem")
-    cloud = await start_cloud()
+    cloud = await start_cloud(tokens={"alice": ALICE})
     async with aiohttp.ClientSession() as http:
         with pytest.raises(aiohttp.WSServerHandshakeError):
             await http.ws_connect(cloud.url, headers={"Authorization": "Bearer guess-1234"})
-    async with raw(cloud) as s:
-        await s.send(Generate("hello", max_new_tokens=2, request_id=1))
-        await s.recv_until(Done)
+    for token in (TOKEN, ALICE):
+        async with raw(cloud, token=token) as s:
+            await s.send(Generate("hello", max_new_tokens=2, request_id=1))
+            await s.recv_until(Done)
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "auth_refused" in text and "session_open" in text  # the log did run
-    assert TOKEN not in text and "guess-1234" not in text
+    assert "user=alice" in text and "user=default" in text  # who, by name
+    assert TOKEN not in text and "guess-1234" not in text and ALICE not in text

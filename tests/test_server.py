@@ -167,10 +167,12 @@ def hello(engine: LLMEngine, mode: Mode = Mode.CLOUD, variant: str = "", **kw) -
 
 
 @contextlib.asynccontextmanager
-async def raw(cloud: Cloud, greet: Hello | bool | None = True) -> AsyncIterator[Raw]:
+async def raw(
+    cloud: Cloud, greet: Hello | bool | None = True, token: str = TOKEN
+) -> AsyncIterator[Raw]:
     """Open a websocket; send Hello (and expect an accepted HelloAck) unless greet is False."""
     http = aiohttp.ClientSession()
-    ws = await http.ws_connect(cloud.url, headers=cloud.headers())
+    ws = await http.ws_connect(cloud.url, headers=cloud.headers(token))
     session = Raw(http, ws)
     try:
         if greet is not False:
@@ -223,6 +225,28 @@ def test_load_config_rejects_unknown_and_bad_values(tmp_path):
         load_config(path)
     path.write_text('[cloud]\nport = "80"\n')
     with pytest.raises(ConfigError, match="port"):
+        load_config(path)
+
+
+def test_access_tokens_by_name_from_the_file(tmp_path, monkeypatch, engine):
+    monkeypatch.delenv("TANDEM_CLOUD_TOKEN", raising=False)
+    path = tmp_path / "tandem.toml"
+    path.write_text(
+        '[cloud]\nrequests_per_minute = 60\n[cloud.tokens]\nalice = "a-secret"\nbob = "b-secret"\n'
+    )
+    cfg = load_config(path)
+    assert cfg.access_tokens() == {"alice": "a-secret", "bob": "b-secret"}
+    assert cfg.requests_per_minute == 60
+    create_app(cfg, engine)  # named tokens alone are enough to serve
+    assert load_config(path, token="main").access_tokens()["default"] == "main"
+    path.write_text('[cloud.tokens]\nalice = "same"\nbob = "same"\n')
+    with pytest.raises(ConfigError, match="same"):
+        load_config(path).access_tokens()
+    path.write_text("[cloud]\ntokens = 5\n")
+    with pytest.raises(ConfigError, match=r"\[cloud.tokens\]"):
+        load_config(path)
+    path.write_text("[cloud]\nrequests_per_minute = -1\n")
+    with pytest.raises(ConfigError, match="requests_per_minute"):
         load_config(path)
 
 
@@ -542,19 +566,23 @@ async def test_ping_answered_while_a_request_runs_and_busy_and_cancel(cloud):
         await s.send(Generate("another", request_id=6))
         seen: list[Message] = []
         while not (any(isinstance(m, Pong) for m in seen) and any(
-            isinstance(m, Error) for m in seen
+            isinstance(m, Done) for m in seen
         )):  # fmt: skip
             seen.append(await s.recv())
+        # the second request is turned down, and ended (its Done), while the first runs on
         busy = next(m for m in seen if isinstance(m, Error))
         assert busy.code == ErrorCode.BUSY and busy.request_id == 6
+        ended = next(m for m in seen if isinstance(m, Done))
+        assert ended.reason == FinishReason.ERROR and ended.request_id == 6
         await s.send(Cancel(request_id=5))
         done = (await s.recv_until(Done))[-1]
+        assert done.request_id == 5
         assert done.reason == FinishReason.CANCELLED and done.tokens < 200
         # a late frame for the finished request is dropped silently, not an error
         await s.send(Cancel(request_id=5))
         await s.ping_pong(9)
-        # request ids must increase
-        await s.send(Generate("again", request_id=5))
+        # request ids must increase (the refused 6 counts)
+        await s.send(Generate("again", request_id=6))
         err = await s.recv()
         assert isinstance(err, Error) and "not newer" in err.message
 

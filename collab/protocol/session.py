@@ -58,6 +58,7 @@ class ErrorCode(IntEnum):
     STALE_EPOCH = 7
     INTERNAL = 8
     EVICTED = 9
+    RATE_LIMITED = 10  # this access token's request rate is spent; the message says when
 
 
 # ---------------------------------------------------------------------------- helpers

@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator
 
 from collab.protocol import Citations, Done, Error, Mode, TokenChunk
 from edge_runtime.client import CloudClient
-from edge_runtime.events import Event, Failure
+from edge_runtime.events import Event
 from edge_runtime.modes.base import Answer, AnswerOptions
-from edge_runtime.modes.cloud_link import CloudBacked, citations_from
+from edge_runtime.modes.cloud_link import CloudBacked, citations_from, refusal
 
 
 class CloudMode(CloudBacked):
@@ -29,7 +29,7 @@ class CloudMode(CloudBacked):
                 for event in answer.emit(answer.transcript.commit(msg.token_ids.tolist())):
                     yield event
             elif isinstance(msg, Error):
-                yield Failure(f"the cloud refused: {msg.message}")
+                raise refusal(msg)
             elif isinstance(msg, Done):
                 answer.stats.finish = msg.reason.name.lower()
                 answer.finished = True

@@ -11,8 +11,14 @@ from abc import abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
-from collab.protocol import Cancel, Citations, Done, Error, Generate, Message, Mode
-from edge_runtime.client import CloudClient, CloudError, CloudUnavailable, ConnectionLost
+from collab.protocol import Cancel, Citations, Done, Error, ErrorCode, Generate, Message, Mode
+from edge_runtime.client import (
+    CloudBusy,
+    CloudClient,
+    CloudError,
+    CloudUnavailable,
+    ConnectionLost,
+)
 from edge_runtime.events import Citation, Event, Failure, Notice
 from edge_runtime.modes.base import (
     Answer,
@@ -198,6 +204,16 @@ class CloudBacked(Orchestrator):
         ids += answer.transcript.tokens
         async for event in device_generate(device, ids, answer, options):
             yield event
+
+
+def refusal(msg: Error) -> CloudError:
+    """What an Error frame for the running request means to the user; the answer cannot go on
+    in the cloud, so the device may finish it."""
+    if msg.code == ErrorCode.EVICTED:
+        return CloudError(f"the cloud dropped this answer's cache: {msg.message}")
+    if msg.code in (ErrorCode.BUSY, ErrorCode.RATE_LIMITED):
+        return CloudBusy(f"the cloud turned the question down: {msg.message}", None)
+    return CloudError(f"the cloud refused: {msg.message}")
 
 
 def citations_from(msg: Citations) -> list[Citation]:

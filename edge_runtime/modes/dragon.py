@@ -49,7 +49,6 @@ from collab.protocol import (
     DragonSetup,
     DragonTarget,
     Error,
-    ErrorCode,
     Message,
     Mode,
     Side,
@@ -67,7 +66,7 @@ from edge_runtime.modes.base import (
     left_out_notice,
     need_device,
 )
-from edge_runtime.modes.cloud_link import CloudBacked, citations_from
+from edge_runtime.modes.cloud_link import CloudBacked, citations_from, refusal
 from model_runtime.async_model import DocumentBatch
 from model_runtime.prompting import document_prompt, prompt_budget
 
@@ -247,9 +246,7 @@ class _DeviceLink:
                     self.answer.transcript.finish = msg.reason
                 raise _Finished
             elif isinstance(msg, Error):
-                if msg.code == ErrorCode.EVICTED:
-                    raise CloudError(f"the cloud dropped this answer's cache: {msg.message}")
-                raise CloudError(f"the cloud refused a frame: {msg.message}")
+                raise refusal(msg)
             else:
                 raise CloudError(f"unexpected {type(msg).__name__} from the cloud")
 

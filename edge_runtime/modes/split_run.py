@@ -35,7 +35,6 @@ from collab.protocol import (
     CloudDecode,
     Done,
     Error,
-    ErrorCode,
     Message,
     TokenChunk,
     Verdict,
@@ -47,7 +46,7 @@ from edge_runtime.client import CloudClient, CloudError, CloudProtocolError
 from edge_runtime.device import DeviceModel
 from edge_runtime.events import Event, Notice
 from edge_runtime.modes.base import STOP_IDS, Answer, AnswerOptions
-from edge_runtime.modes.cloud_link import citations_from
+from edge_runtime.modes.cloud_link import citations_from, refusal
 from edge_runtime.split_costs import INITIAL_GAMMA
 
 if TYPE_CHECKING:
@@ -318,7 +317,5 @@ class SplitRun:
 
     def _unexpected(self, msg: Message) -> None:
         if isinstance(msg, Error):
-            if msg.code == ErrorCode.EVICTED:
-                raise CloudError(f"the cloud dropped this answer's cache: {msg.message}")
-            raise CloudError(f"the cloud refused a frame: {msg.message}")
+            raise refusal(msg)
         raise CloudError(f"unexpected {type(msg).__name__} from the cloud")
