@@ -62,7 +62,6 @@ class _Step:
     before: list[int] = field(default_factory=list)  # a feed's sequence lengths before it
     future: Future[Any] = field(default_factory=Future)
     fed: int = 0  # positions of each row fed so far (a long feed runs in chunks)
-    logits: list[np.ndarray | None] = field(default_factory=list)  # last-only rows, chunked
     cancelled: bool = False
     started: bool = False
     outputs: list[np.ndarray] = field(default_factory=list)  # logits of each chunk fed
@@ -148,7 +147,7 @@ class LLMEngine:
         with self._lock:
             self._closed = True
             for step in self._queue:
-                step.future.cancel()
+                _fail(step, RuntimeError("the engine is closed"))
             self._queue.clear()
             self._lock.notify_all()
 
@@ -162,17 +161,18 @@ class LLMEngine:
         return await asyncio.wrap_future(step.future)
 
     def _cancel(self, session: EngineSession) -> None:
-        """Stop `session`'s step: dropped if queued, its pass stopped if running (the other
-        sessions' steps in that pass run again)."""
+        """Stop `session`'s step: dropped if queued (what a long feed already fed is undone),
+        its pass stopped if running (the other sessions' steps in that pass run again)."""
         with self._lock:
-            for step in [s for s in self._queue if s.session is session]:
-                self._queue.remove(step)
-                step.future.set_exception(Cancelled("step cancelled"))
-            mine = [s for s in self._running if s.session is session]
-            for step in mine:
-                step.cancelled = True
-            if mine:
+            for step in self._queue:
+                step.cancelled |= step.session is session
+            running = False
+            for step in self._running:
+                if step.session is session:
+                    step.cancelled = running = True
+            if running:
                 self.lm.cancel()
+            self._lock.notify_all()
 
     # ---- the engine thread -----------------------------------------------------------------
     def _serve(self) -> None:
@@ -182,11 +182,14 @@ class LLMEngine:
                     self._lock.wait()
                 if self._closed:
                     return
-                rollbacks = [s for s in self._queue if s.kind == "rollback"]
-                for step in rollbacks:
+                cancelled = [s for s in self._queue if s.cancelled]
+                rollbacks = [s for s in self._queue if s.kind == "rollback" and not s.cancelled]
+                for step in cancelled + rollbacks:
                     self._queue.remove(step)
-                batch = [] if rollbacks else self._pick()
+                batch = [] if cancelled or rollbacks else self._pick()
                 self._running = batch
+            for step in cancelled:
+                self._abandon(step)
             for step in rollbacks:
                 self._rollback(step)
             if batch:

@@ -12,6 +12,9 @@ import pytest
 from model_runtime.ort_runtime import OrtCausalLM
 from model_runtime.runtime import CausalLM, RuntimeInputError, SequenceState
 from model_runtime.torch_runtime import TorchCausalLM
+from tests import test_server
+
+start_cloud = test_server.start_cloud  # on this module's engine (prefill chunks of 32)
 
 RNG = np.random.default_rng(7)
 
@@ -176,3 +179,41 @@ async def test_a_cancel_stops_only_its_own_session(engine):
         await task_a
     assert await task_b == want
     assert a.length == 0  # nothing of the cancelled prefill stayed
+
+
+async def test_max_batch_one_is_a_step_a_pass(tiny):
+    from cloud_backend.engine import LLMEngine
+    from model_runtime.tokenizer import load_tokenizer
+
+    engine = LLMEngine(TorchCausalLM(tiny["hf"]), load_tokenizer(tiny["hf"]), "tiny",
+                       max_batch_sequences=1)  # fmt: skip
+    try:
+        sessions = [engine.open_session() for _ in range(3)]
+        await asyncio.gather(*(s.prefill(ids(5)) for s in sessions))
+        assert engine.passes == 3
+    finally:
+        engine.close()
+
+
+# ---------------------------------------------------------------------------- over the wire
+
+
+async def test_concurrent_answers_over_the_wire_equal_answers_alone(start_cloud):
+    """Cloud mode, greedy, float32: six sessions asking at once get the tokens each gets
+    alone, whoever it was batched with."""
+    from collab.protocol import Done, Generate, TokenChunk
+
+    cloud = await start_cloud(corpus_enabled=False)
+    questions = [f"Tell me about {w}." for w in ("tandems", "rain", "Lisbon", "tea", "owls", "ice")]
+
+    async def answer(question: str) -> list[int]:
+        async with test_server.raw(cloud) as s:
+            await s.send(Generate(question, max_new_tokens=16, request_id=1))
+            frames = await s.recv_until(Done, timeout=120)
+        return [t for f in frames if isinstance(f, TokenChunk) for t in f.token_ids.tolist()]
+
+    alone = [await answer(q) for q in questions]
+    passes = cloud.engine.passes
+    together = await asyncio.gather(*(answer(q) for q in questions))
+    assert together == alone and all(len(a) == 16 for a in alone)
+    assert cloud.engine.passes - passes < 0.6 * passes  # shared passes
