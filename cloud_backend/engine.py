@@ -265,7 +265,8 @@ class LLMEngine:
             self._running = []
             self.passes += 1
             for step, rows, out, state in zip(steps, feeds, logits, new_states, strict=True):
-                step.session.state, step.session.evicted = state, False
+                closed = step.session.closed  # mid-pass: its cache goes now
+                step.session.state, step.session.evicted = None if closed else state, False
                 step.session.last_step_s = seconds
                 step.collect(rows, out, last_only)
                 if step.width == 0:
@@ -289,11 +290,9 @@ class LLMEngine:
         """A cancelled step: undo the chunks of it already fed (a cancel leaves the session as
         it was before the step), then raise `Cancelled` in its coroutine."""
         session = step.session
-        if step.fed and not session.closed:
-            if step.fresh:
-                state = None
-            else:
-                assert session.state is not None
+        if step.fed and session.state is not None:  # (closed or evicted since: nothing held)
+            state = None
+            if not step.fresh:
                 self.lm.attach_state(session.state)
                 self.lm.rollback(step.before)
                 state = self.lm.detach_state()
