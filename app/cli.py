@@ -233,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-corpus", action="store_true", help="serve without the public corpus")
     serve.add_argument("--corpus-limit", type=int, help="index only the first N summaries")
     serve.add_argument("--corpus-k", type=int, help="public passages per cloud-mode answer")
+    serve.add_argument("--max-batch", type=int, dest="max_batch_sequences",
+                       help="sequences of all sessions in one pass (1: no batching)")  # fmt: skip
     serve.add_argument("--tls-cert", type=Path, help="PEM certificate chain: serve wss://")
     serve.add_argument("--tls-key", type=Path, help="the certificate's private key (PEM)")
     serve.add_argument("--announce", action="store_true", help=argparse.SUPPRESS)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -14,14 +15,15 @@ if TYPE_CHECKING:
 
 
 async def start_cloud(
-    engine: str, core: int | None, corpus: bool = False, corpus_k: int | None = None
-) -> tuple[EmbeddedCloud, str, str]:
+    engine: str, core: int | None, corpus: bool = False, corpus_k: int | None = None,
+    extra: Sequence[str] = (),
+) -> tuple[EmbeddedCloud, str, str]:  # fmt: skip
     """`tandem serve` with `engine` on one thread (pinned to `core`), with or without the
-    public corpus (`corpus_k` passages per cloud-mode answer): the cloud, its session URL and
-    its token."""
+    public corpus (`corpus_k` passages per cloud-mode answer), and `extra` flags: the cloud,
+    its session URL and its token."""
     from app.embedded import EmbeddedCloud
 
-    serve = ["--engine", engine, "--threads", "1"]
+    serve = ["--engine", engine, "--threads", "1", *extra]
     if not corpus:
         serve.append("--no-corpus")
     elif corpus_k is not None:

@@ -50,6 +50,9 @@ class Outcome:
     ttft_s: float | None = None
     per_token_s: float | None = None
     seconds: float = 0.0
+    gaps_s: list[float] = field(default_factory=list)  # time per token, each arrival's share
+    drafted: int = 0  # split: draft tokens the cloud judged, and accepted
+    accepted: int = 0
 
 
 @dataclass
@@ -61,10 +64,22 @@ class Device:
     tokenizer_hash: bytes
     mode: str
     max_tokens: int
+    question: str = "Tell me about tandem bicycles."
+    retrieve: bool = False
+    dragon_k: int = 1  # public passages the cloud decodes over in DRAGON
     outcome: Outcome = field(init=False)
 
     def __post_init__(self) -> None:
         self.outcome = Outcome(self.mode)
+        self.committed: list[int] = []  # the answer's tokens so far
+
+    def split_draft(self, step: int, epoch: int) -> p.TopKDraft:
+        """The next split draft (here: three of one fixed id, one-hot)."""
+        return p.TopKDraft(np.full(3, 13), np.full((3, 1), 13), np.ones((3, 1)),
+                           request_id=1, epoch=epoch, step=step)  # fmt: skip
+
+    async def drafting(self, n: int) -> None:
+        """The time a device takes to draft `n` tokens (none: the load is the cloud's)."""
 
     async def run(self, http: aiohttp.ClientSession) -> Outcome:
         out, t0 = self.outcome, time.perf_counter()
@@ -82,11 +97,13 @@ class Device:
             if not isinstance(ack, p.HelloAck) or not ack.accepted:
                 out.error = f"handshake: {ack}"
                 return out
-            await ws.send_bytes(p.encode(p.Generate("Tell me about tandem bicycles.",
+            await ws.send_bytes(p.encode(p.Generate(self.question,
                                                     max_new_tokens=self.max_tokens,
-                                                    retrieve=False, request_id=1)))  # fmt: skip
+                                                    retrieve=self.retrieve,
+                                                    request_id=1)))  # fmt: skip
             if self.mode == "dragon":
-                setup = p.DragonSetup(1, p.AggregatorPolicy.CLOUD, p.Side.CLOUD, request_id=1)
+                setup = p.DragonSetup(self.dragon_k, p.AggregatorPolicy.CLOUD, p.Side.CLOUD,
+                                      request_id=1)  # fmt: skip
                 await ws.send_bytes(p.encode(setup))
                 await ws.send_bytes(p.encode(self._dragon_draft(0, 0)))
             await self._answer(ws, t0)
@@ -101,6 +118,7 @@ class Device:
         out = self.outcome
         first = last = None
         step = epoch = 0
+        draft: p.TopKDraft | None = None
         while True:
             msg = await self._recv(ws)
             now = time.perf_counter()
@@ -111,27 +129,34 @@ class Device:
                 )
                 continue
             if isinstance(msg, p.Done):
-                out.tokens = msg.tokens
+                out.tokens, out.drafted, out.accepted = msg.tokens, msg.drafted, msg.accepted
                 break
             got = 0
             if isinstance(msg, p.TokenChunk):
                 got = msg.token_ids.size
                 step = msg.step + got
+                self.committed += msg.token_ids.tolist()
             elif isinstance(msg, p.Verdict):
                 got = msg.accepted + (msg.token is not None)
-                epoch += msg.accepted < 3
+                sent = draft.token_ids.tolist() if draft is not None else []
+                epoch += msg.accepted < len(sent)
                 step = msg.step + got
+                self.committed += sent[: msg.accepted]
+                self.committed += [msg.token] if msg.token is not None else []
             elif isinstance(msg, p.DragonTarget):
                 got = 1
                 epoch += not msg.device_accepted
                 step = msg.step + 1
+                self.committed.append(msg.token)
                 await ws.send_bytes(p.encode(self._dragon_draft(step, epoch)))
             if got:
+                if last is not None:  # the first arrival's wait is the TTFT
+                    out.gaps_s += [(now - last) / got] * got
                 first = first or now
                 last = now
             if self.mode == "split" and isinstance(msg, p.TokenChunk | p.Verdict):
-                draft = p.TopKDraft(np.full(3, 13), np.full((3, 1), 13), np.ones((3, 1)),
-                                    request_id=1, epoch=epoch, step=step)  # fmt: skip
+                draft = self.split_draft(step, epoch)
+                await self.drafting(draft.token_ids.size)
                 await ws.send_bytes(p.encode(draft))
         if first is not None:
             out.ttft_s = first - t0

@@ -46,6 +46,8 @@ class ServerConfig:
     heartbeat_s: float | None = 5.0  # websocket ping every this; no pong in half: dead (None: off)
     send_timeout_s: float = 30.0  # a device that takes no frame for this long is cut off
     kv_budget_bytes: int = 2 * 1024**3
+    max_batch_sequences: int = 64  # sequences of all sessions in one pass (1: one step a pass)
+    prefill_chunk: int = 256  # positions of a long prefill per pass (others decode between)
     limits: Limits = field(default=DEFAULT_LIMITS)
     corpus_enabled: bool = True
     corpus_limit: int | None = None
@@ -85,6 +87,8 @@ class ServerConfig:
             raise ConfigError("tls_cert and tls_key go together: give both, or neither")
         if self.auth_failures < 1 or not self.auth_window_s > 0:
             raise ConfigError("auth_failures must be ≥ 1 and auth_window_s > 0 seconds")
+        if self.max_batch_sequences < 1 or self.prefill_chunk < 1:
+            raise ConfigError("max_batch_sequences and prefill_chunk must be at least 1")
         if self.requests_per_minute < 0:
             raise ConfigError("requests_per_minute must be ≥ 0 (0 turns the limit off)")
         for name, secret in self.tokens.items():

@@ -1,40 +1,100 @@
-"""The cloud LLM engine: one loaded model, one KV cache per session, one step at a time.
+"""The cloud LLM engine: one loaded model, one KV cache per session, sessions batched.
 
-Sessions do not own a model; each owns a `SequenceState` that is swapped into the shared
-`CausalLM` for its step (no copy). Steps run on one worker thread, so the event loop stays
-free for pings, cancels and other sessions' frames, and two steps never fight for the cores.
-The caches of all sessions share a memory budget: when a step pushes the total over it, the
-least recently used *other* sessions lose their cache and learn it on their next step
-(`Evicted`), which the server turns into a clear error for that session alone.
-`build_engine` loads the model a `ServerConfig` names into an engine.
+Sessions do not own a model; each owns a `SequenceState`. Their steps queue on the engine, and
+one engine thread runs whatever is ready as one batched pass (`CausalLM.feed_states`): one-token
+decodes, split verifications of γ+1 positions and DRAGON's per-document rows of different
+sessions together, each session's cache left-padded to the longest and cut back afterwards, so
+its logits are its own. Long feeds (a prefill) run in chunks of `prefill_chunk` positions, in
+passes of their own, so a long prompt does not stall other sessions' decoding: a step waits for
+at most one pass of the other kind (fairness), and the oldest queued step is always in the
+next pass. A cancel stops the pass in flight; the other sessions' steps in it run again.
+
+The caches of all sessions share a memory budget: when a pass pushes the total over it, the
+least recently used sessions (all but the last one stepped, if need be) lose their cache and
+learn it on their next step (`Evicted`), which the server turns into a clear error for that
+session alone. `build_engine` loads the model a `ServerConfig` names into an engine.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from cloud_backend.config import ConfigError, ServerConfig
 from cloud_backend.logfmt import kv
-from model_runtime.async_model import AsyncSequence, ModelWorker
-from model_runtime.runtime import CausalLM, SequenceState
+from model_runtime.async_model import AsyncSequence
+from model_runtime.runtime import Cancelled, CausalLM, RuntimeInputError, SequenceState
 from model_runtime.tokenizer import load_tokenizer, tokenizer_fingerprint
 
 log = logging.getLogger("tandem.cloud")
 
-T = TypeVar("T")
 StepObserver = Callable[[str, int, float], None]  # (kind, positions fed, seconds)
+SHORT_FEED = 16  # positions: feeds up to this wide share a pass (decode, verify); wider are long
+PREFILL_CHUNK = 256  # positions of a long feed per pass
+MAX_BATCH_SEQUENCES = 64  # sequences in one pass
 
 
 class Evicted(RuntimeError):
     """This session's KV cache was dropped to stay within the engine's memory budget."""
+
+
+@dataclass(eq=False)
+class _Step:
+    """One session's queued feed or rollback, with the future its coroutine awaits."""
+
+    session: EngineSession
+    kind: str  # prefill, decode, verify, rollback
+    rows: list[list[int]] = field(default_factory=list)
+    fresh: bool = False
+    last_only: bool = False
+    lengths: int | Sequence[int] = 0  # a rollback's target
+    before: list[int] = field(default_factory=list)  # a feed's sequence lengths before it
+    future: Future[Any] = field(default_factory=Future)
+    fed: int = 0  # positions of each row fed so far (a long feed runs in chunks)
+    cancelled: bool = False
+    started: bool = False
+    outputs: list[np.ndarray] = field(default_factory=list)  # logits of each chunk fed
+
+    @property
+    def width(self) -> int:
+        """Positions of its longest row still to feed."""
+        return max(map(len, self.rows), default=0) - self.fed
+
+    def chunk(self, size: int) -> list[list[int]]:
+        return [row[self.fed : self.fed + size] for row in self.rows]
+
+    def collect(self, fed: list[list[int]], logits: np.ndarray, last_only: bool) -> None:
+        """Keep what this step returns of a pass that fed it `fed` and gave `logits` (at each
+        row's last fed position if `last_only`, else at every position)."""
+        counts = [len(row) for row in fed]
+        if self.last_only:
+            if not last_only:  # this pass fed others wanting every position
+                logits = logits[np.arange(len(counts)), np.maximum(np.array(counts) - 1, 0)][
+                    :, None
+                ]
+            ends = [
+                0 < len(row) - self.fed <= len(f) for row, f in zip(self.rows, fed, strict=True)
+            ]
+            if self.outputs:  # rows that end in this chunk take this chunk's logits
+                logits = np.where(np.array(ends)[:, None, None], logits, self.outputs[0])
+            self.outputs = [logits]
+        else:
+            self.outputs.append(logits[:, : max(counts)])
+        self.fed += max(counts)
+
+    def result(self) -> np.ndarray:
+        return self.outputs[0] if self.last_only else np.concatenate(self.outputs, axis=1)
 
 
 class LLMEngine:
@@ -45,6 +105,8 @@ class LLMEngine:
         name: str,
         kv_budget_bytes: int = 2 * 1024**3,
         on_step: StepObserver | None = None,
+        prefill_chunk: int = PREFILL_CHUNK,
+        max_batch_sequences: int = MAX_BATCH_SEQUENCES,
     ) -> None:
         self.lm = lm
         self.tokenizer = tokenizer
@@ -52,13 +114,18 @@ class LLMEngine:
         self.kv_budget_bytes = kv_budget_bytes
         self.tokenizer_hash = bytes.fromhex(tokenizer_fingerprint(tokenizer))
         self.on_step = on_step
+        self.prefill_chunk = prefill_chunk
+        self.max_batch_sequences = max_batch_sequences
         self.evictions = 0
-        self._worker = ModelWorker("llm-engine")
+        self.passes = 0  # batched passes run (for tests and benchmarks)
         self._lru: OrderedDict[int, EngineSession] = OrderedDict()
-        self._lock = threading.Lock()  # guards _lru between the loop and the worker
-        self._current_lock = threading.Lock()  # a cancel reaches only the step it was meant for
+        self._lock = threading.Condition()  # the queue, the running pass, _lru
+        self._queue: deque[_Step] = deque()
+        self._running: list[_Step] = []
+        self._closed = False
         self._ids = itertools.count(1)
-        self._current: EngineSession | None = None
+        self._thread = threading.Thread(target=self._serve, name="llm-engine", daemon=True)
+        self._thread.start()
 
     @property
     def vocab_size(self) -> int:
@@ -77,72 +144,244 @@ class LLMEngine:
         return session
 
     def close(self) -> None:
-        self._worker.close()
-
-    # ---- internals -------------------------------------------------------------------------
-    def _step(self, session: EngineSession, kind: str, n: int, fn: Callable[[], T]) -> T:
-        if session.closed:
-            raise Evicted("session closed")
-        if session.evicted and kind != "prefill":
-            raise Evicted(
-                "this session's cache was evicted to stay within the cloud's memory budget; "
-                "ask again"
-            )
-        if session.state is not None:
-            self.lm.attach_state(session.state)
-        else:
-            self.lm.reset(1)
-        with self._current_lock:
-            self._current = session
-        start = time.perf_counter()
-        try:
-            result = fn()
-        finally:
-            with self._current_lock:
-                self._current = None
-            state = self.lm.detach_state()
-            session.state = None if session.closed else state  # closed mid-step: drop it
-        seconds = time.perf_counter() - start
-        session.evicted = False
-        session.last_step_s = seconds
-        self._enforce_budget(keep=session)
-        if self.on_step is not None:
-            self.on_step(kind, n, seconds)
-        return result
-
-    def _enforce_budget(self, keep: EngineSession) -> None:
-        """Count `keep`'s cache as it is after its step and evict others to fit, in one go
-        (`cache_bytes` never sees the total over the budget, unless `keep` alone is)."""
         with self._lock:
-            keep.nbytes = keep.state.nbytes if keep.state is not None else 0
-            if keep.id in self._lru:
-                self._lru.move_to_end(keep.id)
-            total = sum(s.nbytes for s in self._lru.values())
-            victims = []
-            for other in list(self._lru.values()):
-                if total <= self.kv_budget_bytes:
-                    break
-                if other is keep or other.state is None:
-                    continue
-                total -= other.nbytes
-                other.state, other.nbytes, other.evicted = None, 0, True
-                victims.append(other)
-        for victim in victims:
-            self.evictions += 1
-            if victim.on_evict is not None:
-                victim.on_evict()
+            self._closed = True
+            for step in self._queue:
+                _fail(step, RuntimeError("the engine is closed"))
+            self._queue.clear()
+            self._lock.notify_all()
+
+    # ---- from the event loop ---------------------------------------------------------------
+    async def _submit(self, step: _Step) -> Any:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the engine is closed")
+            self._queue.append(step)
+            self._lock.notify_all()
+        return await asyncio.wrap_future(step.future)
 
     def _cancel(self, session: EngineSession) -> None:
-        # Under the lock the worker cannot move on to another session's step between the
-        # check and the cancel (the runtime forgets a cancel when its run ends).
-        with self._current_lock:
-            if self._current is session:
+        """Stop `session`'s step: dropped if queued (what a long feed already fed is undone),
+        its pass stopped if running (the other sessions' steps in that pass run again)."""
+        with self._lock:
+            for step in self._queue:
+                step.cancelled |= step.session is session
+            running = False
+            for step in self._running:
+                if step.session is session:
+                    step.cancelled = running = True
+            if running:
                 self.lm.cancel()
+            self._lock.notify_all()
+
+    # ---- the engine thread -----------------------------------------------------------------
+    def _serve(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue and not self._closed:
+                    self._lock.wait()
+                if self._closed:
+                    return
+                cancelled = [s for s in self._queue if s.cancelled]
+                rollbacks = [s for s in self._queue if s.kind == "rollback" and not s.cancelled]
+                for step in cancelled + rollbacks:
+                    self._queue.remove(step)
+                batch = [] if cancelled or rollbacks else self._pick()
+                self._running = batch
+            for step in cancelled:
+                self._abandon(step)
+            for step in rollbacks:
+                self._rollback(step)
+            if batch:
+                self._run_pass(batch)
+
+    def _pick(self) -> list[_Step]:
+        """The next pass (under the lock): the oldest step, and every queued step of its
+        kind (short or long) that fits. Steps whose coroutine went away are dropped."""
+        steps: list[_Step] = []
+        rows = width = 0
+        long: bool | None = None
+        for step in list(self._queue):
+            if step.future.cancelled():
+                self._queue.remove(step)
+                continue
+            is_long = step.width > SHORT_FEED
+            long = is_long if long is None else long
+            if steps and (
+                is_long != long
+                or rows + len(step.rows) > self.max_batch_sequences
+                or (long and width + min(step.width, self.prefill_chunk) > 2 * self.prefill_chunk)
+            ):
+                continue
+            if not step.started and not step.future.set_running_or_notify_cancel():
+                self._queue.remove(step)
+                continue
+            step.started = True
+            self._queue.remove(step)
+            steps.append(step)
+            rows += len(step.rows)
+            width += min(step.width, self.prefill_chunk)
+        return steps
+
+    def _run_pass(self, steps: list[_Step]) -> None:
+        """Feed every step of the pass (a chunk of each long one) in one batched forward."""
+        for step in [s for s in steps if _gone(s)]:
+            steps.remove(step)
+            _fail(step, Evicted(_gone(step)))
+        if not steps:
+            return
+        long = steps[0].width > SHORT_FEED
+        feeds = [s.chunk(self.prefill_chunk if long else s.width) for s in steps]
+        last_only = all(s.last_only for s in steps)
+        states = [None if s.fresh and s.fed == 0 else s.session.state for s in steps]
+        start = time.perf_counter()
+        try:
+            logits, new_states = self.lm.feed_states(states, feeds, last_only=last_only)
+        except Cancelled:
+            with self._lock:
+                self._running = []
+                for step in reversed(steps):  # the others run again, first
+                    if not step.cancelled:
+                        self._queue.appendleft(step)
+            for step in steps:
+                if step.cancelled:
+                    self._abandon(step)
+            return
+        except Exception as exc:
+            with self._lock:
+                self._running = []
+            if len(steps) == 1:
+                _fail(steps[0], exc)
+                return
+            for step in steps:  # find the step at fault: each alone
+                with self._lock:
+                    self._running = [step]
+                self._run_pass([step])
+            return
+        seconds = time.perf_counter() - start
+        done: list[_Step] = []
+        stopped: list[_Step] = []
+        with self._lock:
+            self._running = []
+            self.passes += 1
+            for step, rows, out, state in zip(steps, feeds, logits, new_states, strict=True):
+                closed = step.session.closed  # mid-pass: its cache goes now
+                step.session.state, step.session.evicted = None if closed else state, False
+                step.session.last_step_s = seconds
+                step.collect(rows, out, last_only)
+                if step.width == 0:
+                    done.append(step)
+                elif step.cancelled:  # cancelled between two chunks of a long feed
+                    stopped.append(step)
+                else:
+                    self._queue.append(step)  # its next chunk, behind what waits now
+            victims = self._enforce_budget([s.session for s in steps])
+            self.evictions += len(victims)
+        for step in stopped:
+            self._abandon(step)
+        for victim in victims:  # told before anyone's step returns
+            if victim.on_evict is not None:
+                victim.on_evict()
+        self._report(steps, feeds, seconds)
+        for step in done:
+            _succeed(step, step.result())
+
+    def _abandon(self, step: _Step) -> None:
+        """A cancelled step: undo the chunks of it already fed (a cancel leaves the session as
+        it was before the step), then raise `Cancelled` in its coroutine."""
+        session = step.session
+        if step.fed and session.state is not None:  # (closed or evicted since: nothing held)
+            state = None
+            if not step.fresh:
+                self.lm.attach_state(session.state)
+                self.lm.rollback(step.before)
+                state = self.lm.detach_state()
+            with self._lock:
+                session.state, session.nbytes = state, state.nbytes if state else 0
+        _fail(step, Cancelled("step cancelled"))
+
+    def _rollback(self, step: _Step) -> None:
+        session = step.session
+        if gone := _gone(step):
+            _fail(step, Evicted(gone))
+            return
+        start = time.perf_counter()
+        try:
+            if session.state is not None:
+                self.lm.attach_state(session.state)
+            else:
+                self.lm.reset(1)
+            self.lm.rollback(step.lengths)
+        except Exception as exc:
+            self.lm.reset(1)
+            _fail(step, exc)
+            return
+        state = self.lm.detach_state()
+        with self._lock:
+            session.state = None if session.closed else state
+            session.nbytes = state.nbytes if not session.closed else 0
+        _succeed(step, None)
+        if self.on_step is not None:
+            self.on_step("rollback", 0, time.perf_counter() - start)
+
+    def _enforce_budget(self, stepped: list[EngineSession]) -> list[EngineSession]:
+        """(Under the lock.) Count the stepped sessions' caches as they are now and evict the
+        least recently used to fit, sparing the last one stepped (so a pass always makes
+        progress); `cache_bytes` never sees the total over the budget, unless that one alone
+        is."""
+        for session in stepped:
+            session.nbytes = session.state.nbytes if session.state is not None else 0
+            if session.id in self._lru:
+                self._lru.move_to_end(session.id)
+        total = sum(s.nbytes for s in self._lru.values())
+        victims = []
+        for other in list(self._lru.values()):
+            if total <= self.kv_budget_bytes:
+                break
+            if other is stepped[-1] or other.state is None:
+                continue
+            total -= other.nbytes
+            other.state, other.nbytes, other.evicted = None, 0, True
+            victims.append(other)
+        return victims
+
+    def _report(self, steps: list[_Step], feeds: list[list[list[int]]], seconds: float) -> None:
+        """The pass's time to the observer, shared between its kinds by positions fed."""
+        if self.on_step is None:
+            return
+        fed: dict[str, int] = {}
+        for step, rows in zip(steps, feeds, strict=True):
+            fed[step.kind] = fed.get(step.kind, 0) + sum(map(len, rows))
+        total = sum(fed.values()) or 1
+        for kind, n in fed.items():
+            self.on_step(kind, n, seconds * n / total)
+
+
+def _gone(step: _Step) -> str:
+    """Why this session's step cannot run ('' if it can)."""
+    session = step.session
+    if session.closed:
+        return "session closed"
+    if session.evicted and not (step.fresh and step.fed == 0):
+        return (
+            "this session's cache was evicted to stay within the cloud's memory budget; ask again"
+        )
+    return ""
+
+
+def _succeed(step: _Step, result: Any) -> None:
+    if not step.future.done():
+        step.future.set_result(result)
+
+
+def _fail(step: _Step, exc: BaseException) -> None:
+    if not step.future.done():
+        step.future.set_exception(exc)
 
 
 class EngineSession(AsyncSequence):
-    """One session's view of the engine: its own sequence and KV cache, swapped into the
-    shared model for each of its steps on the engine's worker."""
+    """One session's view of the engine: its own sequences and KV cache, fed in the engine's
+    batched passes together with other sessions' steps."""
 
     def __init__(
         self, engine: LLMEngine, session_id: int, on_evict: Callable[[], None] | None
@@ -159,14 +398,31 @@ class EngineSession(AsyncSequence):
 
     @property
     def length(self) -> int:
-        """Tokens in this session's sequence (its next position)."""
+        """Tokens in this session's (first) sequence (its next position)."""
         return 0 if self.state is None else int(self.state.lengths[0])
 
-    async def step(self, kind: str, n: int, fn: Callable[[], T]) -> T:
-        return await self.engine._worker.run(self.engine._step, self, kind, n, fn)
+    async def feed(
+        self, kind: str, rows: Sequence[Sequence[int]], *, fresh: bool = False,
+        last_only: bool = False,
+    ) -> np.ndarray:  # fmt: skip
+        batch = [list(r) for r in rows]
+        if fresh and (not batch or not all(batch)):
+            raise RuntimeInputError("a fresh sequence needs at least one token")
+        state = None if fresh else self.state
+        lengths = [0] * len(batch) if state is None else state.lengths.tolist()
+        if len(lengths) != len(batch):
+            raise RuntimeInputError(
+                f"got tokens for {len(batch)} sequences, the session holds {len(lengths)}"
+            )
+        self.lm.check(batch, lengths)  # all of it now: a long feed runs in several passes
+        step = _Step(self, kind, batch, fresh=fresh, last_only=last_only, before=lengths)
+        return await self.engine._submit(step)
+
+    async def rewind(self, lengths: int | Sequence[int]) -> None:
+        await self.engine._submit(_Step(self, "rollback", lengths=lengths))
 
     def cancel(self) -> None:
-        """Stop this session's step if it is running now (from the event loop)."""
+        """Stop this session's step, queued or running (from the event loop)."""
         self.engine._cancel(self)
 
     def release(self) -> None:
@@ -231,4 +487,7 @@ def build_engine(config: ServerConfig) -> LLMEngine:
         lm = TorchCausalLM(model_dir, dtype=dtype, threads=config.threads)
     tokenizer = load_tokenizer(_tokenizer_dir(model_dir))
     name = config.model_name or _model_name(model_dir)
-    return LLMEngine(lm, tokenizer, name, kv_budget_bytes=config.kv_budget_bytes)
+    return LLMEngine(
+        lm, tokenizer, name, kv_budget_bytes=config.kv_budget_bytes,
+        prefill_chunk=config.prefill_chunk, max_batch_sequences=config.max_batch_sequences,
+    )  # fmt: skip

@@ -4,22 +4,20 @@ run on a worker thread: `model_runtime.async_model`)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from collab.sources import Source
-from model_runtime.async_model import AsyncSequence, ModelWorker
+from model_runtime.async_model import ModelWorker, WorkerSequence
 from model_runtime.runtime import CausalLM
 from model_runtime.tokenizer import load_tokenizer, tokenizer_fingerprint
 
-T = TypeVar("T")
 
-
-class DeviceModel(AsyncSequence):
+class DeviceModel(WorkerSequence):
     """The device's `CausalLM` with its tokenizer: one sequence, stepped from asyncio."""
 
     def __init__(self, lm: CausalLM, tokenizer: PreTrainedTokenizerBase, name: str) -> None:
@@ -37,9 +35,6 @@ class DeviceModel(AsyncSequence):
 
         lm = OrtCausalLM(folder, threads=threads, allow_spinning=False)
         return cls(lm, load_tokenizer(folder), folder.parent.name)
-
-    async def step(self, kind: str, n: int, fn: Callable[[], T]) -> T:
-        return await self._worker.run(fn)
 
     @property
     def length(self) -> int:

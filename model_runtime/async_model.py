@@ -1,11 +1,11 @@
 """A `CausalLM` driven from asyncio, written once for the device and the cloud.
 
-Model steps run on one worker thread (ONNX Runtime and torch release the GIL), so the event
-loop keeps streaming, receiving frames and answering cancels while the model computes. An
-`AsyncSequence` is one sequence's prefill / forward / rollback; how a step reaches the model is
-its subclass's business (the device runs it as is; the cloud swaps the session's KV cache in
-and out around it). A `DocumentBatch` steps several sequences of one `AsyncSequence` together:
-one per retrieved document, as DRAGON decodes."""
+Model steps run off the event loop (ONNX Runtime and torch release the GIL), so it keeps
+streaming, receiving frames and answering cancels while the model computes. An
+`AsyncSequence` is a model's sequences fed, rolled back and cancelled; how a step reaches the
+model is its subclass's business (the device runs it on its own worker, `WorkerSequence`; the
+cloud batches it with other sessions' steps). A `DocumentBatch` steps several sequences of one
+`AsyncSequence` together: one per retrieved document, as DRAGON decodes."""
 
 from __future__ import annotations
 
@@ -36,30 +36,65 @@ class ModelWorker:
 
 
 class AsyncSequence(ABC):
-    """One sequence of a model, stepped from the event loop."""
+    """A model's sequences (one, or one per document), stepped from the event loop."""
 
     lm: CausalLM
 
     @abstractmethod
-    async def step(self, kind: str, n: int, fn: Callable[[], T]) -> T:
-        """Run `fn` (a model call) for this sequence: `kind` is prefill, decode, verify or
-        rollback, `n` the positions fed."""
+    async def feed(
+        self, kind: str, rows: Sequence[Sequence[int]], *, fresh: bool = False,
+        last_only: bool = False,
+    ) -> np.ndarray:  # fmt: skip
+        """`CausalLM.feed` on these sequences: logits [B, K, V]. `kind` (prefill, decode,
+        verify) names the step for metrics."""
 
-    async def prefill(self, ids: Sequence[int]) -> np.ndarray:
-        """Start a fresh sequence; next-token logits [V]."""
-        return await self.step("prefill", len(ids), lambda: self.lm.prefill([list(ids)])[0])
-
-    async def forward(self, ids: Sequence[int]) -> np.ndarray:
-        """Feed tokens; logits at every fed position, [T, V] (verification of γ+1 positions)."""
-        kind = "decode" if len(ids) == 1 else "verify"
-        return await self.step(kind, len(ids), lambda: self.lm.forward([list(ids)])[0])
-
-    async def rollback(self, length: int) -> None:
-        await self.step("rollback", 0, lambda: self.lm.rollback(length))
+    @abstractmethod
+    async def rewind(self, lengths: int | Sequence[int]) -> None:
+        """`CausalLM.rollback`: every sequence to `lengths` (one, or one each)."""
 
     @abstractmethod
     def cancel(self) -> None:
         """Stop this sequence's model step in flight (it raises `Cancelled`)."""
+
+    async def prefill(self, ids: Sequence[int]) -> np.ndarray:
+        """Start a fresh sequence; next-token logits [V]."""
+        logits = await self.feed("prefill", [ids], fresh=True, last_only=True)
+        first: np.ndarray = logits[0, 0]
+        return first
+
+    async def forward(self, ids: Sequence[int]) -> np.ndarray:
+        """Feed tokens; logits at every fed position, [T, V] (verification of γ+1 positions)."""
+        logits = await self.feed("decode" if len(ids) == 1 else "verify", [ids])
+        rows: np.ndarray = logits[0]
+        return rows
+
+    async def rollback(self, length: int) -> None:
+        await self.rewind(length)
+
+
+class WorkerSequence(AsyncSequence):
+    """An `AsyncSequence` whose steps run on its own worker thread, as they come (the
+    device's model)."""
+
+    _worker: ModelWorker
+
+    async def step(self, kind: str, n: int, fn: Callable[[], T]) -> T:
+        """Run `fn` (a model call on `lm`) on the worker: `kind` and `n` (positions fed) say
+        what it is, for subclasses that time or slow steps."""
+        return await self._worker.run(fn)
+
+    async def feed(
+        self, kind: str, rows: Sequence[Sequence[int]], *, fresh: bool = False,
+        last_only: bool = False,
+    ) -> np.ndarray:  # fmt: skip
+        batch = [list(row) for row in rows]
+        return await self.step(
+            kind, sum(map(len, batch)),
+            lambda: self.lm.feed(batch, fresh=fresh, last_only=last_only),
+        )  # fmt: skip
+
+    async def rewind(self, lengths: int | Sequence[int]) -> None:
+        await self.step("rollback", 0, lambda: self.lm.rollback(lengths))
 
 
 class DocumentBatch:
@@ -78,33 +113,25 @@ class DocumentBatch:
 
     async def start(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
         """Prefill every document's prompt; next-token logits [D, V]."""
-        batch = [list(p) for p in prompts]
-        logits = await self.seq.step(
-            "prefill", sum(map(len, batch)), lambda: self.seq.lm.prefill(batch)
-        )
-        self.prompt_lengths, self.answer_tokens = [len(p) for p in batch], 0
-        return logits
+        logits = await self.seq.feed("prefill", prompts, fresh=True, last_only=True)
+        self.prompt_lengths, self.answer_tokens = [len(p) for p in prompts], 0
+        return logits[:, 0]
 
     async def advance(self, token: int) -> np.ndarray:
         """Feed one answer token to every sequence; next-token logits [D, V]."""
-        n = self.size
-        logits = await self.seq.step("decode", n, lambda: self.seq.lm.decode([token] * n))
+        logits = await self.seq.feed("decode", [[token]] * self.size, last_only=True)
         self.answer_tokens += 1
-        return logits
+        return logits[:, 0]
 
     async def feed(self, tokens: Sequence[int]) -> np.ndarray:
         """Feed the same answer tokens to every sequence in one step (teacher forcing);
         logits at every fed position, [D, T, V]."""
-        batch = [list(tokens)] * self.size
-        logits = await self.seq.step(
-            "verify", self.size * len(batch[0]), lambda: self.seq.lm.forward(batch)
-        )
-        self.answer_tokens += len(batch[0])
+        logits = await self.seq.feed("verify", [list(tokens)] * self.size)
+        self.answer_tokens += len(tokens)
         return logits
 
     async def rewind(self, answer_tokens: int) -> None:
-        lengths = [p + answer_tokens for p in self.prompt_lengths]
-        await self.seq.step("rollback", 0, lambda: self.seq.lm.rollback(lengths))
+        await self.seq.rewind([p + answer_tokens for p in self.prompt_lengths])
         self.answer_tokens = answer_tokens
 
     def cancel(self) -> None:

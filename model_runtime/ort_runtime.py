@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -87,6 +88,23 @@ class OrtCausalLM(CausalLM):
             )
             for v in self._cache
         ]
+
+    def _concat_caches(
+        self, caches: Sequence[list], sizes: Sequence[int], pads: Sequence[int]
+    ) -> list:
+        widths = ((0, 0), (0, 0))
+        return [
+            np.concatenate(
+                [
+                    np.pad(_as_numpy(cache[i]), (*widths, (pad, 0), (0, 0)))
+                    for cache, pad in zip(caches, pads, strict=True)
+                ]
+            )
+            for i in range(len(self._past_names))
+        ]
+
+    def _slice_cache(self, start: int, stop: int, lo: int, hi: int) -> list:
+        return [np.ascontiguousarray(_as_numpy(v)[start:stop, :, lo:hi]) for v in self._cache]
 
     def _get_cache(self) -> list:
         return self._cache

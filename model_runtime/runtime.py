@@ -105,25 +105,87 @@ class CausalLM(ABC):
         self._set_cache(state.cache)
 
     # ---- steps -----------------------------------------------------------------------------
+    def feed(
+        self, tokens: Sequence[Sequence[int]], *, fresh: bool = False, last_only: bool = False
+    ) -> np.ndarray:
+        """Feed `tokens[b]` to sequence b (lists may differ in length; empty = feed nothing),
+        or with `fresh` start one new sequence per list. Logits [B, K, V]: at every fed
+        position (K = T_max; rows past a sequence's own count are padding and meaningless),
+        or with `last_only` at each sequence's last fed token (K = 1)."""
+        if fresh:
+            if len(tokens) == 0:
+                raise RuntimeInputError("prefill needs at least one prompt")
+            if any(len(p) == 0 for p in tokens):
+                raise RuntimeInputError("empty prompt: a sequence needs at least one token")
+            self._validate(tokens, fresh=True)
+            self.reset(len(tokens))
+        return self._feed(tokens, last_only)
+
     def prefill(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
         """Start one fresh sequence per prompt; return next-token logits, shape [B, V]."""
-        if len(prompts) == 0:
-            raise RuntimeInputError("prefill needs at least one prompt")
-        if any(len(p) == 0 for p in prompts):
-            raise RuntimeInputError("empty prompt: a sequence needs at least one token")
-        self._validate(prompts, fresh=True)
-        self.reset(len(prompts))
-        return self._feed(prompts, last_only=True)[:, 0]
+        return self.feed(prompts, fresh=True, last_only=True)[:, 0]
 
     def decode(self, tokens: Sequence[int]) -> np.ndarray:
         """Feed one token to each sequence; return next-token logits, shape [B, V]."""
         return self.forward([[t] for t in tokens])[:, 0]
 
     def forward(self, tokens: Sequence[Sequence[int]]) -> np.ndarray:
-        """Feed `tokens[b]` to sequence b (lists may differ in length; empty = feed nothing)
-        and return logits for every fed position, shape [B, T_max, V]. Rows past a
-        sequence's own count are padding and meaningless."""
-        return self._feed(tokens, last_only=False)
+        """Feed `tokens[b]` to sequence b; logits at every fed position, [B, T_max, V]."""
+        return self.feed(tokens)
+
+    def feed_states(
+        self,
+        states: Sequence[SequenceState | None],
+        tokens: Sequence[Sequence[Sequence[int]]],
+        *,
+        last_only: bool = False,
+    ) -> tuple[list[np.ndarray], list[SequenceState]]:
+        """One pass for several users (a server batching its sessions): user u's sequences
+        (`states[u]`; None starts one fresh sequence per list) are fed `tokens[u]`. Returns
+        each user's logits, as `feed` gives them, and its new state; the states passed in are
+        left as they were (a cancelled pass changes nothing) and the runtime is left empty.
+        Each user's cache slots are left-padded with masked slots to the longest user's and
+        the padding cut off again afterwards, so a user's logits are its own: exactly so in
+        float32, up to the rounding of longer reductions in lower precisions."""
+        users: list[SequenceState] = []
+        for state, rows in zip(states, tokens, strict=True):
+            if state is None:
+                if len(rows) == 0 or any(len(r) == 0 for r in rows):
+                    raise RuntimeInputError("a fresh sequence needs at least one token")
+                self.reset(len(rows))
+                state = self.detach_state()
+            elif len(rows) != len(state.lengths):
+                raise RuntimeInputError(
+                    f"got tokens for {len(rows)} sequences, the state holds {len(state.lengths)}"
+                )
+            users.append(state)
+        sizes = [len(u.lengths) for u in users]
+        slots = max(u.mask.shape[1] for u in users)
+        pads = [slots - u.mask.shape[1] for u in users]
+        try:
+            self._mask = np.concatenate(
+                [np.pad(u.mask, ((0, 0), (pad, 0))) for u, pad in zip(users, pads, strict=True)]
+            )
+            self._lengths = np.concatenate([u.lengths for u in users])
+            self._set_cache(self._concat_caches([u.cache for u in users], sizes, pads))
+            logits = self._feed([row for rows in tokens for row in rows], last_only)
+            out_logits: list[np.ndarray] = []
+            out_states: list[SequenceState] = []
+            start = 0
+            for size in sizes:
+                stop = start + size
+                mask = self._mask[start:stop]
+                used = np.flatnonzero(mask.any(axis=0))
+                lo, hi = (int(used[0]), int(used[-1]) + 1) if len(used) else (0, 0)
+                cache = self._slice_cache(start, stop, lo, hi)
+                nbytes = (hi - lo) * size * self._bytes_per_slot()
+                lengths = self._lengths[start:stop].copy()
+                out_states.append(SequenceState(mask[:, lo:hi].copy(), lengths, cache, nbytes))
+                out_logits.append(logits[start:stop])
+                start = stop
+        finally:
+            self.reset(1)
+        return out_logits, out_states
 
     def _feed(self, tokens: Sequence[Sequence[int]], last_only: bool) -> np.ndarray:
         """Feed tokens; logits at every position, or only at each sequence's last one."""
@@ -190,15 +252,20 @@ class CausalLM(ABC):
     # ---- bookkeeping -----------------------------------------------------------------------
     def _validate(self, tokens: Sequence[Sequence[int]], fresh: bool) -> None:
         base = np.zeros(len(tokens), dtype=np.int64) if fresh else self._lengths
+        self.check(tokens, base)
+
+    def check(self, tokens: Sequence[Sequence[int]], lengths: Sequence[int] | np.ndarray) -> None:
+        """Raise `RuntimeInputError` unless `tokens[b]` may be fed to a sequence holding
+        `lengths[b]` tokens: known ids, within the context."""
         for b, seq in enumerate(tokens):
             if len(seq) and (min(seq) < 0 or max(seq) >= self.vocab_size):
                 bad = next(t for t in seq if t < 0 or t >= self.vocab_size)
                 raise RuntimeInputError(
                     f"unknown token id {bad} (vocabulary has {self.vocab_size})"
                 )
-            if base[b] + len(seq) > self.max_context:
+            if lengths[b] + len(seq) > self.max_context:
                 raise RuntimeInputError(
-                    f"sequence {b} would hold {base[b] + len(seq)} tokens, over the context "
+                    f"sequence {b} would hold {lengths[b] + len(seq)} tokens, over the context "
                     f"limit of {self.max_context}"
                 )
 
@@ -248,6 +315,17 @@ class CausalLM(ABC):
     @abstractmethod
     def _gather_cache(self, index: np.ndarray) -> None:
         """New cache slot j of sequence b = old slot index[b, j]."""
+
+    @abstractmethod
+    def _concat_caches(
+        self, caches: Sequence[Any], sizes: Sequence[int], pads: Sequence[int]
+    ) -> Any:
+        """One cache of all `caches` (each of `sizes[i]` sequences) stacked along the batch,
+        each first left-padded with `pads[i]` zero slots."""
+
+    @abstractmethod
+    def _slice_cache(self, start: int, stop: int, lo: int, hi: int) -> Any:
+        """A copy of sequences start..stop-1 of the current cache, slots lo..hi-1."""
 
     @abstractmethod
     def _get_cache(self) -> Any:

@@ -6,6 +6,7 @@ large model on a GPU server, verifies 5–9 tokens for about the cost of one dec
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,11 @@ from model_runtime.runtime import Cancelled, CausalLM
 
 class _Stop(Exception):
     pass
+
+
+def _slots(cache: DynamicCache | None) -> int:
+    """Cache slots held (0 for a cache no step has filled yet)."""
+    return 0 if cache is None or not cache.layers else int(cache.get_seq_length())
 
 
 class TorchCausalLM(CausalLM):
@@ -62,20 +68,62 @@ class TorchCausalLM(CausalLM):
             layer.keys = layer.keys.transpose(1, 2)[rows, idx].transpose(1, 2).contiguous()
             layer.values = layer.values.transpose(1, 2)[rows, idx].transpose(1, 2).contiguous()
 
+    def _concat_caches(
+        self, caches: Sequence[DynamicCache | None], sizes: Sequence[int], pads: Sequence[int]
+    ) -> DynamicCache:
+        merged = DynamicCache()
+        slots = max(pad + _slots(cache) for cache, pad in zip(caches, pads, strict=True))
+        if slots == 0:
+            return merged
+        config = self.model.config
+        shape = (config.num_key_value_heads, self._head_dim())
+        for layer in range(config.num_hidden_layers):
+            keys, values = [], []
+            for cache, size, pad in zip(caches, sizes, pads, strict=True):
+                if _slots(cache) == 0:
+                    empty = torch.zeros((size, shape[0], slots, shape[1]), dtype=self.dtype)
+                    keys.append(empty)
+                    values.append(empty)
+                    continue
+                assert cache is not None
+                k, v = cache.layers[layer].keys, cache.layers[layer].values
+                assert k is not None and v is not None  # filled: it holds slots
+                keys.append(torch.nn.functional.pad(k, (0, 0, pad, 0)) if pad else k)
+                values.append(torch.nn.functional.pad(v, (0, 0, pad, 0)) if pad else v)
+            merged.update(torch.cat(keys), torch.cat(values), layer)
+        return merged
+
+    def _slice_cache(self, start: int, stop: int, lo: int, hi: int) -> DynamicCache:
+        part = DynamicCache()
+        if hi <= lo or _slots(self._cache_obj) == 0:
+            return part
+        assert self._cache_obj is not None
+        for index, layer in enumerate(self._cache_obj.layers):
+            assert layer.keys is not None and layer.values is not None
+            part.update(
+                layer.keys[start:stop, :, lo:hi].clone(),
+                layer.values[start:stop, :, lo:hi].clone(),
+                index,
+            )
+        return part
+
     def _get_cache(self) -> DynamicCache | None:
         return self._cache_obj
 
     def _set_cache(self, cache: DynamicCache | None) -> None:
         self._cache_obj = cache
 
-    def _bytes_per_slot(self) -> int:
+    def _head_dim(self) -> int:
         config = self.model.config
-        heads = config.num_key_value_heads
-        head_dim = (
+        return int(
             getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         )
+
+    def _bytes_per_slot(self) -> int:
+        config = self.model.config
         itemsize = torch.finfo(self.dtype).bits // 8
-        return 2 * config.num_hidden_layers * heads * head_dim * itemsize
+        layers, heads = config.num_hidden_layers, config.num_key_value_heads
+        return 2 * layers * heads * self._head_dim() * itemsize
 
     def _cancel_in_flight(self) -> None:
         self._stop.set()
