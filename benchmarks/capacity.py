@@ -34,6 +34,7 @@ import asyncio
 import json
 import logging
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -112,7 +113,11 @@ def summarise(outcomes: list[Outcome], wall: float, cpu_s: float | None) -> dict
     drafted = sum(o.drafted for o in outcomes)
     return {
         "sessions": len(outcomes),
-        "errors": [o.error for o in outcomes if o.error or o.evicted or o.refused],
+        "errors": [
+            "refused (503)" if o.refused else "evicted" if o.evicted else o.error
+            for o in outcomes
+            if o.error or o.evicted or o.refused
+        ],
         "tokens": tokens,
         "wall_s": wall,
         "tokens_per_s": tokens / wall if wall else None,
@@ -229,7 +234,7 @@ def _questions(args: argparse.Namespace) -> list[str]:
         return [f"Tell me about {w}." for w in ("tandems", "rain", "Lisbon", "tea", "owls")][:n]
     from benchmarks.prompts import load_prompts
 
-    return [pr.text for pr in load_prompts(n)]
+    return [pr.text for pr in load_prompts(n=n)]
 
 
 async def _one_setting(batch: int, questions: list[str], args: argparse.Namespace) -> list[dict]:
@@ -238,8 +243,11 @@ async def _one_setting(batch: int, questions: list[str], args: argparse.Namespac
     from benchmarks.split import cpu_seconds
 
     core = pin_device(args.device_core, args.cloud_core)
+    config = Path(tempfile.mkdtemp()) / "capacity.toml"  # room for every session at once
+    config.write_text(f"[cloud]\nmax_sessions = {2 * max(args.sessions)}\n")
     cloud, url, token = await start_cloud(args.engine, core, corpus=True, corpus_k=2,
-                                          extra=["--max-batch", str(batch)])  # fmt: skip
+                                          extra=["--max-batch", str(batch),
+                                                 "--config", str(config)])  # fmt: skip
     try:
         return await measure(url, token, _tokenizer_hash(), questions, args,
                              lambda: cpu_seconds(cloud.proc.pid))  # fmt: skip
