@@ -226,9 +226,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.add_argument("--token", help="access token (default: $TANDEM_CLOUD_TOKEN or config)")
-    serve.add_argument("--engine", choices=["ort", "torch"])
+    serve.add_argument(
+        "--engine",
+        choices=["ort", "torch", "vllm"],
+        help="vllm: in its own install (README 'The cloud on vLLM')",
+    )
     serve.add_argument("--model-dir", type=Path, help="model folder (default: the prepared one)")
-    serve.add_argument("--dtype", choices=["bfloat16", "float32"], help="torch engine dtype")
+    serve.add_argument("--dtype", choices=["bfloat16", "float32"], help="torch and vLLM dtype")
     serve.add_argument("--threads", type=int)
     serve.add_argument("--no-corpus", action="store_true", help="serve without the public corpus")
     serve.add_argument("--corpus-limit", type=int, help="index only the first N summaries")

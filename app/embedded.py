@@ -61,17 +61,19 @@ class EmbeddedCloud:
         cores: set[int] | None = None,
         on_progress: OnProgress | None = None,
         log_path: Path | None = None,
+        python: str | None = None,
     ) -> EmbeddedCloud:
         """Start `tandem serve` on a free loopback port and wait until it accepts sessions
         (the first start also builds the public corpus index: minutes, reported through
         `on_progress`). `cores` pins the backend (`taskset -c`), so it does not steal the
         device's core. Its output goes to `log_path` (default `<data dir>/cloud.log`).
+        `python` runs it from another environment (the vLLM cloud's; default: this one).
         Call from the thread that keeps running (the event loop's): Linux ends the child
         when the thread that started it ends."""
         token = secrets.token_urlsafe(32)
         env = {**os.environ, "TANDEM_CLOUD_TOKEN": token, PARENT_ENV: str(os.getpid())}
-        cmd = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", "0",
-               "--announce", *serve_args]  # fmt: skip
+        cmd = [python or sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1",
+               "--port", "0", "--announce", *serve_args]  # fmt: skip
         if cores:
             cmd = ["taskset", "-c", ",".join(map(str, sorted(cores))), *cmd]
         log_path = log_path or default_log_path()

@@ -20,7 +20,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if announce is not None:
         tie_to_parent()  # first: the imports and the model take a while
     from cloud_backend.config import ConfigError, load_config
-    from cloud_backend.engine import build_engine
+    from cloud_backend.loading import build_engine
     from cloud_backend.server import run_server, tls_context
 
     try:

@@ -190,7 +190,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--max-batch", type=int, nargs="+", default=[1, 64])
-    parser.add_argument("--engine", choices=("ort", "torch"), default="ort")
+    parser.add_argument(
+        "--engine",
+        choices=("ort", "torch", "vllm"),
+        default="ort",
+        help="vllm: from its own environment (README 'The cloud on vLLM')",
+    )
     parser.add_argument("--tokens", type=int, default=32, help="tokens per answer")
     parser.add_argument("--draft-ms", type=float, default=22.0,
                         help="a split device's time to draft a token")  # fmt: skip

@@ -8,6 +8,7 @@ import os
 import statistics
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -23,15 +24,34 @@ async def start_cloud(
     its session URL and its token."""
     from app.embedded import EmbeddedCloud
 
+    python = None
+    if engine == "vllm":
+        python = str(vllm_python() or sys.exit(f"--engine vllm: {VLLM_INSTALL}"))
     serve = ["--engine", engine, "--threads", "1", *extra]
     if not corpus:
         serve.append("--no-corpus")
     elif corpus_k is not None:
         serve += ["--corpus-k", str(corpus_k)]
-    if engine == "torch":
+    if engine in ("torch", "vllm"):
         serve += ["--dtype", "bfloat16"]
-    cloud = await EmbeddedCloud.start(serve, cores=None if core is None else {core})
+    cloud = await EmbeddedCloud.start(serve, cores=None if core is None else {core}, python=python)
     return cloud, cloud.url, cloud.token
+
+
+VLLM_INSTALL = (
+    "the vLLM environment is not installed: python3.11 -m venv .venv-vllm && "
+    ".venv-vllm/bin/pip install torch==2.13.0 && .venv-vllm/bin/pip install -r "
+    "packaging/cloud-vllm.txt && .venv-vllm/bin/pip install --no-deps -e . && "
+    ".venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec triton"
+)
+
+
+def vllm_python() -> Path | None:
+    """The python of the vLLM cloud's environment (`TANDEM_VLLM_PYTHON`, else the repo's
+    `.venv-vllm/`), or None where it is not installed."""
+    named = os.environ.get("TANDEM_VLLM_PYTHON")
+    path = Path(named) if named else Path(__file__).resolve().parents[1] / ".venv-vllm/bin/python"
+    return path if path.is_file() else None
 
 
 def host_port(url: str) -> tuple[str, int]:

@@ -27,8 +27,12 @@ def build_tokenizer(out: Path) -> Path:
     return out
 
 
-def build_tiny_hf(tokenizer_dir: Path, out: Path, seed: int = 0, layers: int = 2) -> Path:
-    """A Qwen2 of 2 layers, hidden 64, GQA 4:2 heads, with the full 151,936-id vocabulary."""
+def build_tiny_hf(
+    tokenizer_dir: Path, out: Path, seed: int = 0, layers: int = 2, heads: int = 4,
+    kv_heads: int = 2,
+) -> Path:  # fmt: skip
+    """A Qwen2 of 2 layers, hidden 64, GQA 4:2 heads, with the full 151,936-id vocabulary.
+    (vLLM's CPU attention wants heads of 32 or more dimensions: heads=2, kv_heads=1.)"""
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
@@ -38,8 +42,8 @@ def build_tiny_hf(tokenizer_dir: Path, out: Path, seed: int = 0, layers: int = 2
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=TINY_CONTEXT,
         rope_theta=1_000_000.0,
         tie_word_embeddings=False,

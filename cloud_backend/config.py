@@ -19,7 +19,7 @@ from collab.protocol import DEFAULT_LIMITS, Limits
 
 TOKEN_ENV = "TANDEM_CLOUD_TOKEN"
 DEFAULT_TOKEN_NAME = "default"
-ENGINES = ("ort", "torch")
+ENGINES = ("ort", "torch", "vllm")
 TORCH_DTYPES = ("bfloat16", "float32")
 
 
@@ -35,8 +35,8 @@ class ServerConfig:
     port: int = 8765
     token: str | None = None  # the access token (named "default" in logs and limits)
     tokens: dict[str, str] = field(default_factory=dict)  # more: name -> token, one per user
-    engine: Literal["ort", "torch"] = "ort"
-    torch_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    engine: Literal["ort", "torch", "vllm"] = "ort"  # vllm: README "The cloud on vLLM"
+    torch_dtype: Literal["bfloat16", "float32"] = "bfloat16"  # torch's and vLLM's
     model_dir: Path | None = None  # None: the prepared cloud model (`tandem models prepare`)
     model_name: str | None = None  # None: derived from model_dir
     threads: int | None = None
@@ -58,6 +58,7 @@ class ServerConfig:
     auth_failures: int = 10  # wrong tokens from one address within auth_window_s, then 429
     auth_window_s: float = 60.0
     requests_per_minute: int = 3000  # per access token, in bursts of a minute's worth; 0: off
+    vllm: dict[str, Any] = field(default_factory=dict)  # [cloud.vllm]: vLLM engine arguments
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -182,7 +183,14 @@ def _from_mapping(values: dict[str, Any], where: str) -> dict[str, Any]:
         if key not in hints:
             known = ", ".join(sorted(hints))
             raise ConfigError(f"unknown setting {key!r} in {where}; known settings: {known}")
-        out[key] = _limits(value) if key == "limits" else _coerce(key, value, hints[key])
+        if key == "limits":
+            out[key] = _limits(value)
+        elif key == "vllm":
+            if not isinstance(value, dict):
+                raise ConfigError("vllm must be a table of vLLM engine arguments ([cloud.vllm])")
+            out[key] = dict(value)
+        else:
+            out[key] = _coerce(key, value, hints[key])
     return out
 
 

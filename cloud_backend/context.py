@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from cloud_backend.engine import EngineSession, LLMEngine
+from cloud_backend.engine_api import CloudEngine, CloudSequence
 from collab.protocol import Cancel, Limits, Message, Mode
 
 
@@ -85,8 +85,8 @@ class DraftPace:
 class RequestContext:
     """One request's view of its session: the engine, where to send, what arrives for it."""
 
-    engine: LLMEngine
-    session: EngineSession  # this websocket's engine session (one per websocket)
+    engine: CloudEngine
+    session: CloudSequence  # this websocket's engine session (one per websocket)
     corpus: Any | None  # PublicCorpus or None
     corpus_k: int
     mode: Mode  # CLOUD, SPLIT or DRAGON

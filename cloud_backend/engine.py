@@ -12,14 +12,13 @@ next pass. A cancel stops the pass in flight; the other sessions' steps in it ru
 The caches of all sessions share a memory budget: when a pass pushes the total over it, the
 least recently used sessions (all but the last one stepped, if need be) lose their cache and
 learn it on their next step (`Evicted`), which the server turns into a clear error for that
-session alone. `build_engine` loads the model a `ServerConfig` names into an engine.
+session alone. `cloud_backend.loading.build_engine` loads the model a config names.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import threading
 import time
 from collections import OrderedDict, deque
@@ -31,15 +30,10 @@ from typing import Any
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from cloud_backend.config import ConfigError, ServerConfig
-from cloud_backend.logfmt import kv
-from model_runtime.async_model import AsyncSequence
+from cloud_backend.engine_api import CloudSequence, StepObserver
 from model_runtime.runtime import Cancelled, CausalLM, RuntimeInputError, SequenceState
-from model_runtime.tokenizer import load_tokenizer, tokenizer_fingerprint
+from model_runtime.tokenizer import tokenizer_fingerprint
 
-log = logging.getLogger("tandem.cloud")
-
-StepObserver = Callable[[str, int, float], None]  # (kind, positions fed, seconds)
 SHORT_FEED = 16  # positions: feeds up to this wide share a pass (decode, verify); wider are long
 PREFILL_CHUNK = 256  # positions of a long feed per pass
 MAX_BATCH_SEQUENCES = 64  # sequences in one pass
@@ -379,7 +373,7 @@ def _fail(step: _Step, exc: BaseException) -> None:
         step.future.set_exception(exc)
 
 
-class EngineSession(AsyncSequence):
+class EngineSession(CloudSequence):
     """One session's view of the engine: its own sequences and KV cache, fed in the engine's
     batched passes together with other sessions' steps."""
 
@@ -434,60 +428,3 @@ class EngineSession(AsyncSequence):
         with self.engine._lock:
             self.engine._lru.pop(self.id, None)
             self.state, self.nbytes, self.closed = None, 0, True
-
-
-# ---------------------------------------------------------------------------- model loading
-
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-
-
-def _tokenizer_dir(model_dir: Any) -> Any:
-    """The model folder itself (prepare saves the tokenizer beside every variant), else the
-    sibling `hf` folder of a prepared model."""
-    for candidate in (model_dir, model_dir.parent / "hf"):
-        if any((candidate / name).is_file() for name in _TOKENIZER_FILES):
-            return candidate
-    raise ConfigError(f"no tokenizer files (tokenizer.json) in {model_dir}")
-
-
-def _model_name(model_dir: Any) -> str:
-    """A prepared model lives in `<models>/<key>/<variant>/`: name it by its key."""
-    if (model_dir.parent / "manifest.json").is_file():
-        return model_dir.parent.name
-    return model_dir.name
-
-
-def build_engine(config: ServerConfig) -> LLMEngine:
-    """Load the cloud model (ONNX Runtime or torch) and its tokenizer into an engine."""
-    model_dir = config.model_dir
-    if model_dir is None:
-        # Only here does the cloud look at the device's model store: a deployment that
-        # passes model_dir never imports the packaging code.
-        from tandem_packaging.prepare import model_path
-        from tandem_packaging.sources import PrepareError
-
-        variant = "onnx-quant" if config.engine == "ort" else "hf"
-        try:
-            model_dir = model_path("cloud", variant)
-        except PrepareError as exc:
-            raise ConfigError(str(exc)) from None
-    if not model_dir.is_dir():
-        raise ConfigError(f"model folder {model_dir} does not exist")
-    log.info(kv("loading_model", path=str(model_dir), engine=config.engine))
-    if config.engine == "ort":
-        from model_runtime.ort_runtime import OrtCausalLM
-
-        lm: Any = OrtCausalLM(model_dir, threads=config.threads, allow_spinning=False)
-    else:
-        import torch
-
-        from model_runtime.torch_runtime import TorchCausalLM
-
-        dtype = torch.bfloat16 if config.torch_dtype == "bfloat16" else torch.float32
-        lm = TorchCausalLM(model_dir, dtype=dtype, threads=config.threads)
-    tokenizer = load_tokenizer(_tokenizer_dir(model_dir))
-    name = config.model_name or _model_name(model_dir)
-    return LLMEngine(
-        lm, tokenizer, name, kv_budget_bytes=config.kv_budget_bytes,
-        prefill_chunk=config.prefill_chunk, max_batch_sequences=config.max_batch_sequences,
-    )  # fmt: skip

@@ -1,7 +1,7 @@
 """The cloud's transport: an aiohttp app with health, metrics and one websocket per session.
 
 Each websocket is a `Session` (cloud_backend.session); the model is loaded by
-`cloud_backend.engine.build_engine`. The access token is checked on the HTTP upgrade request,
+`cloud_backend.loading.build_engine`. The access token is checked on the HTTP upgrade request,
 before any websocket exists, so an unauthenticated peer never reaches the protocol parser.
 """
 
@@ -21,7 +21,7 @@ from aiohttp import WSCloseCode, hdrs, web
 
 from cloud_backend.admission import AuthThrottle
 from cloud_backend.config import ConfigError, ServerConfig
-from cloud_backend.engine import LLMEngine
+from cloud_backend.engine_api import CloudEngine
 from cloud_backend.logfmt import kv
 from cloud_backend.metrics import CONTENT_TYPE, ServerMetrics
 from cloud_backend.session import AppState, Session
@@ -161,7 +161,7 @@ async def _metrics(request: web.Request) -> web.Response:
 
 
 def create_app(
-    config: ServerConfig, engine: LLMEngine, corpus: Any | None = None
+    config: ServerConfig, engine: CloudEngine, corpus: Any | None = None
 ) -> web.Application:
     """The aiohttp application. Refuses to exist without an access token."""
     tokens = config.access_tokens()
@@ -215,7 +215,7 @@ def tls_context(config: ServerConfig) -> ssl.SSLContext | None:
 
 async def run_server(
     config: ServerConfig,
-    engine: LLMEngine,
+    engine: CloudEngine,
     corpus: Any | None = None,
     ready: Callable[[str], None] | None = None,
 ) -> None:

@@ -25,7 +25,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from cloud_backend.admission import RequestRate
 from cloud_backend.config import DEFAULT_TOKEN_NAME, ServerConfig
 from cloud_backend.context import DraftPace, RequestContext, RequestInbox
-from cloud_backend.engine import EngineSession, LLMEngine
+from cloud_backend.engine_api import CloudEngine, CloudSequence
 from cloud_backend.logfmt import kv
 from cloud_backend.metrics import RequestMetrics, ServerMetrics
 from cloud_backend.modes import REQUESTS, serve_request
@@ -95,7 +95,7 @@ class AppState:
     """What every session of one app shares: settings, engine, corpus, metrics, sessions."""
 
     config: ServerConfig
-    engine: LLMEngine
+    engine: CloudEngine
     corpus: Any | None
     tokens: dict[str, str]  # access tokens by name
     metrics: ServerMetrics
@@ -143,7 +143,7 @@ class Session:
         self.id = next(state.ids)
         self.limits: Limits = state.config.limits
         self.idle_s = state.config.idle_timeout_s
-        self.engine_session: EngineSession | None = None
+        self.engine_session: CloudSequence | None = None
         self.mode: Mode | None = None
         self.variant = ""
         self.request: _Request | None = None

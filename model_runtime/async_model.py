@@ -38,8 +38,6 @@ class ModelWorker:
 class AsyncSequence(ABC):
     """A model's sequences (one, or one per document), stepped from the event loop."""
 
-    lm: CausalLM
-
     @abstractmethod
     async def feed(
         self, kind: str, rows: Sequence[Sequence[int]], *, fresh: bool = False,
@@ -76,6 +74,7 @@ class WorkerSequence(AsyncSequence):
     """An `AsyncSequence` whose steps run on its own worker thread, as they come (the
     device's model)."""
 
+    lm: CausalLM
     _worker: ModelWorker
 
     async def step(self, kind: str, n: int, fn: Callable[[], T]) -> T:

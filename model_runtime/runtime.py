@@ -38,6 +38,25 @@ class RuntimeInputError(ValueError):
     """Invalid tokens, lengths or sequence numbers passed to a runtime."""
 
 
+def check_feed(
+    tokens: Sequence[Sequence[int]],
+    lengths: Sequence[int] | np.ndarray,
+    vocab_size: int,
+    max_context: int,
+) -> None:
+    """Raise `RuntimeInputError` unless `tokens[b]` may be fed to a sequence holding
+    `lengths[b]` tokens of a model with this vocabulary and context: known ids, room left."""
+    for b, seq in enumerate(tokens):
+        if len(seq) and (min(seq) < 0 or max(seq) >= vocab_size):
+            bad = next(t for t in seq if t < 0 or t >= vocab_size)
+            raise RuntimeInputError(f"unknown token id {bad} (vocabulary has {vocab_size})")
+        if lengths[b] + len(seq) > max_context:
+            raise RuntimeInputError(
+                f"sequence {b} would hold {lengths[b] + len(seq)} tokens, over the context "
+                f"limit of {max_context}"
+            )
+
+
 @dataclass
 class SequenceState:
     """Everything one user of a `CausalLM` owns: its sequences, masks and KV cache. A server
@@ -257,17 +276,7 @@ class CausalLM(ABC):
     def check(self, tokens: Sequence[Sequence[int]], lengths: Sequence[int] | np.ndarray) -> None:
         """Raise `RuntimeInputError` unless `tokens[b]` may be fed to a sequence holding
         `lengths[b]` tokens: known ids, within the context."""
-        for b, seq in enumerate(tokens):
-            if len(seq) and (min(seq) < 0 or max(seq) >= self.vocab_size):
-                bad = next(t for t in seq if t < 0 or t >= self.vocab_size)
-                raise RuntimeInputError(
-                    f"unknown token id {bad} (vocabulary has {self.vocab_size})"
-                )
-            if lengths[b] + len(seq) > self.max_context:
-                raise RuntimeInputError(
-                    f"sequence {b} would hold {lengths[b] + len(seq)} tokens, over the context "
-                    f"limit of {self.max_context}"
-                )
+        check_feed(tokens, lengths, self.vocab_size, self.max_context)
 
     def _trim(self) -> None:
         """Cut trailing slots that no sequence attends to (an exact, cheap rollback)."""

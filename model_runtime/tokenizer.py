@@ -47,7 +47,10 @@ def chat_prompt_ids(
     messages: list[dict[str, str]],
 ) -> list[int]:
     """Token ids of a chat (the model's own template) ending with the assistant's turn opened."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    # return_dict=False: transformers 5 (the vLLM cloud's) returns a dict by default
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     return list(ids)
 
 

@@ -15,7 +15,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cloud_backend.config import ConfigError, ServerConfig, load_config
-from cloud_backend.engine import Evicted, LLMEngine, build_engine
+from cloud_backend.engine import Evicted, LLMEngine
+from cloud_backend.loading import build_engine
 from cloud_backend.server import create_app, run_server
 from collab.protocol import (
     PROTOCOL_VERSION,
@@ -216,7 +217,7 @@ def test_load_config_file_env_and_overrides(tmp_path, monkeypatch):
     ("text", "match"),
     [
         ("[cloud]\nmax_sesions = 3\n", "max_sesions"),
-        ('[cloud]\nengine = "vllm"\n', "engine"),
+        ('[cloud]\nengine = "tensorrt"\n', "engine"),
         ("[cloud.limits]\nmax_frames = 3\n", r"limits\.max_frames"),
         ('[cloud]\nport = "80"\n', "port"),
         ("[cloud]\ntokens = 5\n", r"\[cloud.tokens\]"),

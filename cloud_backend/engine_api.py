@@ -1,0 +1,72 @@
+"""What the server and the modes ask of a cloud engine, whichever runs the model: the
+built-in batching engine (`cloud_backend.engine`) or vLLM (`cloud_backend.vllm_engine`).
+
+A mode sees one `CloudSequence` per websocket (feed, rewind, cancel: `AsyncSequence`) and
+the engine's tokenizer and limits; the server sees the engine's name, tokenizer fingerprint,
+cache size and step timings. Nothing here depends on how a step reaches the model."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from transformers import PreTrainedTokenizerBase
+
+from model_runtime.async_model import AsyncSequence
+
+StepObserver = Callable[[str, int, float], None]  # (kind, positions fed, seconds)
+
+
+class ModelLimits(Protocol):
+    """The model facts a mode plans with."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def max_context(self) -> int: ...
+
+    def check(self, tokens: Sequence[Sequence[int]], lengths: Sequence[int]) -> None:
+        """Raise `RuntimeInputError` unless `tokens[b]` may follow `lengths[b]` tokens."""
+
+
+class CloudSequence(AsyncSequence):
+    """One websocket's sequences in the engine (one, or one per DRAGON document)."""
+
+    closed: bool
+
+    @property
+    @abstractmethod
+    def length(self) -> int:
+        """Tokens in the first sequence (its next position)."""
+
+    @abstractmethod
+    def release(self) -> None:
+        """Drop the sequences' cache between requests; the session stays open."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """The websocket is gone: drop everything."""
+
+
+class CloudEngine(Protocol):
+    name: str
+    tokenizer: PreTrainedTokenizerBase
+    tokenizer_hash: bytes
+    kv_budget_bytes: int
+    on_step: StepObserver | None
+
+    @property
+    def lm(self) -> ModelLimits: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def cache_bytes(self) -> int:
+        """KV cache memory the sessions hold now."""
+
+    def open_session(self, on_evict: Callable[[], None] | None = None) -> CloudSequence: ...
+
+    def close(self) -> None: ...

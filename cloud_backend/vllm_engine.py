@@ -1,0 +1,274 @@
+"""The cloud engine on vLLM (`tandem serve --engine vllm`): the same sessions, modes and wire
+protocol as the built-in engine, with vLLM's continuous batching and prefix caching running
+the model. It needs vLLM, which installs apart from the device's toolchain (README "vLLM").
+
+vLLM owns the KV cache; a session here holds only its sequences' token ids. A step asks vLLM
+for the model's raw logits at each position the mode needs: one request per position (the
+sequence's ids up to it, one token generated, the whole row of raw logits returned with it).
+So every mode's math — verification, residual resampling, aggregation, at any temperature —
+runs on exactly the model's distribution, as on the built-in engine; no variant's exactness
+rests on top-K rows, and temperature is applied by the mode, never by vLLM's prompt-logprob
+rows (which are temperature 1). The requests of one step and of every session share vLLM's
+batches; with prefix caching each recomputes only its tail past the last full cached block.
+A rewind costs nothing (the ids are cut; vLLM keeps what it cached). A cancel aborts the
+step's requests. There is no eviction to report: vLLM pre-empts and recomputes instead.
+
+The price of exactness this way is the full row: vLLM hands each one (151,936 floats for
+Qwen) through its output pipeline as Python lists (README "vLLM" has the measured cost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+from cloud_backend.config import ConfigError, ServerConfig
+from cloud_backend.engine_api import CloudSequence, StepObserver
+from cloud_backend.logfmt import kv
+from model_runtime.runtime import Cancelled, RuntimeInputError, check_feed
+from model_runtime.tokenizer import tokenizer_fingerprint
+
+log = logging.getLogger("tandem.cloud")
+
+INSTALL_HINT = (
+    "engine vllm needs vLLM, installed in its own virtual environment (its transformers "
+    "conflicts with the device's export toolchain): see README section 'The cloud on vLLM'"
+)
+
+
+class VllmLimits:
+    """The model facts a mode plans with, and the check a feed must pass (as `CausalLM`'s)."""
+
+    def __init__(self, vocab_size: int, max_context: int) -> None:
+        self.vocab_size = vocab_size
+        self.max_context = max_context
+
+    def check(self, tokens: Sequence[Sequence[int]], lengths: Sequence[int]) -> None:
+        check_feed(tokens, lengths, self.vocab_size, self.max_context)
+
+
+class VllmEngine:
+    """An `AsyncLLM` serving the sessions' logits rows (see the module docstring)."""
+
+    def __init__(
+        self,
+        llm: Any,  # vllm.v1.engine.async_llm.AsyncLLM
+        tokenizer: PreTrainedTokenizerBase,
+        name: str,
+        kv_bytes_per_token: int,
+        kv_budget_bytes: int = 2 * 1024**3,
+    ) -> None:
+        from vllm import SamplingParams
+
+        self.llm = llm
+        self.tokenizer = tokenizer
+        self.name = name
+        self.tokenizer_hash = bytes.fromhex(tokenizer_fingerprint(tokenizer))
+        self.kv_budget_bytes = kv_budget_bytes
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.on_step: StepObserver | None = None
+        self.requests = 0  # rows asked of vLLM (for tests and benchmarks)
+        config = llm.model_config
+        self.lm = VllmLimits(int(config.get_vocab_size()), int(config.max_model_len) - 1)
+        # One generated token (greedy: no random state in vLLM) and the whole row of raw logits
+        # at its position; ids in, nothing detokenized.
+        self._params = SamplingParams(
+            max_tokens=1, temperature=0.0, logprobs=-1, flat_logprobs=True, detokenize=False
+        )
+        self._sessions: dict[int, VllmSequence] = {}
+        self._ids = itertools.count(1)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.lm.vocab_size
+
+    @property
+    def cache_bytes(self) -> int:
+        """The KV the sessions' tokens stand for (vLLM may hold more in its prefix cache, or
+        less where it pre-empted a sequence to recompute it later)."""
+        held = sum(len(row) for s in self._sessions.values() for row in s.rows)
+        return held * self.kv_bytes_per_token
+
+    def open_session(self, on_evict: Callable[[], None] | None = None) -> VllmSequence:
+        session = VllmSequence(self, next(self._ids))
+        self._sessions[session.id] = session
+        return session
+
+    def close(self) -> None:
+        self.llm.shutdown()
+
+    async def logits(self, prompt: list[int]) -> np.ndarray:
+        """The model's raw logits [V] after `prompt`."""
+        from vllm.inputs import TokensPrompt
+
+        final = None
+        request_id = f"tandem-{next(self._ids)}"
+        async for out in self.llm.generate(
+            TokensPrompt(prompt_token_ids=prompt), self._params, request_id
+        ):
+            final = out
+        self.requests += 1
+        if final is None or not final.outputs or not final.outputs[0].logprobs:
+            raise RuntimeError("vLLM returned no logits row")
+        flat = final.outputs[0].logprobs
+        start, end = flat.start_indices[0], flat.end_indices[0]
+        ids = np.asarray(flat.token_ids[start:end], dtype=np.int64)
+        row = np.full(self.vocab_size, np.nan, dtype=np.float32)
+        row[ids] = np.asarray(flat.logprobs[start:end], dtype=np.float32)
+        if np.isnan(row).any():  # every id must be there: a partial row is not a distribution
+            raise RuntimeError(f"vLLM returned {len(set(ids.tolist()))} of {len(row)} logits")
+        return row
+
+    def forget(self, session: VllmSequence) -> None:
+        self._sessions.pop(session.id, None)
+
+
+class VllmSequence(CloudSequence):
+    """One websocket's sequences: token ids only (vLLM caches their KV by prefix)."""
+
+    def __init__(self, engine: VllmEngine, session_id: int) -> None:
+        self.engine = engine
+        self.lm = engine.lm
+        self.id = session_id
+        self.rows: list[list[int]] = []
+        self.closed = False
+        self._step: asyncio.Future[list[np.ndarray]] | None = None
+        self._cancelled = False
+
+    @property
+    def length(self) -> int:
+        return len(self.rows[0]) if self.rows else 0
+
+    async def feed(
+        self, kind: str, rows: Sequence[Sequence[int]], *, fresh: bool = False,
+        last_only: bool = False,
+    ) -> np.ndarray:  # fmt: skip
+        batch = [list(r) for r in rows]
+        if fresh and (not batch or not all(batch)):
+            raise RuntimeInputError("a fresh sequence needs at least one token")
+        if self.closed:
+            raise RuntimeError("session closed")
+        base = [[] for _ in batch] if fresh else self.rows
+        if len(base) != len(batch):
+            raise RuntimeInputError(
+                f"got tokens for {len(batch)} sequences, the session holds {len(base)}"
+            )
+        self.lm.check(batch, [len(b) for b in base])
+        wanted = [  # (row, slot, ids up to the position)
+            (b, 0 if last_only else k, base[b] + row[: k + 1])
+            for b, row in enumerate(batch)
+            for k in ([len(row) - 1] if last_only else range(len(row)))
+            if row
+        ]
+        start = time.perf_counter()
+        self._cancelled = False
+        step = asyncio.gather(*(self.engine.logits(ids) for _, _, ids in wanted))
+        self._step = step
+        try:
+            got = await step
+        except asyncio.CancelledError:
+            if self._cancelled:  # our cancel, not the task's: the session is as it was
+                raise Cancelled("step cancelled") from None
+            raise
+        finally:
+            self._step = None
+        width = 1 if last_only else max(map(len, batch), default=0)
+        out = np.zeros((len(batch), width, self.lm.vocab_size), dtype=np.float32)
+        for (b, k, _), row in zip(wanted, got, strict=True):
+            out[b, k] = row
+        self.rows = [old + new for old, new in zip(base, batch, strict=True)]
+        if self.engine.on_step is not None:
+            self.engine.on_step(kind, sum(map(len, batch)), time.perf_counter() - start)
+        return out
+
+    async def rewind(self, lengths: int | Sequence[int]) -> None:
+        targets = [lengths] * len(self.rows) if isinstance(lengths, int) else list(lengths)
+        if len(targets) != len(self.rows) or any(
+            not 0 <= n <= len(row) for n, row in zip(targets, self.rows, strict=False)
+        ):
+            raise RuntimeInputError(f"cannot roll back sequences of {self._lengths()} to {lengths}")
+        self.rows = [row[:n] for row, n in zip(self.rows, targets, strict=True)]
+
+    def _lengths(self) -> list[int]:
+        return [len(row) for row in self.rows]
+
+    def cancel(self) -> None:
+        if self._step is not None and not self._step.done():
+            self._cancelled = True
+            self._step.cancel()
+
+    def release(self) -> None:
+        self.rows = []
+
+    def close(self) -> None:
+        self.cancel()
+        self.rows, self.closed = [], True
+        self.engine.forget(self)
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def build_vllm_engine(
+    config: ServerConfig, model_dir: Path, tokenizer: PreTrainedTokenizerBase, name: str
+) -> VllmEngine:
+    """Start vLLM's engine (in its own processes) on a Hugging Face checkpoint folder."""
+    try:
+        from vllm import AsyncEngineArgs
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.async_llm import AsyncLLM
+    except ImportError:
+        raise ConfigError(INSTALL_HINT) from None
+    if not (model_dir / "config.json").is_file():
+        raise ConfigError(f"engine vllm needs a Hugging Face checkpoint folder; {model_dir} is not")
+    hf_config = json.loads((model_dir / "config.json").read_text())
+    args: dict[str, Any] = {
+        "model": str(model_dir),
+        "dtype": config.torch_dtype,
+        "skip_tokenizer_init": True,  # ids in and out; the server tokenizes
+        "enable_prefix_caching": True,
+        "max_logprobs": -1,  # the whole row...
+        "logprobs_mode": "raw_logits",  # ...of logits, before any temperature or penalty
+    }
+    if current_platform.is_cpu():
+        _cpu_environment(config)
+        args["block_size"] = 32  # the CPU attention's smallest: less tail recomputed a step
+    args.update(config.vllm)
+    log.info(kv("starting_vllm", **{k: str(v) for k, v in args.items()}))
+    try:
+        llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+    except (TypeError, ValueError) as exc:  # a bad [cloud.vllm] setting
+        raise ConfigError(f"vLLM refused its settings: {exc}") from None
+    return VllmEngine(
+        llm, tokenizer, name, _kv_bytes_per_token(hf_config, config.torch_dtype),
+        kv_budget_bytes=config.kv_budget_bytes,
+    )  # fmt: skip
+
+
+def _cpu_environment(config: ServerConfig) -> None:
+    """vLLM's CPU settings come from the environment: its KV cache from the cloud's budget,
+    its threads from `threads`, bound to the cores this process may use (`taskset`), every
+    one unless `threads` says fewer. Values already set win."""
+    cores = sorted(os.sched_getaffinity(0))[: config.threads or None]
+    gib = max(1, -(-config.kv_budget_bytes // 1024**3))
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(gib))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
+    os.environ.setdefault("OMP_NUM_THREADS", str(len(cores)))
+
+
+def _kv_bytes_per_token(hf_config: dict[str, Any], dtype: str) -> int:
+    layers = int(hf_config["num_hidden_layers"])
+    heads = int(hf_config["num_attention_heads"])
+    kv_heads = int(hf_config.get("num_key_value_heads", heads))
+    head_dim = int(hf_config.get("head_dim") or hf_config["hidden_size"] // heads)
+    return layers * 2 * kv_heads * head_dim * (2 if dtype == "bfloat16" else 4)

@@ -1,0 +1,257 @@
+"""The cloud on vLLM (`tandem serve --engine vllm`), end to end: a real vLLM engine in its own
+environment (README "The cloud on vLLM"), a real server process on loopback, real devices.
+
+vLLM and the device's toolchain need different transformers, so the server runs from the
+vLLM environment (`.venv-vllm/`, or the python `TANDEM_VLLM_PYTHON` names) and the devices
+from this one. The cloud model is a tiny Qwen2 on the real tokenizer whose heads fit vLLM's
+CPU attention (32 dimensions), in float32; the same checkpoint in torch float32 gives the
+exact distribution the samples are checked against (vLLM's raw logits agree with it to 1e-5)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from aiohttp.test_utils import TestServer
+from scipy import stats as scipy_stats
+
+from benchmarks.common import VLLM_INSTALL, vllm_python
+from benchmarks.tiny_models import build_tiny_hf
+from cloud_backend.config import ServerConfig
+from cloud_backend.engine import LLMEngine
+from cloud_backend.server import create_app
+from collab.sampling import SamplingParams, distribution
+from collab.variants import variant_names
+from edge_runtime.device import DeviceModel
+from edge_runtime.events import Failure, Stats, TextDelta
+from edge_runtime.modes import build_mode
+from edge_runtime.modes.base import AnswerOptions, CloudSettings, ModeContext
+from edge_runtime.split_costs import SplitCosts
+from model_runtime.ort_runtime import OrtCausalLM
+from model_runtime.prompting import prompt_ids
+from model_runtime.torch_runtime import TorchCausalLM
+
+pytestmark = pytest.mark.vllm
+
+REPO = Path(__file__).resolve().parents[1]
+TOKEN = "test-token-0123456789"
+QUESTIONS = ["What is a tandem bicycle?", "Write a haiku about autumn rain."]
+
+
+@pytest.fixture(scope="module")
+def vllm_tiny(tiny, request) -> Path:
+    """A tiny Qwen2 (2 heads of 32 dimensions, 1 KV head) on the real tokenizer."""
+    root = Path(request.config.cache.mkdir("tiny-qwen2-vllm-v1"))
+    if not (root / "hf" / "config.json").is_file():
+        build_tiny_hf(tiny["tokenizer"], root / "hf", seed=0, heads=2, kv_heads=1)
+    return root / "hf"
+
+
+@pytest.fixture(scope="module")
+def vllm_url(vllm_tiny, tmp_path_factory):
+    """`tandem serve --engine vllm` from the vLLM environment, on a free loopback port."""
+    python = vllm_python()
+    if python is None:
+        pytest.skip(VLLM_INSTALL)
+    config = tmp_path_factory.mktemp("vllm") / "cloud.toml"
+    config.write_text(
+        f'[cloud]\ntoken = "{TOKEN}"\nport = 0\ncorpus_enabled = false\n'
+        "kv_budget_bytes = 1073741824\n\n[cloud.vllm]\nenforce_eager = true\n"
+    )
+    command = [
+        str(python.parent / "tandem"), "serve", "--engine", "vllm", "--model-dir", str(vllm_tiny),
+        "--dtype", "float32", "--config", str(config),
+    ]  # fmt: skip
+    server = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO
+    )
+    log: list[str] = []
+    url: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:  # keep draining: a full pipe would stall vLLM's logging
+        assert server.stdout is not None
+        for line in server.stdout:
+            log.append(line)
+            if match := re.match(r"serving \S+ at (ws://\S+)", line):
+                url.append(match.group(1))
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    if not ready.wait(600) or not url:
+        server.kill()
+        pytest.fail("the vLLM cloud did not start:\n" + "".join(log[-40:]))
+    yield url[0]
+    server.terminate()
+    try:
+        server.wait(60)
+    except subprocess.TimeoutExpired:
+        server.kill()
+    sys.stderr.write("".join(line for line in log if "ERROR" in line)[-4000:])
+
+
+@pytest.fixture(scope="module")
+def cloud_lm(vllm_tiny) -> TorchCausalLM:
+    """The cloud's checkpoint in torch float32: the exact distribution to check against."""
+    return TorchCausalLM(vllm_tiny)
+
+
+@pytest.fixture(scope="module")
+def near_drafter(cloud_lm, tiny_tokenizer) -> DeviceModel:
+    """The cloud's own weights: drafts that vLLM accepts (nearly) always."""
+    return DeviceModel(cloud_lm, tiny_tokenizer, "tiny-near")
+
+
+@pytest.fixture(scope="module")
+def private_index(tmp_path_factory, embedder_dir):
+    from personal_index.index import PersonalIndex
+
+    docs = tmp_path_factory.mktemp("private")
+    (docs / "diary.md").write_text(
+        "# Private\nMy locker code is 4417 and the spare key hides under the blue flowerpot.\n"
+    )
+    index = PersonalIndex(tmp_path_factory.mktemp("index"), embedder_dir)
+    index.ingest([docs])
+    return index
+
+
+@pytest.fixture(scope="module")
+def far_drafter(tiny, tiny_tokenizer) -> DeviceModel:
+    """Other weights, same tokenizer (the usual tiny model's int8 ONNX): many rejections."""
+    return DeviceModel(OrtCausalLM(tiny["onnx-quant"]), tiny_tokenizer, "tiny-far")
+
+
+@pytest.fixture
+async def builtin_url(vllm_tiny, tiny_tokenizer):
+    """The same checkpoint on the built-in engine (torch float32), in process."""
+    engine = LLMEngine(TorchCausalLM(vllm_tiny), tiny_tokenizer, "tiny-builtin")
+    server = TestServer(create_app(ServerConfig(token=TOKEN, corpus_enabled=False), engine))
+    await server.start_server()
+    yield f"ws://127.0.0.1:{server.port}/v1/session"
+    await server.close()
+    engine.close()
+
+
+def context(device: DeviceModel, url: str, variant: str = "tk-slt", **kw) -> ModeContext:
+    return ModeContext(device=device, cloud=CloudSettings(url, TOKEN), variant=variant, **kw)
+
+
+async def ask(mode, question: str, options: AnswerOptions) -> tuple[str, Stats]:
+    events = [e async for e in mode.answer(question, [], options)]
+    stats = [e for e in events if isinstance(e, Stats)]
+    assert len(stats) == 1 and events[-1] is stats[0], events
+    assert not [e for e in events if isinstance(e, Failure)], events  # the cloud answered
+    return "".join(e.text for e in events if isinstance(e, TextDelta)), stats[0]
+
+
+@pytest.mark.parametrize("drafter", ["near", "far"])
+async def test_greedy_split_equals_greedy_cloud_on_vllm(drafter, request, vllm_url):
+    device = request.getfixturevalue(f"{drafter}_drafter")
+    cloud = build_mode("cloud", context(device, vllm_url))
+    options = AnswerOptions(max_new_tokens=24, temperature=0.0)
+    for question in QUESTIONS:
+        want_text, want = await ask(cloud, question, options)
+        for variant in variant_names():
+            split = build_mode("split", context(device, vllm_url, variant))
+            split.costs = SplitCosts()  # unmeasured: speculate
+            got_text, got = await ask(split, question, options)
+            assert got.token_ids == want.token_ids and got_text == want_text, variant
+            assert got.rounds > 0 and got.drafted > 0 and got.accepted <= got.drafted
+            if drafter == "far":
+                assert got.accepted < got.drafted  # rejections: the residual path ran
+            await split.close()
+    await cloud.close()
+
+
+async def test_cloud_answers_follow_vllm_greedy_decoding_of_the_checkpoint(
+    cloud_lm, near_drafter, tiny_tokenizer, vllm_url
+):
+    """The vLLM engine decodes what the checkpoint says: its greedy answer is torch's."""
+    cloud = build_mode("cloud", context(near_drafter, vllm_url))
+    _, got = await ask(cloud, QUESTIONS[0], AnswerOptions(max_new_tokens=16, temperature=0.0))
+    await cloud.close()
+    ids = prompt_ids(tiny_tokenizer, QUESTIONS[0])
+    want = []
+    logits = cloud_lm.prefill([ids])[0]
+    for _ in range(16):
+        want.append(int(np.argmax(logits)))
+        logits = cloud_lm.decode([want[-1]])[0]
+    assert got.token_ids == want
+
+
+@pytest.mark.parametrize("aggregator", ["device", "cloud"])
+async def test_greedy_dragon_on_vllm_equals_dragon_on_the_builtin_engine(
+    aggregator, far_drafter, private_index, vllm_url, builtin_url
+):
+    """DRAGON's per-document rows and aggregation on vLLM: token for token what the built-in
+    engine gives with the same checkpoint (the device reads its private passages; the cloud
+    has none here: its corpus is off)."""
+    options = AnswerOptions(max_new_tokens=16, temperature=0.0, k=2)
+    answers = []
+    for url in (builtin_url, vllm_url):
+        mode = build_mode("dragon", context(far_drafter, url, index=private_index,
+                                            aggregator=aggregator))  # fmt: skip
+        _, stats = await ask(mode, "Where is the spare key hidden?", options)
+        await mode.close()
+        assert stats.device_drafted > 0 and stats.cloud_drafted > 0
+        answers.append(stats.token_ids)
+    assert answers[0] == answers[1] and len(answers[0]) > 0
+
+
+def stratified_chi_square_p(pairs: list[tuple[int, int]], target) -> float:
+    """p-value that each pair's second token follows `target(first)`: one χ² per first token
+    (bins with expected < 5 pooled), summed with their degrees of freedom."""
+    total = dof = 0.0
+    for first in {f for f, _ in pairs}:
+        seconds = [s for f, s in pairs if f == first]
+        probs = target(first)
+        support = np.flatnonzero(probs > 0)
+        if any(probs[s] == 0 for s in seconds):
+            return 0.0  # a token the target cannot produce
+        counts = np.array([seconds.count(int(t)) for t in support], dtype=np.float64)
+        expected = probs[support] * len(seconds)
+        big = expected >= 5
+        obs = np.append(counts[big], counts[~big].sum())
+        exp = np.append(expected[big], expected[~big].sum())
+        keep = exp > 0
+        if keep.sum() < 2:
+            continue
+        total += float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
+        dof += keep.sum() - 1
+    return float(scipy_stats.chi2.sf(total, dof)) if dof else 1.0
+
+
+@pytest.mark.parametrize("variant", ["tk-slt", "dsd"])
+async def test_sampled_split_tokens_follow_the_vllm_cloud_model(
+    variant, far_drafter, cloud_lm, tiny_tokenizer, vllm_url
+):
+    """Temperature 0.7, top-k 6 (the mode applies them to vLLM's raw logits, so T != 1 is
+    exact): the token each speculative round decides, given the first, follows the cloud's P,
+    not the drafter's Q (the negative control shows the test tells them apart)."""
+    params = SamplingParams(temperature=0.7, top_k=6)
+    question = QUESTIONS[0]
+    ids = prompt_ids(tiny_tokenizer, question)
+
+    def target(lm):
+        return lambda first: distribution(lm.prefill([[*ids, first]])[0], params)
+
+    split = build_mode("split", context(far_drafter, vllm_url, variant))
+    pairs = []
+    for seed in range(500):
+        options = AnswerOptions(max_new_tokens=2, temperature=0.7, top_k=6, seed=seed)
+        split.costs = SplitCosts()  # always one speculative round, never AS²'s cloud decoding
+        _, stats = await ask(split, question, options)
+        assert stats.rounds == 1 and not stats.cloud_only and len(stats.token_ids) == 2
+        pairs.append((stats.token_ids[0], stats.token_ids[1]))
+    await split.close()
+    p_first = distribution(cloud_lm.prefill([ids])[0], params)
+    firsts = [f for f, _ in pairs]
+    assert stratified_chi_square_p([(0, f) for f in firsts], lambda _: p_first) > 1e-3
+    assert stratified_chi_square_p(pairs, target(cloud_lm)) > 1e-3
+    assert stratified_chi_square_p(pairs, target(far_drafter.lm)) < 1e-6
