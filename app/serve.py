@@ -23,17 +23,17 @@ def run_serve(args: argparse.Namespace) -> int:
     from cloud_backend.loading import build_engine
     from cloud_backend.server import run_server, tls_context
 
+    corpus = None
     try:
         config = _config(args, load_config)
         tls_context(config)  # a certificate that cannot be used stops here, in plain words
+        if config.corpus_enabled:  # before the model: a corpus that cannot open fails fast
+            with bar_progress(announce) if announce else contextlib.nullcontext():
+                corpus = _open_corpus(config)
         engine = build_engine(config)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    corpus = None
-    if config.corpus_enabled:
-        with bar_progress(announce) if announce else contextlib.nullcontext():
-            corpus = _open_corpus(config)
 
     def ready(url: str) -> None:
         if announce is not None:
@@ -68,9 +68,17 @@ def _config(args: argparse.Namespace, load_config):
 
 
 def _open_corpus(config):
+    from cloud_backend.config import ConfigError
     from cloud_backend.corpus import PublicCorpus, default_corpus_dir, default_embedder_dir
 
     root = config.data_dir / "corpus" if config.data_dir else default_corpus_dir()
-    corpus = PublicCorpus.open(root, default_embedder_dir(), limit=config.corpus_limit)
+    try:
+        corpus = PublicCorpus.open(root, default_embedder_dir(), limit=config.corpus_limit)
+    except ImportError as exc:  # the vLLM environment has no export toolchain
+        raise ConfigError(
+            f"the public corpus is not built yet and this environment cannot build it (no "
+            f"{exc.name}): build it once with the device's install (`python -m "
+            "cloud_backend.corpus`), or serve without it (--no-corpus)"
+        ) from None
     corpus.warm_up()  # load the query embedder now, not in the first answer's TTFT
     return corpus

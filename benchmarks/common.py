@@ -38,12 +38,7 @@ async def start_cloud(
     return cloud, cloud.url, cloud.token
 
 
-VLLM_INSTALL = (
-    "the vLLM environment is not installed: python3.11 -m venv .venv-vllm && "
-    ".venv-vllm/bin/pip install torch==2.13.0 && .venv-vllm/bin/pip install -r "
-    "packaging/cloud-vllm.txt && .venv-vllm/bin/pip install --no-deps -e . && "
-    ".venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec triton"
-)
+VLLM_INSTALL = "the vLLM environment is not installed: sh packaging/install_vllm_cloud.sh"
 
 
 def vllm_python() -> Path | None:

@@ -131,7 +131,13 @@ class LLMEngine:
         with self._lock:
             return sum(s.nbytes for s in self._lru.values())
 
-    def open_session(self, on_evict: Callable[[], None] | None = None) -> EngineSession:
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._closed
+
+    def open_session(
+        self, on_evict: Callable[[], None] | None = None, user: str = ""
+    ) -> EngineSession:  # (no cache outlives a session here: `user` changes nothing)
         session = EngineSession(self, next(self._ids), on_evict)
         with self._lock:
             self._lru[session.id] = session

@@ -67,6 +67,15 @@ class CloudEngine(Protocol):
     def cache_bytes(self) -> int:
         """KV cache memory the sessions hold now."""
 
-    def open_session(self, on_evict: Callable[[], None] | None = None) -> CloudSequence: ...
+    @property
+    def alive(self) -> bool:
+        """Whether it can still run steps (/healthz says 503 otherwise, so a load balancer
+        sends new sessions elsewhere)."""
+
+    def open_session(
+        self, on_evict: Callable[[], None] | None = None, user: str = ""
+    ) -> CloudSequence:
+        """A websocket's sequences; `user` is its access token's name (an engine that caches
+        prefixes across sessions keeps each user's apart)."""
 
     def close(self) -> None: ...

@@ -139,15 +139,18 @@ def _aborter(request: web.Request) -> Callable[[], None]:
 
 
 async def _healthz(request: web.Request) -> web.Response:
+    """200 while the engine runs, 503 once it cannot (a load balancer's health check)."""
     state = request.app[STATE]
+    alive = state.engine.alive
     return web.json_response(
         {
-            "status": "ok",
+            "status": "ok" if alive else "engine down",
             "model": state.engine.name,
             "sessions": len(state.sessions),
             "max_sessions": state.config.max_sessions,
             "uptime_s": round(time.monotonic() - state.started, 3),
-        }
+        },
+        status=200 if alive else 503,
     )
 
 

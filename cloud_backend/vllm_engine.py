@@ -41,8 +41,9 @@ from model_runtime.tokenizer import tokenizer_fingerprint
 log = logging.getLogger("tandem.cloud")
 
 INSTALL_HINT = (
-    "engine vllm needs vLLM, installed in its own virtual environment (its transformers "
-    "conflicts with the device's export toolchain): see README section 'The cloud on vLLM'"
+    "engine vllm needs vLLM, in a virtual environment of its own (its transformers conflicts "
+    "with the device's export toolchain): `sh packaging/install_vllm_cloud.sh`, then run "
+    "`.venv-vllm/bin/tandem serve --engine vllm` (README 'The cloud on vLLM')"
 )
 
 
@@ -99,22 +100,31 @@ class VllmEngine:
         held = sum(len(row) for s in self._sessions.values() for row in s.rows)
         return held * self.kv_bytes_per_token
 
-    def open_session(self, on_evict: Callable[[], None] | None = None) -> VllmSequence:
-        session = VllmSequence(self, next(self._ids))
+    @property
+    def alive(self) -> bool:
+        return not self.llm.errored  # vLLM's engine process died: every request would fail
+
+    def open_session(
+        self, on_evict: Callable[[], None] | None = None, user: str = ""
+    ) -> VllmSequence:
+        """`user` salts the session's prefix-cache entries: one user's requests reuse each
+        other's cached prefixes, another user's never do (no timing side channel between
+        users through the shared cache)."""
+        session = VllmSequence(self, next(self._ids), salt=user or "-")
         self._sessions[session.id] = session
         return session
 
     def close(self) -> None:
         self.llm.shutdown()
 
-    async def logits(self, prompt: list[int]) -> np.ndarray:
-        """The model's raw logits [V] after `prompt`."""
+    async def logits(self, prompt: list[int], salt: str) -> np.ndarray:
+        """The model's raw logits [V] after `prompt` (cached prefixes shared within `salt`)."""
         from vllm.inputs import TokensPrompt
 
         final = None
         request_id = f"tandem-{next(self._ids)}"
         async for out in self.llm.generate(
-            TokensPrompt(prompt_token_ids=prompt), self._params, request_id
+            TokensPrompt(prompt_token_ids=prompt, cache_salt=salt), self._params, request_id
         ):
             final = out
         self.requests += 1
@@ -136,10 +146,11 @@ class VllmEngine:
 class VllmSequence(CloudSequence):
     """One websocket's sequences: token ids only (vLLM caches their KV by prefix)."""
 
-    def __init__(self, engine: VllmEngine, session_id: int) -> None:
+    def __init__(self, engine: VllmEngine, session_id: int, salt: str) -> None:
         self.engine = engine
         self.lm = engine.lm
         self.id = session_id
+        self.salt = salt
         self.rows: list[list[int]] = []
         self.closed = False
         self._step: asyncio.Future[list[np.ndarray]] | None = None
@@ -172,7 +183,7 @@ class VllmSequence(CloudSequence):
         ]
         start = time.perf_counter()
         self._cancelled = False
-        step = asyncio.gather(*(self.engine.logits(ids) for _, _, ids in wanted))
+        step = asyncio.gather(*(self.engine.logits(ids, self.salt) for _, _, ids in wanted))
         self._step = step
         try:
             got = await step

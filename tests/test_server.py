@@ -8,6 +8,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 import numpy as np
@@ -83,9 +84,9 @@ class Cloud:
                 out[(s.name, tuple(sorted(s.labels.items())))] = s.value
         return out
 
-    async def health(self) -> dict:
+    async def health(self, status: int = 200) -> dict:
         async with aiohttp.ClientSession() as http, http.get(f"{self.http}/healthz") as resp:
-            assert resp.status == 200
+            assert resp.status == status
             return await resp.json()
 
 
@@ -222,6 +223,7 @@ def test_load_config_file_env_and_overrides(tmp_path, monkeypatch):
         ('[cloud]\nport = "80"\n', "port"),
         ("[cloud]\ntokens = 5\n", r"\[cloud.tokens\]"),
         ("[cloud]\nrequests_per_minute = -1\n", "requests_per_minute"),
+        ("[cloud]\nvllm = 5\n", r"\[cloud.vllm\]"),
     ],
 )
 def test_load_config_rejects_unknown_and_bad_values(tmp_path, text, match):
@@ -229,6 +231,16 @@ def test_load_config_rejects_unknown_and_bad_values(tmp_path, text, match):
     path.write_text(text)
     with pytest.raises(ConfigError, match=match):
         load_config(path)
+
+
+def test_the_deployment_config_loads(monkeypatch):
+    """deploy/cloud.toml (the container's) is a valid config, vLLM arguments included."""
+    monkeypatch.setenv("TANDEM_CLOUD_TOKEN", "from-the-secret")
+    cfg = load_config(Path(__file__).resolve().parents[1] / "deploy" / "cloud.toml")
+    assert (cfg.host, cfg.port, cfg.engine) == ("0.0.0.0", 8765, "ort")
+    assert cfg.token == "from-the-secret"
+    assert cfg.vllm == {"gpu_memory_utilization": 0.85}
+    assert load_config(None, engine="vllm").engine == "vllm"
 
 
 def test_access_tokens_by_name_from_the_file(tmp_path, monkeypatch, engine):
@@ -282,6 +294,15 @@ async def test_healthz(cloud):
     assert health["model"] == ENGINE_NAME
     assert health["sessions"] == 0
     assert health["uptime_s"] >= 0
+
+
+async def test_healthz_says_503_once_the_engine_is_down(start_cloud, tiny):
+    engine = LLMEngine(TorchCausalLM(tiny["hf"]), load_tokenizer(tiny["hf"]), ENGINE_NAME)
+    cloud = await start_cloud(engine)
+    assert (await cloud.health())["status"] == "ok"
+    engine.close()  # as a crashed engine: the replica must leave the load balancer's pool
+    await asyncio.sleep(0.05)
+    assert (await cloud.health(503))["status"] == "engine down"
 
 
 async def test_metrics_are_prometheus_text_and_move(cloud):
