@@ -4,10 +4,11 @@ Sessions do not own a model; each owns a `SequenceState`. Their steps queue on t
 one engine thread runs whatever is ready as one batched pass (`CausalLM.feed_states`): one-token
 decodes, split verifications of γ+1 positions and DRAGON's per-document rows of different
 sessions together, each session's cache left-padded to the longest and cut back afterwards, so
-its logits are its own. Long feeds (a prefill) run in chunks of `prefill_chunk` positions, in
-passes of their own, so a long prompt does not stall other sessions' decoding: a step waits for
-at most one pass of the other kind (fairness), and the oldest queued step is always in the
-next pass. A cancel stops the pass in flight; the other sessions' steps in it run again.
+its logits are its own. Long feeds (a prefill) run in chunks of `prefill_chunk` positions, a
+chunk a pass and alone (prefill is compute-bound: batched, it would only add padding); after
+each, the waiting short steps go first, so a decoding session waits for at most one chunk
+(fairness), and otherwise the oldest step leads the next pass. A cancel stops the pass in
+flight; the other sessions' steps in it run again.
 
 The caches of all sessions share a memory budget: when a pass pushes the total over it, the
 least recently used sessions (all but the last one stepped, if need be) lose their cache and
@@ -116,6 +117,7 @@ class LLMEngine:
         self._lock = threading.Condition()  # the queue, the running pass, _lru
         self._queue: deque[_Step] = deque()
         self._running: list[_Step] = []
+        self._last_long = False  # the last pass fed a prefill chunk
         self._closed = False
         self._ids = itertools.count(1)
         self._thread = threading.Thread(target=self._serve, name="llm-engine", daemon=True)
@@ -196,21 +198,27 @@ class LLMEngine:
                 self._run_pass(batch)
 
     def _pick(self) -> list[_Step]:
-        """The next pass (under the lock): the oldest step, and every queued step of its
-        kind (short or long) that fits. Steps whose coroutine went away are dropped."""
+        """The next pass (under the lock): the oldest step, and if it is short every queued
+        short step that fits; a long one (a prefill's chunk) runs alone, as prefill is
+        compute-bound and batching it would only add padding. After a long pass, waiting
+        short steps go first, however old the long ones: a decoding session waits for at most
+        one prefill chunk. Steps whose coroutine went away are dropped."""
         steps: list[_Step] = []
-        rows = width = 0
-        long: bool | None = None
+        rows = 0
+        short_first = self._last_long and any(s.width <= SHORT_FEED for s in self._queue)
+        long: bool | None = False if short_first else None
         for step in list(self._queue):
             if step.future.cancelled():
                 self._queue.remove(step)
                 continue
             is_long = step.width > SHORT_FEED
             long = is_long if long is None else long
-            if steps and (
-                is_long != long
-                or rows + len(step.rows) > self.max_batch_sequences
-                or (long and width + min(step.width, self.prefill_chunk) > 2 * self.prefill_chunk)
+            if is_long != long or (
+                steps
+                and (
+                    rows + len(step.rows) > self.max_batch_sequences
+                    or long  # a prefill is compute-bound: batched, it only adds padding
+                )
             ):
                 continue
             if not step.started and not step.future.set_running_or_notify_cancel():
@@ -220,7 +228,7 @@ class LLMEngine:
             self._queue.remove(step)
             steps.append(step)
             rows += len(step.rows)
-            width += min(step.width, self.prefill_chunk)
+        self._last_long = bool(long)
         return steps
 
     def _run_pass(self, steps: list[_Step]) -> None:

@@ -8,11 +8,12 @@ cache size and step timings. Nothing here depends on how a step reaches the mode
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Protocol
 
 from transformers import PreTrainedTokenizerBase
 
+from collab.sampling import SamplingParams
 from model_runtime.async_model import AsyncSequence
 
 StepObserver = Callable[[str, int, float], None]  # (kind, positions fed, seconds)
@@ -48,6 +49,16 @@ class CloudSequence(AsyncSequence):
     @abstractmethod
     def close(self) -> None:
         """The websocket is gone: drop everything."""
+
+    def sampled(
+        self, pending: int | None, params: SamplingParams, n: int
+    ) -> AsyncGenerator[int, None] | None:
+        """The engine's own sampler for plain decoding, where it batches better than a token
+        at a time through `feed` (vLLM's continuous batching): up to n tokens sampled after
+        the first sequence and `pending` (fed first, if any), each exactly from the model's
+        distribution under `params`. The last token yielded is not in the sequence yet (the
+        caller's pending token). None: decode through `feed`."""
+        return None
 
 
 class CloudEngine(Protocol):

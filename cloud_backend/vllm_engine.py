@@ -25,7 +25,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from transformers import PreTrainedTokenizerBase
 from cloud_backend.config import ConfigError, ServerConfig
 from cloud_backend.engine_api import CloudSequence, StepObserver
 from cloud_backend.logfmt import kv
+from collab.sampling import SamplingParams
 from model_runtime.runtime import Cancelled, RuntimeInputError, check_feed
 from model_runtime.tokenizer import tokenizer_fingerprint
 
@@ -139,6 +140,35 @@ class VllmEngine:
             raise RuntimeError(f"vLLM returned {len(set(ids.tolist()))} of {len(row)} logits")
         return row
 
+    async def sample(
+        self, prompt: list[int], params: SamplingParams, n: int, salt: str
+    ) -> AsyncGenerator[int, None]:
+        """Up to n tokens vLLM samples after `prompt` (its own decoding: continuous batching,
+        the cache kept between tokens) from softmax(logits / T) cut to top-k, then top-p, as
+        `collab.sampling.distribution` defines them; no per-request seed (vLLM's CPU build
+        dies on seeded requests in chunked batches)."""
+        from vllm import SamplingParams as VllmParams
+        from vllm.inputs import TokensPrompt
+
+        greedy = params.temperature == 0.0
+        sampling = VllmParams(
+            max_tokens=n,
+            temperature=params.temperature,
+            top_k=0 if greedy or not params.top_k else params.top_k,
+            top_p=1.0 if greedy else params.top_p,
+            ignore_eos=True,  # the transcript knows when an answer ends
+            detokenize=False,
+        )
+        seen = 0
+        request_id = f"tandem-{next(self._ids)}"
+        async for out in self.llm.generate(
+            TokensPrompt(prompt_token_ids=prompt, cache_salt=salt), sampling, request_id
+        ):
+            tokens = out.outputs[0].token_ids
+            for token in tokens[seen:]:
+                yield int(token)
+            seen = len(tokens)
+
     def forget(self, session: VllmSequence) -> None:
         self._sessions.pop(session.id, None)
 
@@ -212,6 +242,25 @@ class VllmSequence(CloudSequence):
 
     def _lengths(self) -> list[int]:
         return [len(row) for row in self.rows]
+
+    def sampled(
+        self, pending: int | None, params: SamplingParams, n: int
+    ) -> AsyncGenerator[int, None] | None:
+        return self._sampled(pending, params, n) if len(self.rows) == 1 else None
+
+    async def _sampled(
+        self, pending: int | None, params: SamplingParams, n: int
+    ) -> AsyncGenerator[int, None]:
+        ids = self.rows[0]
+        if pending is not None:
+            self.lm.check([[pending]], [len(ids)])
+            ids.append(pending)
+        last: int | None = None
+        async for token in self.engine.sample(list(ids), params, n, self.salt):
+            if last is not None:
+                ids.append(last)  # the one before is in the sequence now
+            last = token
+            yield token
 
     def cancel(self) -> None:
         if self._step is not None and not self._step.done():

@@ -120,7 +120,8 @@ async def test_sessions_stepping_together_share_passes_and_get_their_own_tokens(
     passes_alone = engine.passes
     together = await asyncio.gather(*(greedy(engine.open_session(), p, 12) for p in prompts))
     assert together == alone_out
-    assert engine.passes - passes_alone < passes_alone / 2  # most passes were shared
+    # the decodes shared passes (the 7 prefill chunks run alone: compute-bound): 51 alone
+    assert engine.passes - passes_alone < 0.6 * passes_alone
 
 
 async def test_a_long_prefill_does_not_stall_a_decoding_session(engine):

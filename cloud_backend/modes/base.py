@@ -15,6 +15,7 @@ any     device → Cancel: the cloud stops and answers Done(CANCELLED)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -159,17 +160,33 @@ class Request(ABC):
 
     async def decode(self, n: int) -> None:
         """The cloud samples the next n tokens itself and streams them (cloud mode; split's
-        first token and its AS² fallback)."""
+        first token and its AS² fallback): with the engine's own sampler where it has one."""
+        n = min(n, self.transcript.remaining)
+        stream = self.ctx.session.sampled(self.pending, self.params, n) if n > 0 else None
+        if stream is not None:
+            async with contextlib.aclosing(stream):
+                async for token in stream:
+                    self.next_logits = None
+                    self.pending = token
+                    await self.stream_token(token)
+                    if self.transcript.finish is not None:
+                        return
+                    self.check_cancel()
+            return
         for _ in range(n):
             if self.transcript.finish is not None:
                 return
             self.check_cancel()
             logits = await self.current_logits()
             token, _ = sample(logits, self.rng, self.params)
-            step = len(self.transcript.tokens)
-            kept = self.commit([token])
             self.pending = token
-            if kept:
-                chunk = TokenChunk(np.asarray(kept), request_id=self.gen.request_id,
-                                   epoch=self.epoch, step=step)  # fmt: skip
-                await self.ctx.send(chunk)
+            await self.stream_token(token)
+
+    async def stream_token(self, token: int) -> None:
+        """Commit a token the cloud sampled and send it (unless the answer had ended)."""
+        step = len(self.transcript.tokens)
+        kept = self.commit([token])
+        if kept:
+            chunk = TokenChunk(np.asarray(kept), request_id=self.gen.request_id,
+                               epoch=self.epoch, step=step)  # fmt: skip
+            await self.ctx.send(chunk)
