@@ -4,8 +4,9 @@ answering at once, for cloud-only decoding, split (TK-SLT) and DRAGON, with the 
 engine batching the sessions' steps (`--max-batch 64`, the default) and not (`--max-batch 1`:
 one step a pass, the engine before issue 17).
 
-    python -m benchmarks.capacity                      # the real cloud model (~30 min)
+    python -m benchmarks.capacity                      # the real cloud model (~15 min)
     python -m benchmarks.capacity --sessions 1 8 --modes cloud --max-batch 1 64
+    python -m benchmarks.capacity --engine vllm --max-batch 64   # vLLM (its own environment)
     python -m benchmarks.capacity --quick              # the tiny model in-process (the suite)
 
 The cloud is `tandem serve` (the prepared 1.5B, ONNX Runtime int4 by default, one thread,

@@ -137,9 +137,7 @@ class LLMEngine:
     def alive(self) -> bool:
         return self._thread.is_alive() and not self._closed
 
-    def open_session(
-        self, on_evict: Callable[[], None] | None = None, user: str = ""
-    ) -> EngineSession:  # (no cache outlives a session here: `user` changes nothing)
+    def open_session(self, on_evict: Callable[[], None] | None = None) -> EngineSession:
         session = EngineSession(self, next(self._ids), on_evict)
         with self._lock:
             self._lru[session.id] = session

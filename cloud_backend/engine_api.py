@@ -83,10 +83,8 @@ class CloudEngine(Protocol):
         """Whether it can still run steps (/healthz says 503 otherwise, so a load balancer
         sends new sessions elsewhere)."""
 
-    def open_session(
-        self, on_evict: Callable[[], None] | None = None, user: str = ""
-    ) -> CloudSequence:
-        """A websocket's sequences; `user` is its access token's name (an engine that caches
-        prefixes across sessions keeps each user's apart)."""
+    def open_session(self, on_evict: Callable[[], None] | None = None) -> CloudSequence:
+        """A websocket's sequences (an engine that caches prefixes keeps each session's apart,
+        so none can time another's)."""
 
     def close(self) -> None: ...

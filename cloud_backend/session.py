@@ -324,9 +324,7 @@ class Session:
         # Accepted (capacity was checked before the upgrade: server._overloaded).
         self.state.sessions[self.id] = self
         self.mode, self.variant = hello.mode, variant
-        self.engine_session = engine.open_session(
-            on_evict=self._evicted_from_worker, user=self.user
-        )
+        self.engine_session = engine.open_session(on_evict=self._evicted_from_worker)
         ack = HelloAck(True, limits=self.limits, model_name=engine.name)
         log.info(
             kv(

@@ -105,13 +105,12 @@ class VllmEngine:
     def alive(self) -> bool:
         return not self.llm.errored  # vLLM's engine process died: every request would fail
 
-    def open_session(
-        self, on_evict: Callable[[], None] | None = None, user: str = ""
-    ) -> VllmSequence:
-        """`user` salts the session's prefix-cache entries: one user's requests reuse each
-        other's cached prefixes, another user's never do (no timing side channel between
-        users through the shared cache)."""
-        session = VllmSequence(self, next(self._ids), salt=user or "-")
+    def open_session(self, on_evict: Callable[[], None] | None = None) -> VllmSequence:
+        """Each session salts its prefix-cache entries with its own id: its rounds reuse its
+        cached prefix, no other session ever hits its entries (no timing side channel between
+        sessions or users through the shared cache)."""
+        session_id = next(self._ids)
+        session = VllmSequence(self, session_id, salt=f"session-{session_id}")
         self._sessions[session.id] = session
         return session
 
