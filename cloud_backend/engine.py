@@ -32,7 +32,7 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from cloud_backend.engine_api import CloudSequence, StepObserver
-from model_runtime.runtime import Cancelled, CausalLM, RuntimeInputError, SequenceState
+from model_runtime.runtime import Cancelled, CausalLM, SequenceState
 from model_runtime.tokenizer import tokenizer_fingerprint
 
 SHORT_FEED = 16  # positions: feeds up to this wide share a pass (decode, verify); wider are long
@@ -411,16 +411,8 @@ class EngineSession(CloudSequence):
         self, kind: str, rows: Sequence[Sequence[int]], *, fresh: bool = False,
         last_only: bool = False,
     ) -> np.ndarray:  # fmt: skip
-        batch = [list(r) for r in rows]
-        if fresh and (not batch or not all(batch)):
-            raise RuntimeInputError("a fresh sequence needs at least one token")
-        state = None if fresh else self.state
-        lengths = [0] * len(batch) if state is None else state.lengths.tolist()
-        if len(lengths) != len(batch):
-            raise RuntimeInputError(
-                f"got tokens for {len(batch)} sequences, the session holds {len(lengths)}"
-            )
-        self.lm.check(batch, lengths)  # all of it now: a long feed runs in several passes
+        held = None if self.state is None else self.state.lengths.tolist()
+        batch, lengths = self.checked(rows, fresh, held)
         step = _Step(self, kind, batch, fresh=fresh, last_only=last_only, before=lengths)
         return await self.engine._submit(step)
 

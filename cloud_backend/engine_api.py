@@ -15,6 +15,7 @@ from transformers import PreTrainedTokenizerBase
 
 from collab.sampling import SamplingParams
 from model_runtime.async_model import AsyncSequence
+from model_runtime.runtime import RuntimeInputError
 
 StepObserver = Callable[[str, int, float], None]  # (kind, positions fed, seconds)
 
@@ -35,7 +36,25 @@ class ModelLimits(Protocol):
 class CloudSequence(AsyncSequence):
     """One websocket's sequences in the engine (one, or one per DRAGON document)."""
 
+    lm: ModelLimits
     closed: bool
+
+    def checked(
+        self, rows: Sequence[Sequence[int]], fresh: bool, held: list[int] | None
+    ) -> tuple[list[list[int]], list[int]]:
+        """A feed's rows as lists and the lengths they follow (`held`: the sequences' now;
+        None: none held, as after `release`), or `RuntimeInputError`: all of it is checked
+        before anything runs (a long feed runs in several passes)."""
+        batch = [list(r) for r in rows]
+        if fresh and (not batch or not all(batch)):
+            raise RuntimeInputError("a fresh sequence needs at least one token")
+        lengths = [0] * len(batch) if fresh or held is None else held
+        if len(lengths) != len(batch):
+            raise RuntimeInputError(
+                f"got tokens for {len(batch)} sequences, the session holds {len(lengths)}"
+            )
+        self.lm.check(batch, lengths)
+        return batch, lengths
 
     @property
     @abstractmethod

@@ -193,17 +193,10 @@ class VllmSequence(CloudSequence):
         self, kind: str, rows: Sequence[Sequence[int]], *, fresh: bool = False,
         last_only: bool = False,
     ) -> np.ndarray:  # fmt: skip
-        batch = [list(r) for r in rows]
-        if fresh and (not batch or not all(batch)):
-            raise RuntimeInputError("a fresh sequence needs at least one token")
         if self.closed:
             raise RuntimeError("session closed")
-        base = [[] for _ in batch] if fresh else self.rows
-        if len(base) != len(batch):
-            raise RuntimeInputError(
-                f"got tokens for {len(batch)} sequences, the session holds {len(base)}"
-            )
-        self.lm.check(batch, [len(b) for b in base])
+        batch, _ = self.checked(rows, fresh, [len(r) for r in self.rows] if self.rows else None)
+        base = self.rows if self.rows and not fresh else [[] for _ in batch]
         wanted = [  # (row, slot, ids up to the position)
             (b, 0 if last_only else k, base[b] + row[: k + 1])
             for b, row in enumerate(batch)
