@@ -147,6 +147,32 @@ async def test_a_long_prefill_does_not_stall_a_decoding_session(engine):
     assert gaps.max() <= 2  # at most one prefill chunk between two decode steps
 
 
+async def test_prefills_queued_before_a_decode_do_not_all_go_first(engine):
+    """Four sessions' prompts (2 chunks each) are queued before a decoder's next step: it
+    still waits for at most one chunk between two of its steps, and each chunk runs alone
+    (a prefill is compute-bound: batched, it only adds padding)."""
+    passes: list[tuple[str, int]] = []
+    engine.on_step = lambda kind, n, seconds: passes.append((kind, n))
+    decoder = engine.open_session()
+    await decoder.prefill(ids(4))
+    passes.clear()
+    prompts = [engine.open_session().prefill(ids(60)) for _ in range(4)]
+    waiting = [asyncio.ensure_future(p) for p in prompts]
+    await asyncio.sleep(0)  # the four prefills are queued first
+
+    async def decode() -> None:
+        for _ in range(5):
+            await decoder.forward(ids(1))
+
+    await asyncio.gather(decode(), *waiting)
+    kinds = [kind for kind, _ in passes]
+    assert kinds.count("prefill") == 8  # 4 prompts x 2 chunks, one chunk a pass
+    assert all(n <= 32 for kind, n in passes if kind == "prefill")
+    decodes = [i for i, kind in enumerate(kinds) if kind == "decode"]
+    assert len(decodes) == 5 and np.diff(decodes).max() <= 2
+    assert decodes[-1] < max(i for i, k in enumerate(kinds) if k == "prefill")
+
+
 async def test_a_chunked_prefill_gives_the_logits_of_a_whole_one(engine, tiny):
     prompts = [ids(75), ids(33)]  # two documents, chunked at 32: they end in different chunks
     lm = TorchCausalLM(tiny["hf"])

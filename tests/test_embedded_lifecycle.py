@@ -22,8 +22,10 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 # The parent: starts the embedded cloud, prints each progress report and the child's pid, then
 # either waits to be killed or (with `--stop`) stops the cloud and exits.
 PARENT = """
-import asyncio, sys
+import asyncio, signal, sys
 from app.embedded import EmbeddedCloud
+
+signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as in a terminal, even if the tests run under nohup
 
 async def main(stop, args):
     def progress(done, total, what):
