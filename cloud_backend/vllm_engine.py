@@ -1,6 +1,7 @@
 """The cloud engine on vLLM (`tandem serve --engine vllm`): the same sessions, modes and wire
 protocol as the built-in engine, with vLLM's continuous batching and prefix caching running
-the model. It needs vLLM, which installs apart from the device's toolchain (README "vLLM").
+the model. It needs vLLM, which installs apart from the device's toolchain (README "The
+cloud on vLLM").
 
 vLLM owns the KV cache; a session here holds only its sequences' token ids. A step asks vLLM
 for the model's raw logits at each position the mode needs: one request per position (the
@@ -12,9 +13,11 @@ rows (which are temperature 1). The requests of one step and of every session sh
 batches; with prefix caching each recomputes only its tail past the last full cached block.
 A rewind costs nothing (the ids are cut; vLLM keeps what it cached). A cancel aborts the
 step's requests. There is no eviction to report: vLLM pre-empts and recomputes instead.
+Plain decoding needs no rows: `sampled` hands vLLM the whole run and its own sampler draws
+the tokens (continuous batching, the cache kept between tokens).
 
 The price of exactness this way is the full row: vLLM hands each one (151,936 floats for
-Qwen) through its output pipeline as Python lists (README "vLLM" has the measured cost).
+Qwen) through its output pipeline as Python lists (README "The cloud on vLLM" has the cost).
 """
 
 from __future__ import annotations
