@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from app.conversations import ConversationStore
     from app.embedded import EmbeddedCloud
     from edge_runtime.device import DeviceModel
-    from edge_runtime.events import Event, Stats
+    from edge_runtime.events import Event, Provenance, Stats
     from edge_runtime.modes.base import ModeContext, Orchestrator
     from edge_runtime.options import AnswerOptions
     from personal_index.index import PersonalIndex
@@ -76,19 +76,29 @@ class Exchange:
     stats: Stats | None = None
     status: str = "complete"  # complete | cancelled | failed
     error: str | None = None
+    # How much of `text` the cloud saw (None: not even the question): what later turns may
+    # send it back. Grows while the answer is the cloud's; stops when the device goes on alone.
+    shared_chars: int | None = None
+    shared_tokens: int | None = None  # the same in tokens (the stored figures keep it)
+    _sharing: bool = False
+    _device_alone: bool = False
     _events: AsyncIterator[Event] | None = None
     _on_end: Callable[[Exchange], None] | None = None
 
     async def events(self) -> AsyncGenerator[Event, None]:
         """The answer's events; the exchange is saved when they end, however they end (a
         cancel or a crash keeps the partial answer, marked)."""
-        from edge_runtime.events import Citation, Failure, Stats, TextDelta
+        from edge_runtime.events import Citation, Failure, Provenance, Stats, TextDelta
 
         assert self._events is not None
         try:
             async for event in self._events:
                 if isinstance(event, TextDelta):
                     self.text += event.text
+                    if self._sharing:
+                        self.shared_chars = len(self.text)
+                elif isinstance(event, Provenance):
+                    self._track(event)
                 elif isinstance(event, Citation):
                     self.citations.append(event.to_dict())
                 elif isinstance(event, Failure) and not event.recoverable:
@@ -107,6 +117,25 @@ class Exchange:
                 await self._events.aclose()  # type: ignore[attr-defined]
             if self._on_end is not None:
                 self._on_end(self)
+
+    def _track(self, event: Provenance) -> None:
+        """Text from a cloud-shared stretch extends what the cloud saw; once the device has
+        gone on alone, nothing after it ever counts as shared (only a prefix is sent back)."""
+        if event.shared and not self._device_alone:
+            self._sharing = True
+            self.shared_chars = len(self.text)
+        elif not event.shared and not self._device_alone:
+            self._sharing, self._device_alone = False, True
+            self.shared_tokens = event.tokens if self.shared_chars is not None else None
+
+    def provenance(self) -> dict[str, int | None]:
+        """What the cloud saw of this answer, in characters and tokens (None: nothing, not
+        even the question); tokens past `shared_tokens` the device produced alone."""
+        tokens = self.shared_tokens
+        if tokens is None and self.shared_chars is not None:  # shared to the end
+            stats = self.stats or self.live_stats()  # a cancelled answer has no final Stats
+            tokens = stats.tokens if stats is not None else None
+        return {"shared_chars": self.shared_chars, "shared_tokens": tokens}
 
     def live_stats(self) -> Stats | None:
         """The figures so far (elapsed time, bytes), for a status bar that polls."""
@@ -339,6 +368,10 @@ class Assistant:
         the question and the answer as it ends are written to the conversation history."""
         from edge_runtime.modes.base import Turn
 
+        # Another process (`tandem ingest` in a second terminal, a watched folder's sync) may
+        # have added or removed documents: retrieval starts or stops using the index, and the
+        # store catches its vectors up at the next search.
+        self.index_changed()
         orchestrator = self.mode(mode)
         history: list[Turn] = []
         title, on_end = "", None
@@ -347,16 +380,18 @@ class Assistant:
             if conversation_id is None:
                 conversation_id = store.create().id
             cid = conversation_id
-            history = [Turn(q, a, m) for q, a, m in store.turns(cid)]
+            history = [Turn(q, a, m, shared) for q, a, m, shared in store.turns(cid)]
             store.add_message(cid, "user", question, mode)
             store.set_title_from_question(cid, question)
             title = store.get(cid).title
             message_id = store.add_message(cid, "assistant", "", mode, status="streaming")
 
             def on_end(ex: Exchange) -> None:
+                stats = ex.stats.as_dict() if ex.stats else {}
+                stats["shared_tokens"] = ex.provenance()["shared_tokens"]
                 store.update_message(message_id, text=ex.text, citations=ex.citations,
-                                     stats=ex.stats.as_dict() if ex.stats else {},
-                                     status=ex.status, error=ex.error)  # fmt: skip
+                                     stats=stats, status=ex.status, error=ex.error,
+                                     shared_chars=ex.shared_chars)  # fmt: skip
 
         events = orchestrator.answer(question, history, options or self.options())
         return Exchange(question, mode, conversation_id, title, orchestrator,

@@ -95,9 +95,17 @@ def _v1_initial(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX conversations_by_updated ON conversations (updated_at)")
 
 
-# MIGRATIONS[i] takes the schema from version i to i + 1. Add v2 as one more function here.
-MIGRATIONS: list[sqlite_migrations.Migration] = [_v1_initial]
-SCHEMA_VERSION = len(MIGRATIONS)  # 1
+def _v2_shared_chars(conn: sqlite3.Connection) -> None:
+    """v1 -> v2: each answer records how much of it the cloud saw (`shared_chars`: the length
+    of the prefix the cloud produced, verified or aggregated; NULL when the question never
+    reached the cloud). Answers stored before this version did not record it: they stay NULL,
+    so the cloud is never sent an old turn that the device may have finished alone."""
+    conn.execute("ALTER TABLE messages ADD COLUMN shared_chars INTEGER")
+
+
+# MIGRATIONS[i] takes the schema from version i to i + 1. Add v3 as one more function here.
+MIGRATIONS: list[sqlite_migrations.Migration] = [_v1_initial, _v2_shared_chars]
+SCHEMA_VERSION = len(MIGRATIONS)  # 2
 
 
 def migrate(conn: sqlite3.Connection, path: Path | str = "database") -> int:
@@ -130,6 +138,7 @@ class MessageRow:
     stats: dict = field(default_factory=dict)
     status: str = "complete"  # complete | cancelled | failed | streaming
     error: str | None = None
+    shared_chars: int | None = None  # assistant: how much of `text` the cloud saw (None: none)
 
 
 _CONVERSATION_SELECT = """
@@ -138,7 +147,8 @@ _CONVERSATION_SELECT = """
     FROM conversations c
 """
 _MESSAGE_COLUMNS = (
-    "id, conversation_id, role, text, mode, created_at, citations, stats, status, error"
+    "id, conversation_id, role, text, mode, created_at, citations, stats, status, error, "
+    "shared_chars"
 )
 
 
@@ -167,6 +177,7 @@ def _message(row: tuple) -> MessageRow:
         stats=stats if isinstance(stats, dict) else {},
         status=row[8],
         error=row[9],
+        shared_chars=row[10],
     )
 
 
@@ -376,6 +387,7 @@ class ConversationStore:
         stats: Mapping[str, Any] | None = None,
         status: str | None = None,
         error: str | None = None,
+        shared_chars: int | None = None,
     ) -> None:
         """Change the given fields of a message: partial answers while streaming, then the final."""
         if status is not None and status not in STATUSES:
@@ -391,6 +403,8 @@ class ConversationStore:
             columns["status"] = status
         if error is not None:
             columns["error"] = error
+        if shared_chars is not None:
+            columns["shared_chars"] = shared_chars
         with self._saving():
             row = self.conn.execute(
                 "SELECT conversation_id FROM messages WHERE id = ?", (message_id,)
@@ -415,17 +429,20 @@ class ConversationStore:
             ).fetchall()
         return [_message(row) for row in rows]
 
-    def turns(self, conversation_id: int) -> builtins.list[tuple[str, str, str]]:
-        """Finished (question, answer, mode) pairs for the model's history.
+    def turns(self, conversation_id: int) -> builtins.list[tuple[str, str, str, str | None]]:
+        """Finished (question, answer, mode, shared) tuples for the model's history; `shared`
+        is the part of the answer the cloud saw, None if the question never reached it.
 
         A turn is a user message directly followed by an assistant message with non-empty text:
         cancelled partial answers count; failed answers with no text do not.
         """
-        result: builtins.list[tuple[str, str, str]] = []
+        result: builtins.list[tuple[str, str, str, str | None]] = []
         rows = self.messages(conversation_id)
         for question, answer in itertools.pairwise(rows):
             if question.role == "user" and answer.role == "assistant" and answer.text.strip():
-                result.append((question.text, answer.text, answer.mode))
+                n = answer.shared_chars
+                shared = None if n is None else answer.text[: max(0, n)]
+                result.append((question.text, answer.text, answer.mode, shared))
         return result
 
     # -- export -----------------------------------------------------------------------------

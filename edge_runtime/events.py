@@ -27,6 +27,18 @@ class Notice:
 
 
 @dataclass(frozen=True)
+class Provenance:
+    """Who holds the answer's text from here on. `shared=True`: the question has gone to the
+    cloud and the tokens that follow are the cloud's (it produced, verified or aggregated
+    them). `shared=False`: the device goes on alone (the cloud dropped): that text never
+    reached the cloud and must never be sent to it, in this turn's history or any later one.
+    `tokens`: how many of the answer's tokens were committed when this was said."""
+
+    shared: bool
+    tokens: int = 0
+
+
+@dataclass(frozen=True)
 class Failure:
     """A plain-language error; `recoverable` if the answer went on (e.g. finished locally)."""
 
@@ -99,4 +111,4 @@ class Stats:
         return out
 
 
-Event = TextDelta | Citation | Notice | Failure | Stats
+Event = TextDelta | Citation | Notice | Failure | Provenance | Stats

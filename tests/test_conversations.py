@@ -22,6 +22,7 @@ from app.conversations import (
     slugify,
     title_from_question,
 )
+from collab import sqlite_migrations
 from collab.sqlite_migrations import user_version
 
 CITATIONS = [
@@ -58,7 +59,7 @@ def test_creates_folders_and_schema(tmp_path: Path) -> None:
     path = tmp_path / "a" / "b" / "c.sqlite"
     ConversationStore(path).close()
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 1
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
     conn.close()
 
 
@@ -138,7 +139,29 @@ def test_turns_pairs_finished_answers(store: ConversationStore) -> None:
     store.add_message(cid, "user", "q3", "split")
     store.add_message(cid, "assistant", "partial", "split", status="cancelled")
     store.add_message(cid, "user", "q4 unanswered", "local")
-    assert store.turns(cid) == [("q1", "a1", "local"), ("q3", "partial", "split")]
+    assert store.turns(cid) == [("q1", "a1", "local", None), ("q3", "partial", "split", None)]
+    # what the cloud saw of an answer is kept with it (a prefix, in characters)
+    store.add_message(cid, "user", "q5", "dragon")
+    mid = store.add_message(cid, "assistant", "", "dragon", status="streaming")
+    store.update_message(mid, text="cloud part, device part", status="complete", shared_chars=10)
+    assert store.turns(cid)[-1] == ("q5", "cloud part, device part", "dragon", "cloud part")
+
+
+def test_answers_stored_before_provenance_was_recorded_stay_private(tmp_path: Path) -> None:
+    """A version-1 file's answers did not record what the cloud saw (a dragon answer may
+    have been finished on the device): after the migration none is sent to the cloud."""
+    path = tmp_path / "v1.sqlite"
+    conn = sqlite3.connect(path, isolation_level=None)
+    sqlite_migrations.migrate(conn, conv.MIGRATIONS[:1], name="v1")
+    conn.execute("INSERT INTO conversations (title, created_at, updated_at) VALUES ('t', 0, 0)")
+    conn.execute(
+        "INSERT INTO messages (conversation_id, role, text, mode, created_at) VALUES "
+        "(1, 'user', 'q', 'dragon', 0), (1, 'assistant', 'cloud + device text', 'dragon', 0)"
+    )
+    conn.close()
+    with ConversationStore(path) as s:
+        assert user_version(s.conn) == 2
+        assert s.turns(1) == [("q", "cloud + device text", "dragon", None)]
 
 
 def test_title_from_first_question(store: ConversationStore) -> None:
@@ -225,26 +248,26 @@ def test_migrates_an_older_database(tmp_path: Path) -> None:
         cid = s.create("after migration").id
         assert s.get(cid).title == "after migration"
         assert s.conn.execute("SELECT x FROM keep_me").fetchone() == (42,)
-        assert user_version(s.conn) == 1
+        assert user_version(s.conn) == 2
 
 
 def test_a_future_migration_runs_once_and_keeps_data(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The list structure: adding v2 is one more function, applied on the next open."""
+    """The list structure: adding a version is one more function, applied on the next open."""
     path = tmp_path / "c.sqlite"
     with ConversationStore(path) as s:
         cid = s.create("kept").id
         s.add_message(cid, "user", "q", "local")
     calls: list[int] = []
 
-    def v2_add_pinned(conn: sqlite3.Connection) -> None:
+    def add_pinned(conn: sqlite3.Connection) -> None:
         calls.append(1)
         conn.execute("ALTER TABLE conversations ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0")
 
-    monkeypatch.setattr(conv, "MIGRATIONS", [*conv.MIGRATIONS, v2_add_pinned])
+    monkeypatch.setattr(conv, "MIGRATIONS", [*conv.MIGRATIONS, add_pinned])
     with ConversationStore(path) as s:
-        assert user_version(s.conn) == 2
+        assert user_version(s.conn) == SCHEMA_VERSION + 1
         assert s.get(cid).title == "kept" and s.messages(cid)[0].text == "q"
     ConversationStore(path).close()
     assert calls == [1]
@@ -265,7 +288,7 @@ def test_a_failing_migration_leaves_the_file_as_it_was(
     with pytest.raises(RuntimeError, match="migration bug"):
         ConversationStore(path)
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     columns = [row[1] for row in conn.execute("PRAGMA table_info(conversations)")]
     assert "half_done" not in columns
     conn.close()
@@ -280,7 +303,7 @@ def test_newer_database_is_refused_untouched(tmp_path: Path) -> None:
     conn.commit()
     conn.close()
     before = path.read_bytes()
-    with pytest.raises(SchemaTooNewError, match=r"schema version 7.*up to 1"):
+    with pytest.raises(SchemaTooNewError, match=r"schema version 7.*up to 2"):
         ConversationStore(path)
     assert path.read_bytes() == before
 

@@ -291,6 +291,26 @@ async def test_rapid_refuses_dssd_and_leaves_a_greedy_answer_alone(near_drafter,
 # ---------------------------------------------------------------------------- privacy
 
 
+def client_frames(data: bytes) -> list[bytes]:
+    """Unmask a client's websocket frames (RFC 6455 §5.2) after the HTTP upgrade."""
+    pos = data.index(b"\r\n\r\n") + 4
+    out = []
+    while pos < len(data):
+        b0, b1 = data[pos], data[pos + 1]
+        assert not b0 & 0x70, "compressed or extended frames would hide text from this test"
+        assert b1 & 0x80, "client frames must be masked"
+        n, pos = b1 & 0x7F, pos + 2
+        if n == 126:
+            n, pos = int.from_bytes(data[pos : pos + 2], "big"), pos + 2
+        elif n == 127:
+            n, pos = int.from_bytes(data[pos : pos + 8], "big"), pos + 8
+        mask, pos = data[pos : pos + 4], pos + 4
+        body = bytes(c ^ mask[i % 4] for i, c in enumerate(data[pos : pos + n]))
+        out.append(body)
+        pos += n
+    return out
+
+
 class WireTap:
     """A TCP proxy that keeps every byte the device sends, to read the websocket frames."""
 
@@ -321,24 +341,7 @@ class WireTap:
         await asyncio.gather(pipe(reader, up_w, True), pipe(up_r, writer, False))
 
     def payloads(self) -> list[bytes]:
-        """Unmask the client's websocket frames (RFC 6455 §5.2) after the HTTP upgrade."""
-        data = bytes(self.up)
-        pos = data.index(b"\r\n\r\n") + 4
-        out = []
-        while pos < len(data):
-            b0, b1 = data[pos], data[pos + 1]
-            assert not b0 & 0x70, "compressed or extended frames would hide text from this test"
-            assert b1 & 0x80, "client frames must be masked"
-            n, pos = b1 & 0x7F, pos + 2
-            if n == 126:
-                n, pos = int.from_bytes(data[pos : pos + 2], "big"), pos + 2
-            elif n == 127:
-                n, pos = int.from_bytes(data[pos : pos + 8], "big"), pos + 8
-            mask, pos = data[pos : pos + 4], pos + 4
-            body = bytes(c ^ mask[i % 4] for i, c in enumerate(data[pos : pos + n]))
-            out.append(body)
-            pos += n
-        return out
+        return client_frames(bytes(self.up))
 
     async def close(self) -> None:
         if self.server:
@@ -370,7 +373,7 @@ async def test_split_never_sends_private_text(variant, near_drafter, cloud_url, 
     options = AnswerOptions(max_new_tokens=24, temperature=0.7, seed=3, k=2)
     # an earlier turn answered locally may quote private text: it must not travel either
     history = [Turn("What is my locker code?", "Your locker code is 4417.", "local"),
-               Turn("Hi", "Hello there!", "cloud")]  # fmt: skip
+               Turn("Hi", "Hello there!", "cloud", shared="Hello there!")]  # fmt: skip
     _, stats, events = await ask(split, question, options, history)
     await split.close()
     await tap.close()

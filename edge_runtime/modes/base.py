@@ -4,7 +4,8 @@ the answer skeleton (options → `generate` → final `Stats`) written once for 
 What each mode sends (DESIGN §1, the invariant): local sends nothing; cloud sends the question
 and the cloud-visible history; split sends the question, that history, drafted token ids and
 draft probabilities. Private passages only ever enter the device model's prompt. Earlier turns
-answered in local mode may rest on private text, so they are never sent."""
+answered in local mode may rest on private text, and so may what the device wrote alone after
+the cloud dropped: the cloud is sent back only what it saw (`Turn.shared`)."""
 
 from __future__ import annotations
 
@@ -40,11 +41,15 @@ __all__ = ["STOP_IDS", "Answer", "AnswerOptions", "CloudSettings", "ModeContext"
 
 @dataclass(frozen=True)
 class Turn:
-    """One finished exchange and the mode that answered it."""
+    """One finished exchange, the mode that answered it, and what of it the cloud has seen:
+    `shared` is the part of the answer the cloud produced, verified or aggregated (its prefix
+    up to where the device went on alone), or None if the question never reached the cloud
+    (local mode; a cloud that could not be reached). None unless told: private by default."""
 
     question: str
     answer: str
     mode: str
+    shared: str | None = None
 
 
 @dataclass
@@ -94,9 +99,12 @@ def full_history(history: Sequence[Turn]) -> list[str]:
 
 
 def cloud_history(history: Sequence[Turn]) -> list[str]:
-    """The turns the cloud may see: never those answered locally (they may quote private
-    documents)."""
-    return full_history([t for t in history if t.mode != "local"])
+    """What the cloud may see of earlier turns: only what it already saw (history by
+    provenance, not by mode). A turn answered locally, or one whose question never reached the
+    cloud, is left out; a turn the device finished alone after the cloud dropped is sent only
+    up to where the cloud's part ended (the device's continuation may quote private passages);
+    a turn of which the cloud saw no answer text is left out."""
+    return [text for t in history if t.shared for text in (t.question, t.shared)]
 
 
 def device_prompt(

@@ -19,7 +19,7 @@ from edge_runtime.client import (
     CloudUnavailable,
     ConnectionLost,
 )
-from edge_runtime.events import Citation, Event, Failure, Notice
+from edge_runtime.events import Citation, Event, Failure, Notice, Provenance
 from edge_runtime.modes.base import (
     Answer,
     AnswerOptions,
@@ -70,6 +70,7 @@ class CloudBacked(Orchestrator):
                 self._live_bytes = (client, up0, down0)
                 try:
                     await client.send(self.generate_message(rid, question, history, options))
+                    yield Provenance(True, len(answer.transcript.tokens))
                     async for event in self.converse(client, rid, options, answer):
                         yield event
                     break
@@ -82,6 +83,7 @@ class CloudBacked(Orchestrator):
                     log.info("the cloud session had dropped (%s); reconnecting", exc)
         except CloudError as exc:
             answer.broken = True
+            yield Provenance(False, len(answer.transcript.tokens))  # the rest the cloud never sees
             can_finish = self.ctx.finish_locally and device is not None
             yield Failure(
                 f"{exc} (after {len(answer.transcript.tokens)} tokens)", recoverable=can_finish
