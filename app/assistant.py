@@ -199,7 +199,7 @@ class Assistant:
         return index if self.index_has_documents() else None
 
     def index_has_documents(self) -> bool:
-        return self.index is not None and self.index.stats().chunks > 0
+        return self.index is not None and self.index.has_documents()
 
     def index_changed(self) -> None:
         """Documents were added or removed: retrieval starts or stops using the index."""

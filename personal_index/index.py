@@ -13,7 +13,7 @@ import numpy as np
 from personal_index.ingest import FileResult, Ingestor, Progress
 from retrieval.chunking import Chunker, load_embedding_tokenizer
 from retrieval.embedder import OnnxEmbedder, prepare_onnx_embedder
-from retrieval.store import DocumentRow, Hit, IndexStore, StoreStats
+from retrieval.store import DocumentRow, FolderRow, Hit, IndexStore, StoreStats
 
 
 class IngestBusyError(RuntimeError):
@@ -103,6 +103,39 @@ class PersonalIndex:
 
     def documents(self) -> list[DocumentRow]:
         return self.store.documents()
+
+    def has_documents(self) -> bool:
+        """Whether any chunk is indexed (cheap: asked before every answer, since another
+        process may have ingested or removed documents meanwhile)."""
+        return self.store.has_chunks()
+
+    def watch(self, folder: str | Path) -> str:
+        """Keep `folder` in sync from now on (`personal_index.watch`); returns its full path."""
+        path = os.path.abspath(os.path.expanduser(os.fspath(folder)))
+        self.store.add_folder(path)
+        return path
+
+    def sync_folder(
+        self, folder: str | Path, progress: Callable[[Progress], None] | None = None
+    ) -> list[FileResult]:
+        """Bring a watched folder and the index level (an incremental ingest; a folder that is
+        gone takes its documents with it) and record the time of the sync."""
+        path = os.path.abspath(os.path.expanduser(os.fspath(folder)))
+        results: list[FileResult] = []
+        if os.path.isdir(path):
+            results = self.ingest([path], progress)
+        elif self.remove(path):
+            results = [FileResult(path, "removed", reason="folder no longer exists")]
+        self.store.folder_synced(path)
+        return results
+
+    def unwatch(self, folder: str | Path) -> bool:
+        """Stop keeping `folder` in sync; its documents stay. False if it was not watched."""
+        return self.store.remove_folder(os.path.abspath(os.path.expanduser(os.fspath(folder))))
+
+    def folders(self) -> list[FolderRow]:
+        """The folders kept in sync, with their last sync time."""
+        return self.store.folders()
 
     def stats(self) -> StoreStats:
         return self.store.stats()

@@ -139,6 +139,15 @@ class Hit:
 
 
 @dataclass(frozen=True)
+class FolderRow:
+    """A folder kept in sync with the index, and when it was last synced (None: not yet)."""
+
+    path: str
+    added_at: float
+    synced_at: float | None
+
+
+@dataclass(frozen=True)
 class StoreStats:
     """Counts for ``tandem docs list`` and the TUI."""
 
@@ -202,8 +211,19 @@ def _migrate_v1_to_v2(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX documents_status ON documents(status)")
 
 
+def _migrate_v2_to_v3(conn: sqlite3.Connection) -> None:
+    """Folders the user asked to keep in sync (watched by the app), with their last sync."""
+    conn.execute(
+        """CREATE TABLE folders (
+            path TEXT PRIMARY KEY,
+            added_at REAL NOT NULL,
+            synced_at REAL
+        )"""
+    )
+
+
 #: MIGRATIONS[i] brings a database from schema version i to i + 1.
-MIGRATIONS: list[Migration] = [_migrate_v0_to_v1, _migrate_v1_to_v2]
+MIGRATIONS: list[Migration] = [_migrate_v0_to_v1, _migrate_v1_to_v2, _migrate_v2_to_v3]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -294,6 +314,7 @@ class IndexStore:
             # thread 7.3 ms. None leaves FAISS's default.
             faiss.omp_set_num_threads(faiss_threads)
         self._lock = threading.RLock()
+        self._data_version: int | None = None  # SQLite's, when FAISS last matched the chunks
         self._dirty = False
         self._needs_rebuild = False
         self._closed = False
@@ -309,6 +330,7 @@ class IndexStore:
             migrate(self.db)
             self._check_dim()
             discard_temp_files(self.root / FAISS_NAME)
+            self._data_version = self._version()
             self._index = self._load_or_rebuild()
         except BaseException:
             self.db.close()
@@ -444,8 +466,38 @@ class IndexStore:
             index.add_with_ids(np.ascontiguousarray(vecs, dtype=np.float32), ids)
         return index
 
+    def _version(self) -> int:
+        """SQLite's data_version: it changes when another connection (another process: a CLI
+        ingest while the app is open) commits, never for this connection's own commits."""
+        return int(self.db.conn.execute("PRAGMA data_version").fetchone()[0])
+
+    def _catch_up(self) -> None:
+        """If another process changed the chunks since we last looked, bring the in-memory
+        FAISS index level with SQLite: add the chunks it wrote, drop the ones it removed.
+        One PRAGMA when nothing changed; the id sets and the new vectors when something did."""
+        version = self._version()
+        if version == self._data_version:
+            return
+        self._data_version = version
+        if self._needs_rebuild:
+            return
+        ids = self._chunk_ids()
+        have = faiss.vector_to_array(self._index.id_map)
+        gone, new = np.setdiff1d(have, ids), np.setdiff1d(ids, have)
+        if not len(gone) and not len(new):
+            return
+        log.info("index changed by another process: +%d -%d chunks", len(new), len(gone))
+        try:
+            vectors = self._vectors_by_id([int(i) for i in new])
+        except KeyError:  # removed again meanwhile: rebuild from what SQLite holds now
+            self._dirty = self._needs_rebuild = True
+            return
+        self._apply_to_faiss(gone, new, vectors)
+
     def _ensure_index(self) -> None:
-        """Apply a pending rebuild (HNSW removals, crossing the HNSW threshold)."""
+        """Catch up with other processes' commits, then apply a pending rebuild (HNSW removals,
+        crossing the HNSW threshold)."""
+        self._catch_up()
         if self._needs_rebuild:
             count = self.db.execute("SELECT count(*) FROM chunks").fetchone()[0]
             kind = self._wanted_kind(count)
@@ -657,6 +709,45 @@ class IndexStore:
             "WHERE path = ? OR substr(path, 1, ?) = ?", [exact, len(prefix), prefix]
         )
 
+    # ----------------------------------------------------------------- synced folders
+
+    def add_folder(self, folder: str | os.PathLike[str]) -> None:
+        """Keep `folder` in sync from now on (the app watches it); adding it again is a no-op."""
+        with self._lock:
+            self._check_open()
+            with self.db.atomic():
+                self.db.conn.execute(
+                    "INSERT INTO folders (path, added_at) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                    [os.fspath(folder), time.time()],
+                )
+
+    def folder_synced(self, folder: str | os.PathLike[str], when: float | None = None) -> None:
+        """Record that `folder` and the index agree as of `when` (now)."""
+        with self._lock:
+            self._check_open()
+            with self.db.atomic():
+                self.db.conn.execute(
+                    "UPDATE folders SET synced_at = ? WHERE path = ?",
+                    [time.time() if when is None else when, os.fspath(folder)],
+                )
+
+    def remove_folder(self, folder: str | os.PathLike[str]) -> bool:
+        """Stop keeping `folder` in sync (its documents stay until removed); False if unknown."""
+        with self._lock:
+            self._check_open()
+            with self.db.atomic():
+                cursor = self.db.conn.execute(
+                    "DELETE FROM folders WHERE path = ?", [os.fspath(folder)]
+                )
+            return cursor.rowcount > 0
+
+    def folders(self) -> list[FolderRow]:
+        """The folders kept in sync, by path."""
+        with self._lock:
+            self._check_open()
+            rows = self.db.execute("SELECT path, added_at, synced_at FROM folders ORDER BY path")
+            return [FolderRow(*r) for r in rows.fetchall()]
+
     # ----------------------------------------------------------------- reads
 
     @staticmethod
@@ -678,6 +769,12 @@ class IndexStore:
                 f"SELECT {_DOC_COLUMNS} FROM documents WHERE path = ?", [os.fspath(path)]
             ).fetchone()
             return None if row is None else self._doc_row(row)
+
+    def has_chunks(self) -> bool:
+        """Whether any chunk is stored (one indexed lookup, whatever the size)."""
+        with self._lock:
+            self._check_open()
+            return self.db.execute("SELECT 1 FROM chunks LIMIT 1").fetchone() is not None
 
     def stats(self) -> StoreStats:
         """Indexed and failed document counts, chunk count, bytes on disk and index kind."""
@@ -725,9 +822,12 @@ class IndexStore:
     def get_vectors(self, ids: Iterable[int]) -> np.ndarray:
         """Stored (normalised) vectors by id, in the order asked, for rescoring without
         re-embedding; unknown ids raise KeyError."""
-        wanted = [int(i) for i in ids]
         with self._lock:
             self._check_open()
+            return self._vectors_by_id([int(i) for i in ids])
+
+    def _vectors_by_id(self, wanted: list[int]) -> np.ndarray:
+        with self._lock:
             found: dict[int, bytes] = {}
             for start in range(0, len(wanted), 500):
                 part = wanted[start : start + 500]

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from textual.timer import Timer
 
     from edge_runtime.events import Stats
+    from personal_index.ingest import FileResult
+    from personal_index.watch import FolderWatcher
 
 log = logging.getLogger("tandem.tui")
 LIVE_REFRESH_S = 0.25
@@ -94,6 +96,7 @@ class TandemApp(App[None]):
         self._live_timer: Timer | None = None
         self._answer_started = 0.0
         self._applying_theme = False
+        self.watcher: FolderWatcher | None = None
 
     # ------------------------------------------------------------------ layout
 
@@ -193,6 +196,53 @@ class TandemApp(App[None]):
         if message.error:
             self.say(f"the private index could not be opened: {message.error}",
                         severity="error")  # fmt: skip
+        else:
+            self.watch_folders()
+
+    # ------------------------------------------------------------------ watched folders
+
+    @work(group="watch", exclusive=True, exit_on_error=False)
+    async def watch_folders(self) -> None:
+        """Keep the folders added in the app in sync with the index while the app runs."""
+        from personal_index.watch import FolderWatcher
+
+        index = self.assistant.index
+        if index is None:
+            return
+        self.watcher = FolderWatcher(index, on_synced=self._folder_synced)
+        try:
+            await self.watcher.run()
+        except Exception as exc:  # inotify limits, a folder we may not read: say it, go on
+            log.exception("watching folders failed")
+            self.say(f"watched folders are not kept in sync: {exc}", severity="warning")
+        finally:
+            self.watcher = None
+
+    def _folder_synced(
+        self, folder: str, results: list[FileResult] | None, error: str | None
+    ) -> None:
+        from app.tui.documents import DocumentsScreen, summarize, tilde
+
+        if error is not None:
+            self.say(f"could not sync {tilde(folder)}: {error}", severity="warning")
+            return
+        changed = [r for r in results or [] if r.outcome in ("indexed", "failed", "removed")]
+        if changed:
+            self.assistant.index_changed()
+            self.say(f"{tilde(folder)} synced: {summarize(changed)}")
+        screen = self.screen
+        if isinstance(screen, DocumentsScreen):
+            screen.refresh_index()
+
+    def _folder_added(self, _folder: str) -> None:
+        if self.watcher is not None:
+            self.watcher.reload()
+
+    def _rescan_folders(self) -> None:
+        if self.watcher is not None:
+            self.watcher.rescan()
+        else:
+            self.say("the private index is still loading", severity="warning")
 
     @work(group="cloud", exclusive=True, exit_on_error=False)
     async def connect_cloud(self) -> None:
@@ -464,7 +514,13 @@ class TandemApp(App[None]):
     def action_documents(self) -> None:
         from app.tui.documents import DocumentsScreen
 
-        self.push_screen(DocumentsScreen(self.assistant.open_index, start_path=Path.home()))
+        screen = DocumentsScreen(
+            self.assistant.open_index,
+            start_path=Path.home(),
+            on_folder_added=self._folder_added,
+            on_rescan=self._rescan_folders,
+        )
+        self.push_screen(screen)
 
     def on_documents_screen_index_changed(self, _message) -> None:
         self.assistant.index_changed()
@@ -516,6 +572,7 @@ class TandemApp(App[None]):
 
     async def action_quit(self) -> None:
         self.workers.cancel_group(self, "answer")
+        self.workers.cancel_group(self, "watch")
         await self.assistant.close()
         self.exit()
 

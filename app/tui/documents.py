@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
     from personal_index.index import PersonalIndex
     from personal_index.ingest import FileResult, Progress
-    from retrieval.store import DocumentRow, StoreStats
+    from retrieval.store import DocumentRow, FolderRow, StoreStats
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +141,7 @@ class IngestOutcome:
     error: str | None = None
     busy: bool = False
     seconds: float = 0.0
+    folder: str | None = None  # the folder now watched, if one was added
 
 
 @dataclass
@@ -148,6 +149,24 @@ class _Snapshot:
     stats: StoreStats
     documents: list[DocumentRow]
     root: Path
+    folders: list[FolderRow] = field(default_factory=list)
+
+
+def folders_line(folders: Sequence[FolderRow], now: float | None = None) -> Text:
+    """'Watching ~/notes (synced 14:03:07) · ~/papers (not synced yet) · s rescans' as plain
+    text (folder names are the user's: never markup)."""
+    if not folders:
+        return Text("No watched folders: a folder you add here is kept in sync.")
+    now = time.time() if now is None else now
+    parts = []
+    for f in folders:
+        if f.synced_at is None:
+            when = "not synced yet"
+        else:
+            fmt = "%H:%M:%S" if now - f.synced_at < 86400 else "%Y-%m-%d %H:%M"
+            when = "synced " + time.strftime(fmt, time.localtime(f.synced_at))
+        parts.append(f"{tilde(f.path)} ({when})")
+    return Text("Watching " + " · ".join(parts) + " · s rescans")
 
 
 class PickerTree(DirectoryTree):
@@ -247,6 +266,7 @@ class DocumentsScreen(Screen[None]):
         Binding("a", "add", "Add", id="documents_add"),
         Binding("d,delete", "remove", "Remove", id="documents_remove"),
         Binding("r", "refresh", "Refresh", id="documents_refresh"),
+        Binding("s", "rescan", "Rescan folders", id="documents_rescan"),
         Binding("escape", "back", "Back", id="documents_back"),
     ]
 
@@ -255,12 +275,16 @@ class DocumentsScreen(Screen[None]):
         get_index: Callable[[], PersonalIndex],
         start_path: Path | None = None,
         *,
+        on_folder_added: Callable[[str], Any] | None = None,
+        on_rescan: Callable[[], Any] | None = None,
         name: str | None = None,
         id: str | None = None,
         classes: str | None = None,
     ) -> None:
         super().__init__(name=name, id=id, classes=classes)
         self._get_index = get_index
+        self._on_folder_added = on_folder_added
+        self._on_rescan = on_rescan
         start = Path(start_path).expanduser() if start_path is not None else Path.home()
         if not start.exists():
             start = Path.home()
@@ -279,6 +303,7 @@ class DocumentsScreen(Screen[None]):
         with Vertical(id="documents-head"):
             yield Static("Loading the private index…", id="documents-stats")
             yield Static("", id="documents-where")
+            yield Static("", id="documents-folders")
         with Horizontal(id="documents-top"):
             with Vertical(id="documents-picker"):
                 tree = PickerTree(self._tree_root, id="documents-tree")
@@ -379,7 +404,9 @@ class DocumentsScreen(Screen[None]):
         worker = get_current_worker()
         try:
             index = self._open_index()
-            snapshot = _Snapshot(index.stats(), index.documents(), Path(index.store.root))
+            snapshot = _Snapshot(
+                index.stats(), index.documents(), Path(index.store.root), index.folders()
+            )
         except Exception as exc:
             log.exception("could not read the private index")
             if not worker.is_cancelled:
@@ -401,6 +428,7 @@ class DocumentsScreen(Screen[None]):
         self.query_one("#documents-stats", Static).update(line)
         where = Text.assemble(("Private index", "bold"), f" at {tilde(snap.root)}")
         self.query_one("#documents-where", Static).update(where)
+        self.query_one("#documents-folders", Static).update(folders_line(snap.folders))
         table = self.query_one("#documents-list", DataTable)
         keep = self._highlighted_document()
         table.clear()
@@ -486,7 +514,11 @@ class DocumentsScreen(Screen[None]):
         started = time.monotonic()
         try:
             index = self._open_index()
-            outcome.results = index.ingest([target], coalescer.push)
+            if target.is_dir():  # a folder added here is kept in sync from now on
+                outcome.folder = index.watch(target)
+                outcome.results = index.sync_folder(target, coalescer.push)
+            else:
+                outcome.results = index.ingest([target], coalescer.push)
         except IngestBusyError as exc:
             outcome.error, outcome.busy = f"Index busy: {exc}", True
         except Exception as exc:
@@ -545,6 +577,8 @@ class DocumentsScreen(Screen[None]):
             if not (alive and self.is_current):
                 self.app.notify(f"Ingest of {where} finished: {summary}", markup=False)
         log.info("ingest of %s: %s", outcome.target, outcome.error or summarize(results))
+        if outcome.folder is not None and self._on_folder_added is not None:
+            self._on_folder_added(outcome.folder)
         if changed:
             self._post_index_changed()
         if alive:
@@ -596,6 +630,14 @@ class DocumentsScreen(Screen[None]):
     # ---- other actions ------------------------------------------------------------------------
     def action_refresh(self) -> None:
         self.refresh_index()
+
+    def action_rescan(self) -> None:
+        """Sync every watched folder now (changes are also picked up as they happen)."""
+        if self._on_rescan is None:
+            self._say("Folders are not watched in this session.", error=True)
+            return
+        self._on_rescan()
+        self._say("Rescanning the watched folders…")
 
     def action_back(self) -> None:
         if self.ingest_running():

@@ -1,0 +1,155 @@
+"""Watched folders: what the user adds in the app stays in sync with the private index.
+
+A file created, changed, deleted or renamed under a watched folder is re-ingested or purged
+within seconds (`watchfiles`: inotify on Linux, FSEvents on macOS). A sync is an ordinary
+incremental ingest of the folder (unchanged files cost one `stat`; files that are gone are
+purged), so a burst of edits, an editor's save-by-rename or a `git checkout` all end in the
+same state as `tandem ingest FOLDER` run by hand. The folders and their last sync time live in
+the index (`IndexStore.folders`), so the CLI and the next start see them too; at start every
+folder is synced once, for what changed while the app was closed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import watchfiles
+
+from personal_index.index import IngestBusyError, PersonalIndex
+from personal_index.ingest import FileResult
+
+log = logging.getLogger(__name__)
+
+DEBOUNCE_MS = 400  # changes within this window are one sync
+BUSY_RETRY_S = 2.0  # another ingest holds the index: try again after this long
+
+Synced = Callable[[str, list[FileResult] | None, str | None], None]
+"""Called after each sync: (folder, results or None, error or None)."""
+
+
+def visible_under(folders: Sequence[str]) -> Callable[[watchfiles.Change, str], bool]:
+    """A watch filter: hidden files and folders inside a watched folder are never ingested, so
+    their changes need no sync (editor swap files, .git); the folder's own path may be hidden."""
+
+    def visible(_change: watchfiles.Change, path: str) -> bool:
+        for folder in folders:
+            prefix = folder.rstrip(os.sep) + os.sep
+            if path.startswith(prefix):
+                return not any(p.startswith(".") for p in path[len(prefix) :].split(os.sep))
+        return path in folders
+
+    return visible
+
+
+def folders_touched(changed: Sequence[str], folders: Sequence[str]) -> list[str]:
+    """The watched folders that hold one of the changed paths (a path can be in two, nested)."""
+    out = []
+    for folder in folders:
+        prefix = folder.rstrip(os.sep) + os.sep
+        if any(p == folder or p.startswith(prefix) for p in changed):
+            out.append(folder)
+    return out
+
+
+class FolderWatcher:
+    """Keeps the index's watched folders in sync while `run` runs (an app's async worker).
+
+    `rescan()` syncs every folder now (one key in the app); `reload()` picks up folders added
+    or removed since `run` started. Syncs run in a thread, one at a time; another process's
+    ingest (the index's lock) is waited out, not reported as a failure."""
+
+    def __init__(self, index: PersonalIndex, on_synced: Synced | None = None) -> None:
+        self.index = index
+        self.on_synced = on_synced
+        self._reload = asyncio.Event()
+        self._rescan = asyncio.Event()
+        self._sync_lock = asyncio.Lock()
+
+    def reload(self) -> None:
+        """The folder list changed: watch the new list."""
+        self._reload.set()
+
+    def rescan(self) -> None:
+        """Sync every watched folder now."""
+        self._rescan.set()
+        self._reload.set()
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Sync every folder once, then on every change, until `stop` is set (or cancelled)."""
+        stop = stop or asyncio.Event()
+        first = True
+        while not stop.is_set():
+            folders = [f.path for f in await asyncio.to_thread(self.index.folders)]
+            existing = [f for f in folders if Path(f).is_dir()]
+            if first or self._rescan.is_set():
+                self._rescan.clear()
+                first = False
+                for folder in folders:
+                    await self.sync(folder)
+            self._reload.clear()
+            if not existing:
+                await _first_of(stop, self._reload)
+                continue
+            interrupt = asyncio.Event()
+            relay = asyncio.ensure_future(_relay(interrupt, stop, self._reload))
+            try:
+                async for changes in watchfiles.awatch(
+                    *existing, stop_event=interrupt, watch_filter=visible_under(existing),
+                    debounce=DEBOUNCE_MS, step=50, recursive=True,
+                ):  # fmt: skip
+                    changed = [path for _change, path in changes]
+                    for folder in folders_touched(changed, existing):
+                        await self.sync(folder)
+            finally:
+                relay.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await relay
+
+    async def sync(self, folder: str) -> list[FileResult] | None:
+        """Ingest `folder` incrementally (a gone folder purges its documents) and record when."""
+        async with self._sync_lock:
+            while True:
+                try:
+                    results = await asyncio.to_thread(self._sync_now, folder)
+                except IngestBusyError:
+                    await asyncio.sleep(BUSY_RETRY_S)
+                    continue
+                except Exception as exc:
+                    log.warning("could not sync %s: %s", folder, exc)
+                    self._tell(folder, None, str(exc))
+                    return None
+                self._tell(folder, results, None)
+                return results
+
+    def _sync_now(self, folder: str) -> list[FileResult]:
+        results = self.index.sync_folder(folder)
+        changed = [r for r in results if r.outcome not in ("unchanged", "skipped")]
+        if changed:
+            log.info("synced %s: %d changed", folder, len(changed))
+        return results
+
+    def _tell(self, folder: str, results: list[FileResult] | None, error: str | None) -> None:
+        if self.on_synced is not None:
+            try:
+                self.on_synced(folder, results, error)
+            except Exception:
+                log.exception("sync listener failed")
+
+
+async def _first_of(*events: asyncio.Event) -> None:
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+
+
+async def _relay(target: asyncio.Event, *sources: asyncio.Event) -> None:
+    """Set `target` once any of `sources` is set (awatch takes one stop event)."""
+    await _first_of(*sources)
+    target.set()
