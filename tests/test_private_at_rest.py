@@ -124,8 +124,9 @@ async def test_a_fresh_install_is_private_everywhere_tandem_wrote(
     assert loose(dirs) == []
 
 
-def test_the_cli_makes_new_files_private_even_ones_no_store_knows(umask_022, dirs, tmp_path):
-    """The belt: `tandem` runs under umask 077, and gives the caller's umask back."""
+def test_a_cli_command_on_a_new_install_writes_only_private_files(umask_022, dirs):
+    """`tandem docs list` creates the data folder and an empty index; the command runs under
+    umask 077 (a belt for files no store knows about) and gives the caller's umask back."""
     from app.cli import main
 
     assert main(["docs", "list"]) == 0
@@ -268,6 +269,9 @@ def test_a_replaced_documents_old_text_is_gone_after_the_flush(tmp_path):
 
 
 def test_a_deleted_conversations_text_is_gone_from_the_history_file(tmp_path):
+    """Only a guard on this machine: Debian's SQLite is built with SQLITE_SECURE_DELETE, so the
+    store's explicit pragma changes nothing here (this passes on the code before it). SQLite's
+    own default is off: on a build without that option, the pragma is what zeroes the text."""
     from app.conversations import ConversationStore
 
     path = tmp_path / "conversations.sqlite"
