@@ -56,7 +56,7 @@ def secure_data_dir() -> Path:
             "other local users): %s",
             len(changed),
             root,
-            ", ".join(str(p.relative_to(root)) or "." for p in changed[:8])
+            ", ".join(str(p.relative_to(root)) for p in changed[:8])
             + (" ..." if len(changed) > 8 else ""),
         )
     return root

@@ -304,10 +304,10 @@ class IndexStore:
         self._dirty = False
         self._needs_rebuild = False
         self._closed = False
+        self._scrub_pending = False  # deleted text may still be in the WAL or old pages
         self._make_private()
         conn = sqlite3.connect(str(self.root / DB_NAME), check_same_thread=False)
         self.db = Database(conn)
-        self._scrub_pending = False
         try:
             # Deleted chunks are overwritten, not just unlinked from the b-tree: a removed
             # document's text must not stay readable in the file. Per connection, so it covers
@@ -352,7 +352,11 @@ class IndexStore:
         versions sit in the database until a checkpoint, and in old WAL frames until the WAL
         is truncated). A reader in another process can hold it back: then the next flush
         tries again."""
-        busy, _, _ = self.db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        try:
+            busy, _, _ = self.db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.OperationalError as exc:  # the change itself is committed: not an error
+            log.warning("WAL checkpoint of %s postponed: %s", self.root, exc)
+            busy = 1
         self._scrub_pending = bool(busy)
         if busy:
             log.debug("WAL checkpoint of %s postponed: another connection is reading", self.root)

@@ -251,6 +251,29 @@ def test_a_removed_documents_text_is_gone_from_the_index_files(tmp_path):
     assert sum(_raw(tmp_path, "index.sqlite").values()) == 0
 
 
+def test_a_removal_held_back_by_a_reader_is_scrubbed_at_the_next_flush(tmp_path):
+    """Another process reading (`tandem search` beside the TUI) can hold the WAL back; the
+    removal still succeeds, and the next flush finishes the job."""
+    import sqlite3
+
+    from retrieval.store import ChunkRecord, DocumentMeta, IndexStore
+
+    dim = 8
+    with IndexStore(tmp_path, dim) as store:
+        meta = DocumentMeta(path="/docs/a.txt", size=1, mtime=0.0, sha256="1")
+        store.replace_document(meta, [ChunkRecord(n, f"{SECRET} {n}") for n in range(20)],
+                               vectors(20, dim))  # fmt: skip
+        store.flush()
+        reader = sqlite3.connect(tmp_path / "index.sqlite", isolation_level=None)
+        reader.execute("BEGIN")
+        assert reader.execute("SELECT count(*) FROM chunks").fetchone() == (20,)
+        assert store.remove_paths(["/docs/a.txt"]) == 1  # not an error
+        reader.execute("COMMIT")
+        reader.close()
+        store.flush()
+        assert sum(_raw(tmp_path, "index.sqlite").values()) == 0, _raw(tmp_path, "index.sqlite")
+
+
 def test_a_replaced_documents_old_text_is_gone_after_the_flush(tmp_path):
     """A document edited to take a secret out: the old version's chunks leave the files at
     the ingester's next flush."""
