@@ -282,24 +282,40 @@ def _cmd_paths(args: argparse.Namespace) -> int:
     return 0
 
 
+def tui_logging() -> logging.Handler:
+    """The TUI's log: a rotating file in the data folder, 0600 from creation (its lines name
+    documents and questions). The data folder is then made private, so that a tightening of
+    an older install is logged in it."""
+    from app.logfile import log_to_file
+    from collab.paths import log_path, secure_data_dir
+
+    handler = log_to_file(log_path())
+    secure_data_dir()
+    return handler
+
+
 def _run_tui() -> int:
     """`tandem` alone: the TUI (the only place Textual is imported). Logs go to a file: a
     line on stderr would tear the screen."""
-    from collab.paths import log_path
-
-    log_file = log_path()
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(
-        filename=log_file, level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )  # fmt: skip
+    tui_logging()
     from app.tui.app import run
 
     return run()
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """The `tandem` command. Everything it creates is private to the user (umask 077, on top of
+    the stores' own 0600/0700: a belt for files no store knows about), and an existing data
+    folder is tightened when any command opens it."""
+    umask = os.umask(0o077)
+    os.umask(umask | 0o077)
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    finally:
+        os.umask(umask)  # in-process callers (tests) get theirs back
+
+
+def _main(argv: list[str]) -> int:
     if not argv:
         return _run_tui()
     args = build_parser().parse_args(argv)
@@ -307,6 +323,10 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    from collab.paths import data_dir, secure_data_dir
+
+    if data_dir().is_dir():  # a new one is created 0700 by whatever first writes there
+        secure_data_dir()
     from tandem_packaging.sources import PrepareError
 
     try:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from collab import sqlite_migrations
+from collab.files import PRIVATE_FILE_MODE, atomic_write, make_private_dir, private_sqlite_file
 from collab.sources import Source
 from collab.sqlite_migrations import transaction
 
@@ -230,15 +231,18 @@ class ConversationStore:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         try:
+            self._make_private()
             self._conn: sqlite3.Connection | None = sqlite3.connect(
                 self.path, check_same_thread=False, isolation_level=None
             )
-        except sqlite3.Error as exc:
+        except (OSError, sqlite3.Error) as exc:
             raise ConversationStoreError(f"{self.path}: cannot open: {exc}") from exc
         try:
+            # A deleted conversation (with the document text its citations quote) is
+            # overwritten in the file, not merely unlinked; per connection, so every table.
+            self._conn.execute("PRAGMA secure_delete = ON")
             self._conn.execute("PRAGMA foreign_keys = ON")
             self._conn.execute("PRAGMA busy_timeout = 5000")
             migrate(self._conn, self.path)
@@ -253,6 +257,18 @@ class ConversationStore:
             ) from exc
 
     # -- plumbing ---------------------------------------------------------------------------
+
+    def _make_private(self) -> None:
+        """The history quotes private documents: its file is created 0600 before SQLite opens
+        it (SQLite gives its -journal/-wal/-shm the same mode) in a folder created 0700; a file
+        an older Tandem left readable is tightened (logged once)."""
+        make_private_dir(self.path.parent)
+        changed = private_sqlite_file(self.path)
+        if changed:
+            logger.warning(
+                "made %s private to this user (it was readable by other local users)",
+                ", ".join(str(p) for p in changed),
+            )
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -490,11 +506,13 @@ class ConversationStore:
     def export_files(self, conversation_id: int, folder: Path) -> tuple[Path, Path]:
         """Write `<folder>/<slug>-<id>.md` and `.json`; returns both paths."""
         md_path, json_path = export_paths(folder, self.get(conversation_id))
-        md_path.parent.mkdir(parents=True, exist_ok=True)
-        md_path.write_text(self.export_markdown(conversation_id), encoding="utf-8")
-        json_path.write_text(
+        make_private_dir(md_path.parent)
+        # 0600 from creation (they quote private documents), and whole or not at all
+        atomic_write(md_path, self.export_markdown(conversation_id), mode=PRIVATE_FILE_MODE)
+        atomic_write(
+            json_path,
             json.dumps(self.export_json(conversation_id), ensure_ascii=False, indent=2) + "\n",
-            encoding="utf-8",
+            mode=PRIVATE_FILE_MODE,
         )
         return md_path, json_path
 

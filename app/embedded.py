@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
 
+from collab.files import make_private_dir, private_opener
+
 log = logging.getLogger("tandem.embedded")
 READY_PREFIX = "ready "
 PROGRESS_PREFIX = "progress "
@@ -77,8 +79,9 @@ class EmbeddedCloud:
         if cores:
             cmd = ["taskset", "-c", ",".join(map(str, sorted(cores))), *cmd]
         log_path = log_path or default_log_path()
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log_file:  # the child keeps its own copy of the fd
+        make_private_dir(log_path.parent)
+        # 0600: the child keeps its own copy of the fd
+        with open(log_path, "ab", opener=private_opener) as log_file:
             proc = await asyncio.create_subprocess_exec(
                 *cmd,
                 stdin=asyncio.subprocess.PIPE,  # never written: its end of file is our death

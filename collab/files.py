@@ -6,6 +6,12 @@ over the target (atomic on POSIX within one file system) and fsyncs the folder s
 itself is durable. `publish` is the same idea for a file or folder built in a `fresh_partial`
 sibling (a model conversion, an ONNX export): it appears whole or not at all.
 
+Private files (the index, conversations, logs, exports) must never exist, even for an instant,
+with modes other local users can read: `private_opener`, `create_private_file` and
+`make_private_dir` create them 0600 / 0700 whatever the umask, and `tighten` narrows what an
+older Tandem left readable. `private_sqlite_file` does both for a SQLite database, whose
+`-wal`, `-shm` and `-journal` files SQLite creates with the main file's permissions.
+
 Standard library only: imported by the device, the cloud, packaging and the benchmarks alike.
 """
 
@@ -13,22 +19,39 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import secrets
 import shutil
+import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO
 
 __all__ = [
+    "PRIVATE_DIR_MODE",
+    "PRIVATE_FILE_MODE",
+    "SQLITE_SIDE_FILES",
     "atomic_write",
+    "create_private_file",
     "discard_temp_files",
     "fresh_partial",
     "fsync_dir",
+    "make_private_dir",
+    "private_opener",
+    "private_sqlite_file",
     "publish",
     "sha256_file",
     "sha256_files",
+    "tighten",
 ]
+
+log = logging.getLogger(__name__)
+
+PRIVATE_FILE_MODE = 0o600
+PRIVATE_DIR_MODE = 0o700
+_OTHERS = 0o077  # group and other bits: what "private" takes away
+SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
 
 _TMP_SUFFIX = ".tmp"
 _HASH_BLOCK = 1 << 22  # 4 MiB: large enough that the syscall count does not matter
@@ -149,3 +172,70 @@ def sha256_files(
                 if progress is not None:
                     progress(len(block))
     return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------- private files
+
+
+def private_opener(path: str | os.PathLike[str], flags: int) -> int:
+    """An `opener` for `open()` that creates a missing file 0600 (an existing file keeps its
+    mode: `tighten` it). `open(path, "a", opener=private_opener)`."""
+    return os.open(path, flags, PRIVATE_FILE_MODE)
+
+
+def create_private_file(path: Path) -> bool:
+    """Create `path` empty and 0600 if it does not exist (True if this call created it), so a
+    program that then opens it (SQLite) never creates it under the umask."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)
+    except FileExistsError:
+        return False
+    os.close(fd)
+    return True
+
+
+def make_private_dir(folder: Path) -> Path:
+    """Create `folder` and its missing parents 0700 (`mkdir(parents=True)` gives parents the
+    umask's 0755). Existing folders are left as they are: `tighten` the ones Tandem owns."""
+    folder = Path(folder)
+    missing: list[Path] = []
+    here = folder
+    while not os.path.lexists(here) and here != here.parent:
+        missing.append(here)
+        here = here.parent
+    for part in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another process was first
+            os.mkdir(part, PRIVATE_DIR_MODE)
+    if not folder.is_dir():
+        raise NotADirectoryError(f"{folder} exists and is not a folder")
+    return folder
+
+
+def tighten(paths: Iterable[Path]) -> list[Path]:
+    """Take the group and other permission bits off each existing file or folder in `paths`
+    (symlinks and what they point to are left alone); returns those that changed. A path
+    this user cannot change (owned by another) is logged and skipped."""
+    changed: list[Path] = []
+    for path in paths:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(st.st_mode) or not st.st_mode & _OTHERS:
+            continue
+        try:
+            os.chmod(path, stat.S_IMODE(st.st_mode) & ~_OTHERS)
+        except OSError as exc:
+            log.warning("could not make %s private: %s", path, exc)
+            continue
+        changed.append(Path(path))
+    return changed
+
+
+def private_sqlite_file(path: Path) -> list[Path]:
+    """Make a SQLite database private before it is opened: create it 0600 if it is new (SQLite
+    then creates its -wal, -shm and -journal with the same mode) and tighten the files an
+    older Tandem left readable. Returns the paths that were tightened."""
+    path = Path(path)
+    create_private_file(path)
+    return tighten([path, *(path.with_name(path.name + s) for s in SQLITE_SIDE_FILES)])

@@ -6,15 +6,25 @@ folder, `$TANDEM_CONFIG_DIR` overriding it (tests and scripts point both at a te
 The device, the cloud and packaging all resolve these the same way, so the cloud's embedded
 backend finds the embedder the device CLI prepared.
 
+The data folder is private (0700; DESIGN: private text never leaves the device, and other
+local users are not the device's owner): `secure_data_dir` creates it so, and tightens an
+install an older Tandem left readable.
+
 Light on purpose (stdlib and platformdirs): imported at start-up and by the cloud.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import platformdirs
+
+from collab.files import make_private_dir, tighten
+
+log = logging.getLogger(__name__)
 
 APP_NAME = "tandem"
 DATA_DIR_ENV = "TANDEM_DATA_DIR"
@@ -23,12 +33,45 @@ CONFIG_FILE = "config.toml"
 CONVERSATIONS_FILE = "conversations.sqlite"
 LOG_FILE = "tandem.log"
 EMBEDDER_NAME = "all-minilm-l6-v2-onnx"
+INDEX_DIR = "index"
 
 
 def data_dir() -> Path:
     """Tandem's data folder (`$TANDEM_DATA_DIR` overrides the platform default)."""
     override = os.environ.get(DATA_DIR_ENV)
     return Path(override) if override else Path(platformdirs.user_data_dir(APP_NAME))
+
+
+def secure_data_dir() -> Path:
+    """The data folder, created 0700 if missing. In an existing install, every folder under it,
+    the files at its top (conversations, logs) and the private index's files lose their group
+    and other permissions; prepared models and the public corpus's files are left as they are
+    (not private; the stores tighten their own files when opened). Logged once: when something
+    changed."""
+    root = make_private_dir(data_dir())
+    changed = tighten(_private_paths(root))
+    if changed:
+        log.warning(
+            "made %d files and folders under %s private to this user (they were readable by "
+            "other local users): %s",
+            len(changed),
+            root,
+            ", ".join(str(p.relative_to(root)) for p in changed[:8])
+            + (" ..." if len(changed) > 8 else ""),
+        )
+    return root
+
+
+def _private_paths(root: Path) -> Iterator[Path]:
+    """The data folder, every folder below it (symlinks are not followed) and the files of the
+    data folder itself and of the private index."""
+    yield root
+    index = root / INDEX_DIR
+    for folder, dirs, files in os.walk(root):
+        here = Path(folder)
+        yield from (here / d for d in dirs)
+        if here in (root, index):
+            yield from (here / f for f in files)
 
 
 def config_dir() -> Path:
@@ -74,7 +117,7 @@ def embedder_dir() -> Path:
 
 def index_dir() -> Path:
     """The private document index (SQLite + FAISS)."""
-    return data_dir() / "index"
+    return data_dir() / INDEX_DIR
 
 
 def index_paths() -> tuple[Path, Path]:

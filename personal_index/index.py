@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from collab.files import private_opener
 from personal_index.ingest import FileResult, Ingestor, Progress
 from retrieval.chunking import Chunker, load_embedding_tokenizer
 from retrieval.embedder import OnnxEmbedder, prepare_onnx_embedder
@@ -69,7 +70,7 @@ class PersonalIndex:
     def ingest(
         self, paths: Sequence[str | Path], progress: Callable[[Progress], None] | None = None
     ) -> list[FileResult]:
-        with open(self.store.root / ".ingest.lock", "w") as lock:
+        with open(self.store.root / ".ingest.lock", "w", opener=private_opener) as lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError as exc:

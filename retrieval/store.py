@@ -34,7 +34,14 @@ import numpy as np
 from sqlite_utils import Database
 
 from collab import sqlite_migrations
-from collab.files import atomic_write, discard_temp_files
+from collab.files import (
+    PRIVATE_FILE_MODE,
+    atomic_write,
+    discard_temp_files,
+    make_private_dir,
+    private_sqlite_file,
+    tighten,
+)
 from collab.sources import Side, Source, format_location
 from collab.sqlite_migrations import Migration, user_version
 
@@ -318,10 +325,15 @@ class IndexStore:
         self._dirty = False
         self._needs_rebuild = False
         self._closed = False
-        self.root.mkdir(parents=True, exist_ok=True)
+        self._scrub_pending = False  # deleted text may still be in the WAL or old pages
+        self._make_private()
         conn = sqlite3.connect(str(self.root / DB_NAME), check_same_thread=False)
         self.db = Database(conn)
         try:
+            # Deleted chunks are overwritten, not just unlinked from the b-tree: a removed
+            # document's text must not stay readable in the file. Per connection, so it covers
+            # every table of this file, present and future.
+            self.db.execute("PRAGMA secure_delete = ON")
             self.db.enable_wal()
             # WAL + NORMAL: a killed process loses nothing committed; a power cut may lose the
             # last commits but never leaves a half-written transaction.
@@ -337,6 +349,39 @@ class IndexStore:
             raise
 
     # ----------------------------------------------------------------- lifecycle
+
+    def _make_private(self) -> None:
+        """The folder 0700 and every file in it 0600, from creation: the database is created
+        0600 before SQLite opens it (its -wal and -shm copy its mode), ``vectors.faiss`` is
+        written 0600. Files an older Tandem left readable are tightened (logged once)."""
+        make_private_dir(self.root)
+        changed = tighten([self.root])
+        changed += private_sqlite_file(self.root / DB_NAME)
+        with os.scandir(self.root) as entries:
+            changed += tighten(Path(e.path) for e in entries if e.is_file(follow_symlinks=False))
+        if changed:
+            log.warning(
+                "made %d files of the index at %s private to this user (they were readable by "
+                "other local users): %s",
+                len(changed),
+                self.root,
+                ", ".join(p.name for p in changed),
+            )
+
+    def _scrub(self) -> None:
+        """Checkpoint the WAL into the database and truncate it, so deleted text that
+        ``secure_delete`` zeroed in the new page versions is gone from both files (the old
+        versions sit in the database until a checkpoint, and in old WAL frames until the WAL
+        is truncated). A reader in another process can hold it back: then the next flush
+        tries again."""
+        try:
+            busy, _, _ = self.db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.OperationalError as exc:  # the change itself is committed: not an error
+            log.warning("WAL checkpoint of %s postponed: %s", self.root, exc)
+            busy = 1
+        self._scrub_pending = bool(busy)
+        if busy:
+            log.debug("WAL checkpoint of %s postponed: another connection is reading", self.root)
 
     def __enter__(self) -> IndexStore:
         return self
@@ -542,6 +587,8 @@ class IndexStore:
         with self._lock:
             self._check_open()
             self._ensure_index()
+            if self._scrub_pending:
+                self._scrub()
             if not self._dirty:
                 return
             data = faiss.serialize_index(self._index).tobytes()
@@ -550,7 +597,7 @@ class IndexStore:
             # new file acceptable (its ids are checked against SQLite anyway).
             with self.db.atomic():
                 self._meta_set("faiss_sha256_pending", digest)
-            atomic_write(self.root / FAISS_NAME, data)
+            atomic_write(self.root / FAISS_NAME, data, mode=PRIVATE_FILE_MODE)
             with self.db.atomic():
                 self._meta_set("faiss_sha256", digest)
                 self.db.conn.execute("DELETE FROM meta WHERE key = 'faiss_sha256_pending'")
@@ -578,6 +625,10 @@ class IndexStore:
         return doc_ids, np.asarray(chunk_ids, dtype=np.int64)
 
     def _delete_documents(self, doc_ids: list[int]) -> None:
+        """Delete documents and their chunks (in the caller's transaction); their text leaves
+        the files at the next scrub (at once for a removal, at the next flush for a new
+        version)."""
+        self._scrub_pending = self._scrub_pending or bool(doc_ids)
         for start in range(0, len(doc_ids), 500):
             part = doc_ids[start : start + 500]
             marks = ",".join("?" * len(part))
@@ -690,6 +741,7 @@ class IndexStore:
             if doc_ids:
                 empty = np.empty((0, self.dim), dtype=np.float32)
                 self._apply_to_faiss(chunk_ids, np.empty(0, dtype=np.int64), empty)
+                self._scrub()  # a removal is a promise: the text is gone when it returns
             return len(doc_ids)
 
     def remove_paths(self, paths: Iterable[str | os.PathLike[str]]) -> int:

@@ -45,6 +45,23 @@ while True:
     i += 1
 """
 
+INDEX_WRITER = """
+import os, sys
+from pathlib import Path
+import numpy as np
+os.umask(0o022)  # a permissive umask: the store must not depend on the caller's
+from retrieval.store import ChunkRecord, DocumentMeta, IndexStore
+store = IndexStore(Path(sys.argv[1]), 64)
+rng = np.random.default_rng(0)
+i = 0
+while True:
+    meta = DocumentMeta(f"/docs/{i % 7}.txt", i, float(i), str(i))
+    chunks = [ChunkRecord(n, f"private text {i} {n}") for n in range(20)]
+    store.replace_document(meta, chunks, rng.standard_normal((20, 64)).astype("float32"))
+    store.flush()  # vectors.faiss rewritten (a temporary sibling, renamed) every time
+    i += 1
+"""
+
 FULL_DISK = """
 import json, resource, signal, sys
 from app.conversations import ConversationStore, ConversationStoreError
@@ -111,6 +128,29 @@ def test_the_settings_file_is_old_or_new_never_torn_and_stays_private(tmp_path):
         leftovers = [p for p in tmp_path.iterdir() if p != path]
         for p in leftovers:  # a temp file a kill left behind is private too
             assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
+
+
+def test_an_index_killed_at_any_moment_leaves_nothing_other_users_can_read(tmp_path):
+    """Under umask 022, kill the writer at random moments (mid-transaction, mid-FAISS-write):
+    every file it left (the database, its WAL and SHM, vectors.faiss, a temporary FAISS file)
+    is 0600 and the folder 0700, and the store reopens consistent."""
+    from retrieval.store import IndexStore
+
+    root = tmp_path / "index"
+    rng = random.Random(5)
+    seen: set[str] = set()
+    for _ in range(5):
+        child = _child(INDEX_WRITER, str(root))
+        time.sleep(2.0 + rng.uniform(0.0, 0.6))  # start-up (numpy, FAISS), then some writes
+        child.send_signal(signal.SIGKILL)
+        child.communicate()
+        assert stat.S_IMODE(root.stat().st_mode) == 0o700
+        for path in root.iterdir():
+            seen.add(path.name if not path.name.endswith(".tmp") else "(a temporary file)")
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    assert {"index.sqlite", "index.sqlite-wal", "index.sqlite-shm", "vectors.faiss"} <= seen
+    with IndexStore(root, 64) as store:
+        assert store.check_consistency() == []
 
 
 def test_a_full_disk_while_saving_a_conversation_is_a_plain_error_and_loses_nothing(tmp_path):
