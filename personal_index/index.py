@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from personal_index.ingest import FileResult, Ingestor, Progress
+from personal_index.parse_worker import DEFAULT_PARSE_TIMEOUT_S, ParseWorker
+from personal_index.safe_read import DEFAULT_MAX_FILE_MB
 from retrieval.chunking import Chunker, load_embedding_tokenizer
 from retrieval.embedder import OnnxEmbedder, prepare_onnx_embedder
 from retrieval.store import DocumentRow, Hit, IndexStore, StoreStats
@@ -67,8 +69,16 @@ class PersonalIndex:
             raise IndexWriteError(self.store.root, exc) from exc
 
     def ingest(
-        self, paths: Sequence[str | Path], progress: Callable[[Progress], None] | None = None
+        self,
+        paths: Sequence[str | Path],
+        progress: Callable[[Progress], None] | None = None,
+        *,
+        max_file_mb: float = DEFAULT_MAX_FILE_MB,
+        parse_timeout_s: float = DEFAULT_PARSE_TIMEOUT_S,
     ) -> list[FileResult]:
+        """Index files and folders (see `Ingestor.ingest`); a file over `max_file_mb` MB (the
+        `ingest_max_mb` setting) is not read, one whose parsing takes longer than
+        `parse_timeout_s` seconds is stopped; both fail with the reason."""
         with open(self.store.root / ".ingest.lock", "w") as lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -77,7 +87,14 @@ class PersonalIndex:
                     "another ingest is running on this index; wait for it"
                 ) from exc
             try:
-                return Ingestor(self.store, self.embedder, self.chunker, progress).ingest(paths)
+                return Ingestor(
+                    self.store,
+                    self.embedder,
+                    self.chunker,
+                    progress,
+                    max_file_mb=max_file_mb,
+                    worker=ParseWorker(parse_timeout_s),
+                ).ingest(paths)
             except (OSError, sqlite3.OperationalError) as exc:
                 raise IndexWriteError(self.store.root, exc) from exc
 
