@@ -360,14 +360,17 @@ def _parse_docx(data: bytes, limits: ParseLimits) -> tuple[str | None, list[Sect
 def unpacked_zip(data: bytes, limits: ParseLimits) -> io.BytesIO:
     """The zip container `data` (a .docx) re-packed uncompressed after unpacking every entry
     under the byte budget `limits.max_unpacked_bytes`, so the library that reads it inflates
-    nothing. Reading in blocks bounds memory whatever sizes the zip's directory declares (a
-    single `read()` of a lying entry would inflate all of it at once)."""
+    nothing. The declared sizes must fit the budget; reading in blocks then holds each entry to
+    its declared size (zipfile stops there), where a single `read()` of an entry that lies
+    about its size inflates all of it at once."""
     source = zipfile.ZipFile(io.BytesIO(data))  # a bad zip raises: the caller names the format
     entries = source.infolist()
     if len(entries) > limits.max_members:
         raise ParseError(f"too many entries in the zip ({len(entries):,} > {limits.max_members:,})")
     budget = limits.max_unpacked_bytes
     too_much = ParseError(f"compressed content too large (unpacks to more than {budget / MB:g} MB)")
+    if sum(entry.file_size for entry in entries) > budget:  # an honest bomb: refused unread
+        raise too_much
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as packed:
         for entry in entries:

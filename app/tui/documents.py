@@ -486,7 +486,9 @@ class DocumentsScreen(Screen[None]):
         started = time.monotonic()
         try:
             index = self._open_index()
-            outcome.results = index.ingest([target], coalescer.push)
+            cap = getattr(getattr(app, "settings", None), "ingest_max_mb", None)
+            extra = {} if cap is None else {"max_file_mb": cap}
+            outcome.results = index.ingest([target], coalescer.push, **extra)
         except IngestBusyError as exc:
             outcome.error, outcome.busy = f"Index busy: {exc}", True
         except Exception as exc:
