@@ -17,13 +17,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-import multiprocessing
 import os
 import resource
+import subprocess
+import sys
 import threading
 import warnings
 from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ PARSER = "personal_index.parsers:parse_bytes"
 # instead of pushing the device into swap. Far above what a capped file needs.
 MEMORY_CAP_BYTES = 4 << 30
 _MAX_LOG_RECORDS = 20
+_BOOT = "from personal_index.parse_worker import _main; _main()"
 
 
 class _Collect(logging.Handler):
@@ -57,12 +58,20 @@ class _Collect(logging.Handler):
                 self.records.append((record.name, record.levelno, record.getMessage()))
 
 
-def _serve(conn: Connection, target: str) -> None:
+def _main() -> None:
+    """The child's entry point (`python -c`): the jobs come on stdin and the answers go out on
+    stdout, both taken over as pipes before stdin, stdout and stderr become /dev/null."""
+    inbox = Connection(os.dup(0), writable=False)
+    outbox = Connection(os.dup(1), readable=False)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    _serve(inbox, outbox, sys.argv[1])
+
+
+def _serve(inbox: Connection, outbox: Connection, target: str) -> None:
     """The child's loop: (path, bytes, limits) in, ("ok" | "error", result, logs) out, until
     None or the parent's end of the pipe closes (the parent died: nothing to finish)."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    os.dup2(devnull, 2)
     warnings.simplefilter("ignore")
     with contextlib.suppress(ValueError, OSError):
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
@@ -77,7 +86,7 @@ def _serve(conn: Connection, target: str) -> None:
     parse = getattr(importlib.import_module(module), name)
     while True:
         try:
-            job = conn.recv()
+            job = inbox.recv()
         except (EOFError, OSError):
             return
         if job is None:
@@ -94,9 +103,9 @@ def _serve(conn: Connection, target: str) -> None:
         except Exception as exc:  # a parser bug must not end the worker
             reply = ("error", f"unexpected error: {type(exc).__name__}: {exc}")
         try:
-            conn.send((*reply, collect.records))
+            outbox.send((*reply, collect.records))
         except Exception as exc:  # a result that cannot be sent (pickling, memory)
-            conn.send(("error", f"unexpected error: {type(exc).__name__}", []))
+            outbox.send(("error", f"unexpected error: {type(exc).__name__}", []))
 
 
 class ParseWorker:
@@ -111,8 +120,8 @@ class ParseWorker:
         self.starts = 0
         """How many children were started (the first, then one after each kill or crash)."""
         self._lock = threading.Lock()
-        self._proc: BaseProcess | None = None
-        self._conn: Connection | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pipes: tuple[Connection, Connection] | None = None  # (to the child, from it)
         self._closed = False
 
     def __enter__(self) -> ParseWorker:
@@ -121,22 +130,31 @@ class ParseWorker:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _child(self) -> Connection:
+    def _child(self) -> tuple[Connection, Connection]:
         with self._lock:
             if self._closed:
                 raise ParseError("ingest stopped")
-            if self._proc is None or not self._proc.is_alive() or self._conn is None:
+            if self._proc is None or self._proc.poll() is not None or self._pipes is None:
                 self._stop_locked()
-                ctx = multiprocessing.get_context("spawn")  # never fork a process with threads
-                parent, child = ctx.Pipe()
-                proc = ctx.Process(
-                    target=_serve, args=(child, self.target), name="tandem-parse", daemon=True
+                # A fresh interpreter (never a fork of a process with threads) that imports
+                # what this one does: the same sys.path.
+                env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+                proc = subprocess.Popen(
+                    [sys.executable, "-c", _BOOT, self.target],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    env=env,
+                    close_fds=True,
                 )
-                proc.start()
-                child.close()
-                self._proc, self._conn = proc, parent
+                assert proc.stdin is not None and proc.stdout is not None
+                to_child = Connection(os.dup(proc.stdin.fileno()), readable=False)
+                from_child = Connection(os.dup(proc.stdout.fileno()), writable=False)
+                proc.stdin.close()
+                proc.stdout.close()
+                self._proc, self._pipes = proc, (to_child, from_child)
                 self.starts += 1
-            return self._conn
+            return self._pipes
 
     def parse(
         self, path: Path, data: bytes, limits: ParseLimits = DEFAULT_LIMITS
@@ -144,13 +162,13 @@ class ParseWorker:
         """The sections of `data` (the bytes of `path`), parsed in the child. Raises ParseError
         for a bad file, for one past the deadline ("parse took longer than 30 s") and for one
         the child died on."""
-        conn = self._child()
+        to_child, from_child = self._child()
         try:
-            conn.send((str(path), data, limits))
-            if not conn.poll(self.timeout_s):
+            to_child.send((str(path), data, limits))
+            if not from_child.poll(self.timeout_s):
                 self._stop()
                 raise ParseError(f"parse took longer than {self.timeout_s:g} s")
-            status, payload, records = conn.recv()
+            status, payload, records = from_child.recv()
         except (EOFError, OSError) as exc:
             code = self._stop()
             if self._closed:
@@ -170,18 +188,17 @@ class ParseWorker:
 
     def _stop_locked(self) -> int | None:
         """Kill the child (if any) and wait for it; its exit code."""
-        proc, conn = self._proc, self._conn
-        self._proc = self._conn = None
+        proc, pipes = self._proc, self._pipes
+        self._proc = self._pipes = None
         code = None
         if proc is not None:  # first the child: its death ends a wait on the pipe in `parse`
-            if proc.is_alive():
+            if proc.poll() is None:
                 proc.kill()
-            proc.join(5)
-            code = proc.exitcode
-            with contextlib.suppress(ValueError):
-                proc.close()
-        if conn is not None:
-            conn.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
+            code = proc.returncode
+        for pipe in pipes or ():
+            pipe.close()
         return code
 
     def open(self) -> None:
@@ -194,9 +211,10 @@ class ParseWorker:
         start no other until `open`: a `parse` waiting meanwhile fails with "ingest stopped"."""
         with self._lock:
             self._closed = True
-            proc, conn = self._proc, self._conn
-            if proc is not None and conn is not None and proc.is_alive():
+            proc, pipes = self._proc, self._pipes
+            if proc is not None and pipes is not None and proc.poll() is None:
                 with contextlib.suppress(OSError, ValueError):
-                    conn.send(None)
-                proc.join(1)
+                    pipes[0].send(None)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(1)
             self._stop_locked()
