@@ -65,8 +65,14 @@ def _open_store():
 def _cmd_ingest(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from app.settings import Settings, SettingsError, load_settings
     from personal_index.index import IndexWriteError, IngestBusyError, PersonalIndex
 
+    try:
+        max_file_mb = load_settings().ingest_max_mb
+    except SettingsError as exc:
+        print(f"warning: {exc}; using the defaults", file=sys.stderr)
+        max_file_mb = Settings().ingest_max_mb
     bar = tqdm(total=0, unit="file", desc="ingest", disable=args.json)
 
     def on_progress(p) -> None:
@@ -76,7 +82,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 
     try:
         with PersonalIndex(*index_paths()) as index:
-            results = index.ingest(args.paths, on_progress)
+            results = index.ingest(args.paths, on_progress, max_file_mb=max_file_mb)
     except (IngestBusyError, IndexWriteError) as exc:
         print(f"\nerror: {exc}", file=sys.stderr)
         return 2

@@ -20,6 +20,7 @@ from collab.paths import config_path
 from collab.temperature import eta_problem, temperature_problem
 from collab.variants import DEFAULT_VARIANT, variant_names
 from edge_runtime.options import DEFAULTS
+from personal_index.safe_read import DEFAULT_MAX_FILE_MB
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ class Settings:
     eta: float = DEFAULTS.eta  # split: RAPID's η (0 = exact; DESIGN §5.4)
     pipeline: bool = DEFAULTS.pipeline  # split: PicoSpec's pipeline (DESIGN §5.3)
     theme: str = "textual-dark"
+    ingest_max_mb: int = DEFAULT_MAX_FILE_MB  # ingest: a larger file is not read ("too large")
     keymap: dict[str, str] = field(default_factory=dict)  # binding id -> keys
 
 
@@ -83,6 +85,7 @@ _FIELD_TYPES: dict[str, type] = {
     "eta": float,
     "pipeline": bool,
     "theme": str,
+    "ingest_max_mb": int,
     "keymap": dict,
 }
 assert set(_FIELD_TYPES) == {f.name for f in dataclasses.fields(Settings)}
@@ -99,6 +102,8 @@ def settings_problems(settings: Settings) -> list[str]:
         problems.append(f"k must be at least 1 (got {settings.k})")
     if settings.max_tokens < 1:
         problems.append(f"max_tokens must be at least 1 (got {settings.max_tokens})")
+    if settings.ingest_max_mb < 1:
+        problems.append(f"ingest_max_mb must be at least 1 (got {settings.ingest_max_mb})")
     problem = temperature_problem(settings.temperature)
     if problem:
         problems.append(problem)

@@ -1,4 +1,4 @@
-"""`python -m fuzzing frames|session [--minutes N] [--corpus DIR]`: run one fuzzer for N
+"""`python -m fuzzing frames|session|parsers [--minutes N] [--corpus DIR]`: run one fuzzer for N
 minutes (libFuzzer prints the inputs tried; a crash is saved as crash-<sha1> and fails the
 run). The corpus directory keeps what the fuzzer learned between runs."""
 
@@ -15,17 +15,25 @@ import platformdirs
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m fuzzing", description=__doc__)
-    parser.add_argument("target", choices=["frames", "session"])
+    parser.add_argument("target", choices=["frames", "session", "parsers"])
     parser.add_argument("--minutes", type=float, default=5.0)
     parser.add_argument("--corpus", type=Path, help="default: a fresh directory of seeds")
     args, libfuzzer = parser.parse_known_args()
     cache = Path(platformdirs.user_cache_dir("tandem")) / "fuzzing"
     corpus = args.corpus or Path(tempfile.mkdtemp(prefix=f"tandem-fuzz-{args.target}-"))
     corpus.mkdir(parents=True, exist_ok=True)
+    timeout: list[str] = []
     if args.target == "frames":
         from fuzzing import frames
 
         seeds, test_one = frames.seeds(), frames.test_one
+    elif args.target == "parsers":
+        with atheris.instrument_imports(include=["personal_index", "retrieval", "pypdf", "docx",
+                                                 "bs4", "html"]):  # fmt: skip
+            from fuzzing import parsers
+
+        seeds, test_one = parsers.seeds(), parsers.test_one
+        timeout = ["-timeout=20", "-rss_limit_mb=4096"]  # a hang or a blow-up is a finding
     else:
         from fuzzing import session
 
@@ -34,7 +42,7 @@ def main() -> None:
     for i, seed in enumerate(seeds):
         (corpus / f"seed-{i:02d}").write_bytes(seed)
     seconds = max(1, round(args.minutes * 60))
-    argv = [sys.argv[0], f"-max_total_time={seconds}", "-print_final_stats=1", *libfuzzer]
+    argv = [sys.argv[0], f"-max_total_time={seconds}", "-print_final_stats=1", *timeout, *libfuzzer]
     atheris.Setup([*argv, str(corpus)], test_one)
     atheris.Fuzz()
 

@@ -12,6 +12,8 @@ import numpy as np
 
 from collab.files import private_opener
 from personal_index.ingest import FileResult, Ingestor, Progress
+from personal_index.parse_worker import DEFAULT_PARSE_TIMEOUT_S, ParseWorker
+from personal_index.safe_read import DEFAULT_MAX_FILE_MB
 from retrieval.chunking import Chunker, load_embedding_tokenizer
 from retrieval.embedder import OnnxEmbedder, prepare_onnx_embedder
 from retrieval.store import DocumentRow, FolderRow, Hit, IndexStore, StoreStats
@@ -68,8 +70,16 @@ class PersonalIndex:
             raise IndexWriteError(self.store.root, exc) from exc
 
     def ingest(
-        self, paths: Sequence[str | Path], progress: Callable[[Progress], None] | None = None
+        self,
+        paths: Sequence[str | Path],
+        progress: Callable[[Progress], None] | None = None,
+        *,
+        max_file_mb: float = DEFAULT_MAX_FILE_MB,
+        parse_timeout_s: float = DEFAULT_PARSE_TIMEOUT_S,
     ) -> list[FileResult]:
+        """Index files and folders (see `Ingestor.ingest`); a file over `max_file_mb` MB (the
+        `ingest_max_mb` setting) is not read, one whose parsing takes longer than
+        `parse_timeout_s` seconds is stopped; both fail with the reason."""
         with open(self.store.root / ".ingest.lock", "w", opener=private_opener) as lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -78,7 +88,14 @@ class PersonalIndex:
                     "another ingest is running on this index; wait for it"
                 ) from exc
             try:
-                return Ingestor(self.store, self.embedder, self.chunker, progress).ingest(paths)
+                return Ingestor(
+                    self.store,
+                    self.embedder,
+                    self.chunker,
+                    progress,
+                    max_file_mb=max_file_mb,
+                    worker=ParseWorker(parse_timeout_s),
+                ).ingest(paths)
             except (OSError, sqlite3.OperationalError) as exc:
                 raise IndexWriteError(self.store.root, exc) from exc
 
@@ -117,14 +134,18 @@ class PersonalIndex:
         return path
 
     def sync_folder(
-        self, folder: str | Path, progress: Callable[[Progress], None] | None = None
+        self,
+        folder: str | Path,
+        progress: Callable[[Progress], None] | None = None,
+        *,
+        max_file_mb: float = DEFAULT_MAX_FILE_MB,
     ) -> list[FileResult]:
         """Bring a watched folder and the index level (an incremental ingest; a folder that is
         gone takes its documents with it) and record the time of the sync."""
         path = os.path.abspath(os.path.expanduser(os.fspath(folder)))
         results: list[FileResult] = []
         if os.path.isdir(path):
-            results = self.ingest([path], progress)
+            results = self.ingest([path], progress, max_file_mb=max_file_mb)
         elif self.remove(path):
             results = [FileResult(path, "removed", reason="folder no longer exists")]
         self.store.folder_synced(path)

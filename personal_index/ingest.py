@@ -1,12 +1,19 @@
 """Ingesting files and folders into an `IndexStore`: incremental, visible and crash-safe.
 
 The main thread owns the store (every document is written in one SQLite transaction); a
-worker thread parses and chunks the next files while the main thread embeds, so the CPU-heavy
-embedding (ONNX Runtime releases the GIL) overlaps parsing. Progress goes to a callback so the
-CLI can draw a bar and the TUI a per-file table."""
+worker thread reads, hashes, parses and chunks the next files while the main thread embeds, so
+the CPU-heavy embedding (ONNX Runtime releases the GIL) overlaps parsing. Progress goes to a
+callback so the CLI can draw a bar and the TUI a per-file table.
+
+Hostile folders (issue 28): only regular files are read (FIFOs, devices, sockets are skipped
+with a reason), a symlink never leads outside the folder being ingested, a file over the size
+cap is not read, each file is read once and those bytes are both hashed and parsed, and the
+parsing runs in a worker process (`parse_worker`) that is killed past the parse deadline."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import os
 import queue
@@ -18,10 +25,11 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from collab.files import sha256_file
-from personal_index.parsers import ParseError, is_supported, parse
+from personal_index.parse_worker import ParseWorker
+from personal_index.parsers import DEFAULT_LIMITS, ParseError, ParseLimits, is_supported
+from personal_index.safe_read import DEFAULT_MAX_FILE_MB, MB, Refused, read_document, refusal
 from retrieval.chunking import Chunk, Chunker
-from retrieval.store import ChunkRecord, DocumentMeta, IndexStore
+from retrieval.store import ChunkRecord, DocumentMeta, DocumentRow, IndexStore
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +69,23 @@ class Progress:
 
 @dataclass
 class _Work:
+    """One file on its way through the pipeline: `root` is the folder it was found in (a
+    symlink must not lead out of it), `stored` its row in the store, if any."""
+
     path: Path
-    meta: DocumentMeta
+    root: Path
+    stored: DocumentRow | None
+    meta: DocumentMeta | None = None
     chunks: list[Chunk] = field(default_factory=list)
     error: str | None = None
+    skipped: str | None = None
+    unchanged: bool = False
 
 
 def _walk(target: Path) -> Iterator[Path]:
-    if target.is_file():
+    """`target` itself unless it is a folder (a FIFO or device named on the command line gets
+    its reason too); else the files under it, symlinked folders not followed."""
+    if not target.is_dir():
         yield target
         return
     for root, dirs, files in os.walk(target):
@@ -86,17 +103,36 @@ class Ingestor:
         chunker: Chunker,
         progress: Callable[[Progress], None] | None = None,
         batch_chunks: int = 64,
+        *,
+        max_file_mb: float = DEFAULT_MAX_FILE_MB,
+        limits: ParseLimits = DEFAULT_LIMITS,
+        worker: ParseWorker | None = None,
     ) -> None:
+        if not max_file_mb > 0:
+            raise ValueError(f"max_file_mb must be positive (got {max_file_mb!r})")
         self.store = store
         self.embedder = embedder
         self.chunker = chunker
         self.progress = progress
         self.batch_chunks = batch_chunks
+        self.max_bytes = int(max_file_mb * MB)
+        self.limits = limits
+        self.worker = worker if worker is not None else ParseWorker()
+        """Parses in a child process, started by the first file to parse and stopped when
+        `ingest` returns."""
 
     def ingest(self, targets: Sequence[str | Path]) -> list[FileResult]:
         """Index every supported file under `targets` (files or folders). Unchanged files are
         skipped; changed ones re-chunked and re-embedded; documents under a given folder whose
-        file is gone (deleted or renamed) are purged."""
+        file is gone (deleted or renamed) are purged. Files that are not read (see the module
+        docstring) get a result with the reason."""
+        self.worker.open()
+        try:
+            return self._ingest(targets)
+        finally:
+            self.worker.close()
+
+    def _ingest(self, targets: Sequence[str | Path]) -> list[FileResult]:
         results: list[FileResult] = []
         todo: list[_Work] = []
         seen: set[str] = set()
@@ -111,6 +147,9 @@ class Ingestor:
                 if key in seen:
                     continue
                 seen.add(key)
+                if (reason := refusal(path, target)) is not None:
+                    results.append(self._skip(key, reason))
+                    continue
                 if not is_supported(path):
                     results.append(
                         FileResult(
@@ -118,7 +157,7 @@ class Ingestor:
                         )
                     )
                     continue
-                work = self._needs_work(path)
+                work = self._needs_work(path, target)
                 if work is None:
                     results.append(FileResult(key, "unchanged"))
                 else:
@@ -135,27 +174,45 @@ class Ingestor:
         return results
 
     # ---- pipeline ---------------------------------------------------------------------------
-    def _needs_work(self, path: Path) -> _Work | None:
-        """None if the stored version is current: size + mtime first, then the checksum."""
-        stat = path.stat()
+    def _skip(self, key: str, reason: str) -> FileResult:
+        """A path that is not a document of the folder; one indexed before (a file since
+        replaced by a FIFO, or by a symlink leading out) leaves the index."""
+        if self.store.document(key) is not None:
+            self.store.remove_paths([key])
+        return FileResult(key, "skipped", reason=reason)
+
+    def _needs_work(self, path: Path, root: Path) -> _Work | None:
+        """None if the stored version is current by size + mtime; else work for the pipeline,
+        which reads the file once and compares checksums (a touched file is not re-parsed)."""
+        st = path.stat()
         row = self.store.document(str(path))
-        if (
-            row
-            and row.status == "indexed"
-            and row.size == stat.st_size
-            and row.mtime == stat.st_mtime
-        ):
+        if row and row.status == "indexed" and row.size == st.st_size and row.mtime == st.st_mtime:
             return None
-        sha = sha256_file(path)
-        meta = DocumentMeta(str(path), stat.st_size, stat.st_mtime, sha)
-        if row and row.status == "indexed" and row.sha256 == sha:
-            self.store.touch(str(path), stat.st_size, stat.st_mtime)  # touched, not changed
-            return None
-        return _Work(path, meta)
+        return _Work(path, root, row)
 
     def _parse(self, work: _Work) -> _Work:
+        """Read, hash and parse one file (in the parsing thread; the store is not touched)."""
         try:
-            doc = parse(work.path)
+            data, st = read_document(work.path, work.root, self.max_bytes)
+        except Refused as exc:
+            if exc.skip:
+                work.skipped = exc.reason
+                return work
+            work.error = exc.reason
+            size, mtime = 0, 0.0
+            with contextlib.suppress(OSError):
+                now = os.stat(work.path)
+                size, mtime = now.st_size, now.st_mtime
+            work.meta = DocumentMeta(str(work.path), size, mtime, "")  # never read: no checksum
+            return work
+        sha = hashlib.sha256(data).hexdigest()
+        work.meta = DocumentMeta(str(work.path), st.st_size, st.st_mtime, sha)
+        stored = work.stored
+        if stored and stored.status == "indexed" and stored.sha256 == sha:
+            work.unchanged = True  # touched, not changed
+            return work
+        try:
+            doc = self.worker.parse(work.path, data, self.limits)
             work.meta = DocumentMeta(
                 work.meta.path,
                 work.meta.size,
@@ -167,7 +224,7 @@ class Ingestor:
             work.chunks = self.chunker.chunk(doc)
         except ParseError as exc:
             work.error = exc.reason
-        except Exception as exc:  # a parser library bug must not stop the other files
+        except Exception as exc:  # a chunker or library bug must not stop the other files
             log.exception("unexpected error parsing %s", work.path)
             work.error = f"unexpected error: {exc}"
         return work
@@ -191,6 +248,7 @@ class Ingestor:
                 yield work
         finally:
             stop.set()
+            self.worker.close()  # a producer waiting on the parse child returns at once
             while worker.is_alive():  # unblock a producer waiting on a full queue
                 try:
                     ready.get_nowait()
@@ -201,8 +259,17 @@ class Ingestor:
         pending: list[_Work] = []
         written = 0
         for work in self._parsed(todo):
+            key = str(work.path)
+            if work.skipped is not None:
+                yield self._skip(key, work.skipped)
+                continue
+            m = work.meta
+            assert m is not None  # set for every file read or failed
+            if work.unchanged:
+                self.store.touch(key, m.size, m.mtime)
+                yield FileResult(key, "unchanged")
+                continue
             if work.error is not None:
-                m = work.meta
                 self.store.mark_failed(m.path, m.size, m.mtime, m.sha256, work.error)
                 yield FileResult(m.path, "failed", reason=work.error)
                 continue
@@ -223,6 +290,7 @@ class Ingestor:
         vectors = self.embedder.embed(texts) if texts else np.empty((0, self.embedder.dim))
         start = 0
         for work in batch:
+            assert work.meta is not None
             n = len(work.chunks)
             records = [
                 ChunkRecord(

@@ -7,12 +7,20 @@ in the document's extracted text, so chunks can point back at an exact character
 Well-kept libraries do the parsing (pypdf, python-docx, BeautifulSoup with the stdlib parser);
 this module only maps their output onto sections. A bad file never raises anything but
 `ParseError`, whose reason is short enough to show the user next to the file name.
+
+Hostile files (issue 28): a .docx is unpacked under a byte budget before python-docx sees it
+(a zip bomb stops at the cap, whatever sizes its directory claims), a PDF has a page cap, and
+no regular expression here backtracks on a long line. What no cap can bound (a library stuck
+on a crafted file) is bounded by running `parse_bytes` in a worker process with a deadline
+(`personal_index.parse_worker`).
 """
 
 from __future__ import annotations
 
 import io
 import re
+import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import docx
@@ -21,15 +29,18 @@ from bs4.element import PreformattedString
 from docx.table import Table
 from pypdf import PasswordType, PdfReader
 
+from personal_index.safe_read import MB, Refused, read_document
 from retrieval.document import ParsedDocument, Section
 
 __all__ = [
     "SUPPORTED_SUFFIXES",
     "ParseError",
+    "ParseLimits",
     "ParsedDocument",
     "Section",
     "is_supported",
     "parse",
+    "parse_bytes",
 ]
 
 # Suffix (lower case) -> document kind.
@@ -57,26 +68,56 @@ class ParseError(ValueError):
         self.reason = reason
 
 
+@dataclass(frozen=True)
+class ParseLimits:
+    """Caps on the work one file may cause. A PDF of more than `max_pages` pages is refused
+    (text extraction costs ~10 ms a page: 2,000 pages fit the parse deadline); a zip container
+    (.docx) may unpack to at most `max_unpacked_bytes` in at most `max_members` entries."""
+
+    max_pages: int = 2000
+    max_unpacked_bytes: int = 200 * MB
+    max_members: int = 10_000
+
+
+DEFAULT_LIMITS = ParseLimits()
+
+
 def is_supported(path: Path | str) -> bool:
     """Whether `parse` handles this file, judged by its suffix (case-insensitive)."""
     return Path(path).suffix.lower() in _KINDS
 
 
-def parse(path: Path | str) -> ParsedDocument:
-    """Parse one file into sections; empty extracted text gives zero sections, not an error.
+def parse(
+    path: Path | str, limits: ParseLimits = DEFAULT_LIMITS, max_bytes: int = 1 << 62
+) -> ParsedDocument:
+    """Read (as `personal_index.safe_read` does: a regular file only, at most `max_bytes`) and
+    parse one file in this process; empty extracted text gives zero sections, not an error.
 
     Raises `ParseError` (and nothing else) for an unsupported suffix, an unreadable, corrupt
-    or password-protected file.
+    or password-protected file, or one that is not a regular file.
     """
     path = Path(path)
+    _kind_of(path)
+    try:
+        data, _st = read_document(path, Path(path).resolve(), max_bytes)
+    except Refused as e:
+        raise ParseError(e.reason) from e
+    return parse_bytes(path, data, limits)
+
+
+def _kind_of(path: Path) -> str:
     suffix = path.suffix.lower()
     kind = _KINDS.get(suffix)
     if kind is None:
         raise ParseError(f"unsupported file type {suffix or '(no suffix)'}")
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise ParseError(f"cannot read file: {e.strerror or e}") from e
+    return kind
+
+
+def parse_bytes(path: Path, data: bytes, limits: ParseLimits = DEFAULT_LIMITS) -> ParsedDocument:
+    """Parse the bytes of the file `path` (its suffix picks the format); what `parse` does after
+    reading, and what the parse worker runs. Raises `ParseError` and nothing else."""
+    path = Path(path)
+    kind = _kind_of(path)
     parser = {
         "txt": _parse_txt,
         "md": _parse_md,
@@ -85,25 +126,29 @@ def parse(path: Path | str) -> ParsedDocument:
         "html": _parse_html,
     }[kind]
     try:
-        title, sections = parser(path, data)
+        title, sections = parser(data, limits)
     except ParseError:
         raise
+    except RecursionError as e:
+        raise ParseError(f"{_WHAT[kind]}: nested too deeply") from e
     except Exception as e:  # a library's failure on a bad file: wrap it, keep its message
         raise ParseError(_wrap_reason(kind, e)) from e
     return ParsedDocument(path=path, kind=kind, title=title, sections=tuple(sections))
 
 
+_WHAT = {
+    "pdf": "not a valid PDF",
+    "docx": "not a valid .docx file",
+    "html": "could not parse HTML",
+    "txt": "could not read text",
+    "md": "could not read Markdown",
+}
+
+
 def _wrap_reason(kind: str, e: Exception) -> str:
     """A user-facing reason for a library exception, keeping the library's own message."""
     detail = str(e).strip() or type(e).__name__
-    what = {
-        "pdf": "not a valid PDF",
-        "docx": "not a valid .docx file",
-        "html": "could not parse HTML",
-        "txt": "could not read text",
-        "md": "could not read Markdown",
-    }[kind]
-    return f"{what}: {detail}"
+    return f"{_WHAT[kind]}: {detail}"
 
 
 # --- plain text and Markdown ---------------------------------------------------------------
@@ -143,14 +188,17 @@ def _stripped_section(
     return Section(text=body, page=None, title=title, line_start=line, char_start=start + lead)
 
 
-def _parse_txt(path: Path, data: bytes) -> tuple[str | None, list[Section]]:
+def _parse_txt(data: bytes, limits: ParseLimits) -> tuple[str | None, list[Section]]:
     """One section for the whole file: chunking, not the parser, decides where to cut."""
     text = _decode_text(data)
     section = _stripped_section(text, 0, len(text), None, 1)
     return None, [section] if section else []
 
 
-_ATX = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
+# Linear on any line (issue 28): no two unbounded repetitions of the same characters in a row.
+# The ATX heading is matched by `_atx` instead of one pattern, whose lazy text followed by an
+# optional closing run and trailing blanks was quadratic in a line of spaces.
+_ATX_OPEN = re.compile(r" {0,3}(#{1,6})(?=[ \t]|$)")
 _SETEXT = re.compile(r"^ {0,3}(=+|-+)[ \t]*$")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 
@@ -176,8 +224,8 @@ def _md_headings(lines: list[str]) -> list[tuple[int, int, str]]:
                 fence = None
         elif m:
             fence = m.group(1)
-        elif (h := _ATX.match(line)) is not None:
-            headings.append((i, len(h.group(1)), (h.group(2) or "").strip()))
+        elif (h := _atx(line)) is not None:
+            headings.append((i, *h))
         elif (
             i + 1 < len(lines)
             and line.strip()
@@ -192,13 +240,27 @@ def _md_headings(lines: list[str]) -> list[tuple[int, int, str]]:
     return headings
 
 
+def _atx(line: str) -> tuple[int, str] | None:
+    """(level, text) of an ATX heading line (`## Title ##`), else None; CommonMark's rule: up
+    to three spaces, 1–6 `#`, then a blank or the end; an optional closing run of `#` preceded
+    by a blank (or making up the whole rest) is not part of the text."""
+    m = _ATX_OPEN.match(line)
+    if m is None:
+        return None
+    rest = line[m.end() :].strip(" \t")
+    bare = rest.rstrip("#")
+    if not bare or bare[-1] in " \t":  # a closing sequence
+        rest = bare
+    return len(m.group(1)), rest.strip()
+
+
 def _is_md_block_start(line: str) -> bool:
     """Lines that cannot be a setext heading's text (list items, quotes, rules)."""
     s = line.lstrip()
     return s.startswith((">", "- ", "* ", "+ ", "|")) or bool(_SETEXT.match(line))
 
 
-def _parse_md(path: Path, data: bytes) -> tuple[str | None, list[Section]]:
+def _parse_md(data: bytes, limits: ParseLimits) -> tuple[str | None, list[Section]]:
     """Sections split at headings, each holding its heading line; text before the first heading
     is an untitled section. Raw Markdown is kept so char and line spans match the file."""
     text = _decode_text(data)
@@ -244,7 +306,7 @@ def _assemble(
     return sections
 
 
-def _parse_pdf(path: Path, data: bytes) -> tuple[str | None, list[Section]]:
+def _parse_pdf(data: bytes, limits: ParseLimits) -> tuple[str | None, list[Section]]:
     """One section per page that has text (page numbers 1-based); no OCR, so a scanned PDF
     gives zero sections. An empty user password is tried, as PDF viewers do."""
     reader = PdfReader(io.BytesIO(data))
@@ -259,16 +321,19 @@ def _parse_pdf(path: Path, data: bytes) -> tuple[str | None, list[Section]]:
     meta = reader.metadata
     if meta is not None and meta.title:
         title = str(meta.title).strip() or None
+    pages = len(reader.pages)
+    if pages > limits.max_pages:
+        raise ParseError(f"too many pages ({pages:,} > {limits.max_pages:,} cap)")
     pieces: list[tuple[str, int | None, str | None]] = [
-        (page.extract_text() or "", i, None) for i, page in enumerate(reader.pages, start=1)
+        (reader.pages[i].extract_text() or "", i + 1, None) for i in range(pages)
     ]
     return title, _assemble(pieces)
 
 
-def _parse_docx(path: Path, data: bytes) -> tuple[str | None, list[Section]]:
+def _parse_docx(data: bytes, limits: ParseLimits) -> tuple[str | None, list[Section]]:
     """Body paragraphs and tables in order; a "Heading n" or "Title" paragraph starts a new
     section titled by it. The document title is the core property, else the first heading."""
-    document = docx.Document(io.BytesIO(data))
+    document = docx.Document(unpacked_zip(data, limits))
     pieces: list[tuple[str, int | None, str | None]] = []
     current: list[str] = []
     current_title: str | None = None
@@ -290,6 +355,39 @@ def _parse_docx(path: Path, data: bytes) -> tuple[str | None, list[Section]]:
     pieces.append(("\n".join(current), None, current_title))
     title = (document.core_properties.title or "").strip() or first_heading
     return title, _assemble(pieces)
+
+
+def unpacked_zip(data: bytes, limits: ParseLimits) -> io.BytesIO:
+    """The zip container `data` (a .docx) re-packed uncompressed after unpacking every entry
+    under the byte budget `limits.max_unpacked_bytes`, so the library that reads it inflates
+    nothing. The declared sizes must fit the budget; reading in blocks then holds each entry to
+    its declared size (zipfile stops there), where a single `read()` of an entry that lies
+    about its size inflates all of it at once."""
+    source = zipfile.ZipFile(io.BytesIO(data))  # a bad zip raises: the caller names the format
+    entries = source.infolist()
+    if len(entries) > limits.max_members:
+        raise ParseError(f"too many entries in the zip ({len(entries):,} > {limits.max_members:,})")
+    budget = limits.max_unpacked_bytes
+    too_much = ParseError(f"compressed content too large (unpacks to more than {budget / MB:g} MB)")
+    if sum(entry.file_size for entry in entries) > budget:  # an honest bomb: refused unread
+        raise too_much
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as packed:
+        for entry in entries:
+            if entry.is_dir():
+                continue
+            if entry.file_size > budget:
+                raise too_much
+            blocks: list[bytes] = []
+            with source.open(entry) as member:
+                while block := member.read(1 << 20):
+                    budget -= len(block)
+                    if budget < 0:
+                        raise too_much
+                    blocks.append(block)
+            packed.writestr(entry.filename, b"".join(blocks))
+    out.seek(0)
+    return out
 
 
 def _docx_table_lines(table: Table) -> list[str]:
@@ -317,7 +415,7 @@ _HTML_BLOCKS = frozenset(
 )  # fmt: skip
 
 
-def _parse_html(path: Path, data: bytes) -> tuple[str | None, list[Section]]:
+def _parse_html(data: bytes, limits: ParseLimits) -> tuple[str | None, list[Section]]:
     """Visible text split at h1–h6 (each section titled by its heading); script, style, nav
     and the like are dropped. Title: <title>, else the first <h1>."""
     soup = BeautifulSoup(data, "html.parser")  # bytes: bs4 detects the encoding

@@ -21,6 +21,7 @@ import watchfiles
 
 from personal_index.index import IngestBusyError, PersonalIndex
 from personal_index.ingest import FileResult
+from personal_index.safe_read import DEFAULT_MAX_FILE_MB
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +63,16 @@ class FolderWatcher:
     or removed since `run` started. Syncs run in a thread, one at a time; another process's
     ingest (the index's lock) is waited out, not reported as a failure."""
 
-    def __init__(self, index: PersonalIndex, on_synced: Synced | None = None) -> None:
+    def __init__(
+        self,
+        index: PersonalIndex,
+        on_synced: Synced | None = None,
+        *,
+        max_file_mb: float = DEFAULT_MAX_FILE_MB,
+    ) -> None:
         self.index = index
         self.on_synced = on_synced
+        self.max_file_mb = max_file_mb  # the ingest_max_mb setting
         self._reload = asyncio.Event()
         self._rescan = asyncio.Event()
         self._sync_lock = asyncio.Lock()
@@ -126,7 +134,7 @@ class FolderWatcher:
                 return results
 
     def _sync_now(self, folder: str) -> list[FileResult]:
-        results = self.index.sync_folder(folder)
+        results = self.index.sync_folder(folder, max_file_mb=self.max_file_mb)
         changed = [r for r in results if r.outcome not in ("unchanged", "skipped")]
         if changed:
             log.info("synced %s: %d changed", folder, len(changed))

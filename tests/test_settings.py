@@ -222,3 +222,19 @@ def test_environment_overrides_the_cloud(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_config_dir_defaults_to_the_platform(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TANDEM_CONFIG_DIR")
     assert paths.config_dir().name == "tandem"
+
+
+def test_the_ingest_size_cap_is_a_validated_setting(isolated: Path) -> None:
+    path = config_path()
+    path.parent.mkdir(parents=True)
+    path.write_text("ingest_max_mb = 7\n")
+    assert load_settings().ingest_max_mb == 7
+    assert Settings().ingest_max_mb == 50
+    path.write_text("ingest_max_mb = 0\n")
+    with pytest.raises(SettingsError, match=r"ingest_max_mb must be at least 1 \(got 0\)"):
+        load_settings()
+    path.write_text('ingest_max_mb = "big"\n')
+    with pytest.raises(SettingsError, match="ingest_max_mb must be an integer"):
+        load_settings()
+    save_settings(Settings(ingest_max_mb=3))
+    assert tomllib.loads(path.read_text())["ingest_max_mb"] == 3

@@ -209,7 +209,9 @@ class TandemApp(App[None]):
         index = self.assistant.index
         if index is None:
             return
-        self.watcher = FolderWatcher(index, on_synced=self._folder_synced)
+        self.watcher = FolderWatcher(
+            index, on_synced=self._folder_synced, max_file_mb=self.settings.ingest_max_mb
+        )
         try:
             await self.watcher.run()
         except Exception as exc:  # inotify limits, a folder we may not read: say it, go on

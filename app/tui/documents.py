@@ -514,11 +514,13 @@ class DocumentsScreen(Screen[None]):
         started = time.monotonic()
         try:
             index = self._open_index()
+            cap = getattr(getattr(app, "settings", None), "ingest_max_mb", None)
+            extra = {} if cap is None else {"max_file_mb": cap}
             if target.is_dir():  # a folder added here is kept in sync from now on
                 outcome.folder = index.watch(target)
-                outcome.results = index.sync_folder(target, coalescer.push)
+                outcome.results = index.sync_folder(target, coalescer.push, **extra)
             else:
-                outcome.results = index.ingest([target], coalescer.push)
+                outcome.results = index.ingest([target], coalescer.push, **extra)
         except IngestBusyError as exc:
             outcome.error, outcome.busy = f"Index busy: {exc}", True
         except Exception as exc:
