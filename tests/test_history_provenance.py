@@ -153,6 +153,7 @@ async def test_the_device_only_continuation_never_reaches_the_cloud(
             assert not [e for e in later if isinstance(e, Failure)], mode
             assert ex.shared_chars == len(ex.text)  # a whole cloud answer: all shared
     finally:
+        assistant.index = None  # the module's index outlives this assistant
         await assistant.close()
     wire = tap.sent_since(before)
     allowed = "\n".join([QUESTION, stored.text[:shared], *questions]).encode()

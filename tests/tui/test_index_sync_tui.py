@@ -96,6 +96,7 @@ async def test_a_folder_added_in_the_app_is_watched_and_rescanned(
             # a rescan is one key: it syncs though nothing changed
             await pilot.pause(1.0)
             (before,) = index.folders()
+            docs.focus()  # the key is the screen's, not the path box's
             await pilot.press("s")
             assert "Rescanning" in screen.message_text
             await until(
