@@ -47,7 +47,10 @@ log = logging.getLogger("tandem.edge.client")
 
 RTT_ALPHA = 0.2  # EWMA weight of a new RTT sample
 HEARTBEAT_S = 5.0  # websocket ping every this; a cloud silent for half of it after: dead
-INBOX_BYTES = 32 * 1024 * 1024  # frames read but not yet taken; past it the reader waits
+# Frames read but not yet taken, readable or not: past either bound the reader waits (TCP
+# holds the cloud back). The count bounds what a flood of tiny frames holds beyond its bytes.
+INBOX_BYTES = 32 * 1024 * 1024
+INBOX_FRAMES = 4096
 
 
 class CloudError(Exception):
@@ -178,10 +181,9 @@ class CloudClient:
         self._http: aiohttp.ClientSession | None = None
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._reader: asyncio.Task[None] | None = None
-        self._inbox: asyncio.Queue[Message | CloudError] | None = None
-        self._inbox_bytes = 0  # wire bytes of the frames in the inbox
-        self._inbox_room = asyncio.Event()  # set while the inbox is under INBOX_BYTES
-        self._frame_bytes: dict[int, int] = {}  # id(frame) → its wire bytes, while queued
+        self._inbox: asyncio.Queue[tuple[Message | CloudError, int]] | None = None
+        self._inbox_bytes = 0  # wire bytes of the frames in the inbox (unreadable ones too)
+        self._inbox_room = asyncio.Event()  # set while the inbox is under its bounds
         self._pings: dict[int, asyncio.Future[float]] = {}
         self._send_lock = asyncio.Lock()
         self._request_ids = itertools.count(1)
@@ -302,8 +304,8 @@ class CloudClient:
             raise HandshakeRefused(ack.reason)
         self.limits = ack.limits
         self.cloud_model_name = ack.model_name
-        inbox: asyncio.Queue[Message | CloudError] = asyncio.Queue()
-        self._inbox, self._inbox_bytes, self._frame_bytes = inbox, 0, {}
+        inbox: asyncio.Queue[tuple[Message | CloudError, int]] = asyncio.Queue()
+        self._inbox, self._inbox_bytes = inbox, 0
         self._inbox_room.set()
         self._reader = asyncio.create_task(self._read_loop(ws, inbox), name="tandem-cloud-reader")
         log.info(
@@ -374,7 +376,7 @@ class CloudClient:
         """End the session (idempotent)."""
         await self._drop_connection()
         if self._inbox is not None:
-            self._inbox.put_nowait(ConnectionLost("the connection to the cloud was closed"))
+            self._inbox.put_nowait((ConnectionLost("the connection to the cloud was closed"), 0))
 
     # ---- sending ---------------------------------------------------------------------------
     async def send(self, msg: Message) -> None:
@@ -382,7 +384,13 @@ class CloudClient:
         ws = self._ws
         if ws is None or ws.closed:
             raise ConnectionLost("not connected to the cloud")
-        await self._send_frame(ws, encode(msg))
+        try:
+            frame = encode(msg)
+        except ProtocolError as exc:  # this side's bug (a NaN from its model): not sent
+            raise CloudProtocolError(
+                f"this device made a {type(msg).__name__} frame it cannot send: {exc.reason}"
+            ) from None
+        await self._send_frame(ws, frame)
 
     async def _send_frame(self, ws: aiohttp.ClientWebSocketResponse, frame: bytes) -> None:
         if self.on_frame_sent is not None:
@@ -408,21 +416,23 @@ class CloudClient:
             raise ConnectionLost("not connected to the cloud")
         try:
             async with asyncio.timeout(timeout):  # not wait_for: 3.11's can swallow a cancel
-                item = await inbox.get()
+                item, nbytes = await inbox.get()
         except TimeoutError:
             raise CloudTimeout(f"no answer from the cloud within {timeout:g} s") from None
         if isinstance(item, ConnectionLost):
-            inbox.put_nowait(item)  # stays lost for every later recv()
+            inbox.put_nowait((item, 0))  # stays lost for every later recv()
             raise ConnectionLost(str(item))
+        self._inbox_bytes -= nbytes
+        if self._inbox_bytes < INBOX_BYTES and inbox.qsize() < INBOX_FRAMES:
+            self._inbox_room.set()
         if isinstance(item, CloudError):
             raise item
-        self._inbox_bytes -= self._frame_bytes.pop(id(item), 0)
-        if self._inbox_bytes < INBOX_BYTES:
-            self._inbox_room.set()
         return item
 
     async def _read_loop(
-        self, ws: aiohttp.ClientWebSocketResponse, inbox: asyncio.Queue[Message | CloudError]
+        self,
+        ws: aiohttp.ClientWebSocketResponse,
+        inbox: asyncio.Queue[tuple[Message | CloudError, int]],
     ) -> None:
         why = "the connection to the cloud was closed"
         try:
@@ -434,11 +444,10 @@ class CloudClient:
                     try:
                         msg = decode(wsmsg.data, self._own_limits)
                     except ProtocolError as exc:
-                        inbox.put_nowait(
-                            CloudProtocolError(
-                                f"the cloud sent a frame this device cannot read: {exc.reason}"
-                            )
-                        )
+                        unreadable = CloudProtocolError(
+                            f"the cloud sent a frame this device cannot read: {exc.reason}"
+                        )  # held within the inbox's bounds like any frame
+                        await self._queue(inbox, unreadable, len(wsmsg.data))
                         continue
                     if isinstance(msg, Pong):
                         self._on_pong(msg, received_ns)
@@ -462,18 +471,21 @@ class CloudClient:
             why = f"the connection to the cloud failed: {_plain(exc)}"
         finally:
             lost = ConnectionLost(why)
-            inbox.put_nowait(lost)
+            inbox.put_nowait((lost, 0))
             self._fail_pings(lost)
 
     async def _queue(
-        self, inbox: asyncio.Queue[Message | CloudError], msg: Message, nbytes: int
+        self,
+        inbox: asyncio.Queue[tuple[Message | CloudError, int]],
+        item: Message | CloudError,
+        nbytes: int,
     ) -> None:
-        """Hand a frame to recv(). A cloud that sends faster than the device reads is not read
-        from while INBOX_BYTES wait: TCP holds it back, the device's memory stays bounded."""
-        self._frame_bytes[id(msg)] = nbytes
+        """Hand a frame (or why it cannot be read) to recv(). A cloud that sends faster than
+        the device reads is not read from while INBOX_BYTES or INBOX_FRAMES wait: TCP holds it
+        back, the device's memory stays bounded."""
         self._inbox_bytes += nbytes
-        inbox.put_nowait(msg)
-        if self._inbox_bytes >= INBOX_BYTES:
+        inbox.put_nowait((item, nbytes))
+        if self._inbox_bytes >= INBOX_BYTES or inbox.qsize() >= INBOX_FRAMES:
             self._inbox_room.clear()
             await self._inbox_room.wait()
 

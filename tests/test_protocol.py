@@ -307,6 +307,62 @@ def test_drafts_outside_their_transmitted_support_are_refused() -> None:
         p.decode(p.encode(nan_h))
 
 
+NAN, INF = float("nan"), float("inf")
+
+
+def _nonfinite_messages() -> dict[str, p.Message]:
+    """A message per float a frame carries (score, probability, weight, time), holding NaN or
+    an infinity the peer could not use; −inf where it means something (h, log-probabilities)
+    is allowed and not here."""
+    src = p.Source("Ada", "Lead", NAN, "text")
+    hot = np.asarray([0.5, NAN], dtype=np.float16)
+    return {
+        "citation score NaN": p.Citations((src,)),
+        "citation score inf": p.Citations((p.Source("Ada", "Lead", -INF, "text"),)),
+        "dsd probs": p.DsdDraft([1], hot.reshape(1, 2)),
+        "dssd q": p.DssdDraft([1], [INF]),
+        "dssd q f32": p.DssdDraft([1], [NAN], f32=True),
+        "top-K probs": p.TopKDraft([1], [[1, 2]], [[0.5, INF]], f32=True),
+        "verdict P_j": p.Verdict(0, None, None, hot),
+        "verdict sparse P_j": p.Verdict(0, None, [3, 4], [NAN, 0.5], f32=True),
+        "dragon h NaN": p.DragonDraft(1, [1], [1.0], NAN, 0.01),
+        "dragon h +inf": p.DragonDraft(1, [1], [1.0], INF, 0.01),
+        "dragon decode_time": p.DragonDraft(1, [1], [1.0], 0.0, INF),
+        "dragon probs": p.DragonDraft(1, [1, 2], hot, 0.0, 0.01),
+        "sequence h": p.DragonSequence([1], [-0.5], NAN, 0.1),
+        "sequence logprob NaN": p.DragonSequence([1, 2], [-0.5, NAN], 0.0, 0.1),
+        "sequence logprob +inf": p.DragonSequence([1], [INF], 0.0, 0.1),
+        "sequence decode_time": p.DragonSequence([1], [-0.5], 0.0, NAN),
+    }
+
+
+def _unchecked(msg: p.Message) -> bytes:
+    """The frame `encode` would write if it did not refuse: what a lying peer sends."""
+    body = msg.body()
+    head = struct.pack("<2sBBHIIII", p.MAGIC, p.PROTOCOL_VERSION, msg.TYPE, msg.header_flags(),
+                       msg.request_id, msg.epoch, msg.step, len(body))  # fmt: skip
+    return head + body
+
+
+@pytest.mark.parametrize("case", list(_nonfinite_messages()))
+def test_non_finite_numbers_are_refused_by_encode_and_by_decode(case: str) -> None:
+    msg = _nonfinite_messages()[case]
+    with pytest.raises(p.ProtocolError, match=r"finite|NaN") as sent:
+        p.encode(msg)
+    with pytest.raises(p.ProtocolError, match=r"finite|NaN") as read:
+        p.decode(_unchecked(msg))
+    assert sent.value.reason == read.value.reason  # the same words, safe for an Error frame
+
+
+def test_minus_infinity_stays_allowed_where_it_means_something() -> None:
+    """h = −inf: the side retrieved nothing; a log-probability of −inf: probability 0."""
+    for msg in (
+        p.DragonDraft(1, [1], [1.0], -INF, 0.01),
+        p.DragonSequence([1, 2], [-INF, -0.5], -INF, 0.1),
+    ):
+        assert p.decode(p.encode(msg)) == msg
+
+
 def test_construction_rejects_bad_structure() -> None:
     with pytest.raises(p.ProtocolError):
         p.DssdDraft([1, 2], [0.5])

@@ -19,6 +19,8 @@ from collab.protocol.codec import (
     MsgType,
     ProtocolError,
     _check_count,
+    _check_finite,
+    _check_finite_array,
     _check_ids,
     _check_probs,
     _check_unique_rows,
@@ -160,6 +162,11 @@ class DragonDraft(Message):
         if not (math.isfinite(self.decode_time) and self.decode_time >= 0):
             raise ProtocolError("decode_time must be finite and ≥ 0")
 
+    def check_finite(self) -> None:
+        _check_finite(self.h, "h", minus_inf=True)
+        _check_finite(self.decode_time, "decode_time")
+        _check_finite_array(self.probs, "probs")
+
 
 @_message
 class DragonTarget(Message):
@@ -272,3 +279,8 @@ class DragonSequence(Message):
             raise ProtocolError("h must be finite or −inf")
         if not (math.isfinite(self.decode_time) and self.decode_time >= 0):
             raise ProtocolError("decode_time must be finite and ≥ 0")
+
+    def check_finite(self) -> None:
+        _check_finite(self.h, "h", minus_inf=True)
+        _check_finite(self.decode_time, "decode_time")
+        _check_finite_array(self.logprobs, "logprobs", minus_inf=True)

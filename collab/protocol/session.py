@@ -18,6 +18,7 @@ from collab.protocol.codec import (
     MsgType,
     ProtocolError,
     _check_count,
+    _check_finite,
     _check_ids,
     _enum,
     _f32,
@@ -380,6 +381,10 @@ class Citations(Message):
             (score,) = r.unpack(_F32)
             sources.append(Source(title, location, score, r.string("text")))
         return cls(tuple(sources), **hdr)
+
+    def check_finite(self) -> None:
+        for n, s in enumerate(self.sources, 1):
+            _check_finite(s.score, f"source {n}'s score")
 
 
 _F32 = struct.Struct("<f")

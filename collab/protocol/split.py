@@ -18,6 +18,7 @@ from collab.protocol.codec import (
     MsgType,
     ProtocolError,
     _check_count,
+    _check_finite_array,
     _check_ids,
     _check_probs,
     _check_unique_rows,
@@ -111,6 +112,9 @@ class DsdDraft(Draft):
         _check_ids(self.token_ids, self.probs.shape[1], "token_ids")
         _check_probs(self.probs, "probs")
 
+    def check_finite(self) -> None:
+        _check_finite_array(self.probs, "probs")
+
 
 @_message
 class DssdDraft(Draft):
@@ -143,6 +147,9 @@ class DssdDraft(Draft):
     def check(self, limits: Limits = DEFAULT_LIMITS) -> None:
         super().check(limits)
         _check_probs(self.q, "q")
+
+    def check_finite(self) -> None:
+        _check_finite_array(self.q, "q")
 
 
 @_message
@@ -191,6 +198,9 @@ class TopKDraft(Draft):
         listed = (self.topk_ids == self.token_ids[:, None]) & (self.topk_probs > 0)
         if not bool(np.all(np.any(listed, axis=1))):
             raise ProtocolError("a drafted token is outside its transmitted top-K, or listed at 0")
+
+    def check_finite(self) -> None:
+        _check_finite_array(self.topk_probs, "topk_probs")
 
 
 _II = struct.Struct("<II")
@@ -277,6 +287,10 @@ class Verdict(Message):
         if self.p_ids is not None:
             _check_ids(self.p_ids, limits.vocab_size, "p_ids")
             _check_unique_rows(self.p_ids, "p_ids")
+
+    def check_finite(self) -> None:  # compute_s: at construction
+        if self.p_probs is not None:
+            _check_finite_array(self.p_probs, "p_probs")
 
 
 @_message

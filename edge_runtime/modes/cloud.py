@@ -9,7 +9,7 @@ from collab.protocol import Citations, Done, Error, Mode, TokenChunk
 from edge_runtime.client import CloudClient
 from edge_runtime.events import Event
 from edge_runtime.modes.base import Answer, AnswerOptions
-from edge_runtime.modes.cloud_link import CloudBacked, citations_from, refusal
+from edge_runtime.modes.cloud_link import CloudBacked, refusal
 
 
 class CloudMode(CloudBacked):
@@ -23,8 +23,8 @@ class CloudMode(CloudBacked):
         while True:
             msg = await self.recv(client, rid)
             if isinstance(msg, Citations):
-                for c in citations_from(msg):
-                    yield c
+                for event in self.cite(msg):
+                    yield event
             elif isinstance(msg, TokenChunk):
                 for event in answer.emit(answer.transcript.commit(msg.token_ids.tolist())):
                     yield event

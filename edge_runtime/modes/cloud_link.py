@@ -1,6 +1,10 @@
 """What the modes that talk to the cloud share: one session (websocket) per mode and variant,
 opened on first use and reopened after a drop; one request per answer, cancelled if the
-answer stops early; and, if the link breaks mid-answer, the device finishing the answer."""
+answer stops early; and, if the link breaks mid-answer, the device finishing the answer.
+
+What a cloud may hold the device to is bounded per answer: the stall bound is time waited
+without the answer advancing (frames of older requests, stale epochs or that change nothing
+do not restart it), and at most MAX_CITATIONS of its sources are shown."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import itertools
 import logging
 import time
 from abc import abstractmethod
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from dataclasses import replace
 
 from collab.protocol import Cancel, Citations, Done, Error, ErrorCode, Generate, Message, Mode
@@ -16,6 +20,7 @@ from edge_runtime.client import (
     CloudBusy,
     CloudClient,
     CloudError,
+    CloudTimeout,
     CloudUnavailable,
     ConnectionLost,
 )
@@ -34,6 +39,34 @@ from edge_runtime.modes.base import (
 
 log = logging.getLogger("tandem.edge.modes")
 
+MAX_CITATIONS = Citations.MAX_SOURCES  # per answer: what one frame may carry, never more
+
+
+class StallClock:
+    """One answer's stall bound: seconds spent waiting on the cloud since the answer last
+    advanced (`progress()` changed: a token committed, the end). Frames that do not advance
+    it (an older request's, a stale epoch's, a repeated citation) do not restart it; the
+    device's own work between waits does not count."""
+
+    def __init__(self, bound_s: float | None, progress: Callable[[], Hashable]) -> None:
+        self.bound_s, self.progress = bound_s, progress
+        self.mark = progress()
+        self.waited_s = 0.0
+        self.frames = 0  # received since the answer last advanced
+
+    def left(self) -> float | None:
+        """Seconds the cloud has left to advance the answer (None: no bound)."""
+        now = self.progress()
+        if now != self.mark:
+            self.mark, self.waited_s, self.frames = now, 0.0, 0
+        return None if self.bound_s is None else self.bound_s - self.waited_s
+
+    def expired(self) -> CloudTimeout:
+        extra = (
+            f" (it sent {self.frames} frames meanwhile, none advancing it)" if self.frames else ""
+        )
+        return CloudTimeout(f"no answer from the cloud within {self.bound_s:g} s{extra}")
+
 
 class CloudBacked(Orchestrator):
     """A mode with a cloud side. Subclasses implement `converse` (the frames of one request)
@@ -46,6 +79,9 @@ class CloudBacked(Orchestrator):
     def __init__(self, ctx: ModeContext) -> None:
         super().__init__(ctx)
         self._cancelled: int | None = None  # a request we cancelled whose Done is pending
+        self._clock: tuple[int, StallClock] | None = None  # the running request's
+        self._cited = 0  # cloud sources shown for the running request
+        self._cut = False  # and whether some were left out
 
     @property
     def retrieve_public(self) -> bool:
@@ -68,6 +104,7 @@ class CloudBacked(Orchestrator):
                 client = await self.client()
                 up0, down0 = client.bytes_up, client.bytes_down
                 self._live_bytes = (client, up0, down0)
+                self._start_request(rid, answer)
                 try:
                     await client.send(self.generate_message(rid, question, history, options))
                     yield Provenance(True, len(answer.transcript.tokens))
@@ -158,14 +195,53 @@ class CloudBacked(Orchestrator):
             if isinstance(msg, Done) and msg.request_id == rid:
                 return
 
+    def _start_request(self, rid: int, answer: Answer) -> None:
+        """Per-request bounds: a fresh stall clock (progress: the answer's tokens, its end),
+        no citations shown yet."""
+        stall = self.ctx.cloud.stall_timeout_s if self.ctx.cloud is not None else None
+
+        def progress() -> Hashable:
+            return len(answer.transcript.tokens), answer.transcript.finish, answer.finished
+
+        self._clock = (rid, StallClock(stall, progress))
+        self._cited, self._cut = 0, False
+
     async def recv(self, client: CloudClient, rid: int) -> Message:
         """The next frame of request `rid` (frames of older requests are dropped); CloudTimeout
-        if the cloud sends nothing for the stall bound."""
-        stall = self.ctx.cloud.stall_timeout_s if self.ctx.cloud is not None else None
+        once the cloud has been waited on for the stall bound without the answer advancing."""
+        if self._clock is not None and self._clock[0] == rid:
+            clock = self._clock[1]
+        else:  # outside `generate`: the bound restarts with each call
+            stall = self.ctx.cloud.stall_timeout_s if self.ctx.cloud is not None else None
+            clock = StallClock(stall, lambda: None)
         while True:
-            msg = await client.recv(timeout=stall)
+            left = clock.left()
+            if left is not None and left <= 0:
+                raise clock.expired()
+            t0 = time.perf_counter()
+            try:
+                msg = await client.recv(timeout=left)
+            except CloudTimeout:
+                continue  # the answer may have advanced meanwhile (the pipeline's drafting)
+            finally:
+                clock.waited_s += time.perf_counter() - t0
+            clock.frames += 1
             if msg.request_id == rid or (isinstance(msg, Error) and msg.request_id == 0):
                 return msg
+
+    def cite(self, msg: Citations) -> list[Event]:
+        """The cloud's public sources, numbered on from those already shown for this answer;
+        past MAX_CITATIONS the rest are left out, with one notice."""
+        shown = msg.sources[: max(0, MAX_CITATIONS - self._cited)]
+        events: list[Event] = [
+            replace(s, number=self._cited + n, side="cloud") for n, s in enumerate(shown, 1)
+        ]
+        self._cited += len(shown)
+        if len(shown) < len(msg.sources) and not self._cut:
+            self._cut = True
+            events.append(Notice(f"the cloud sent more than {MAX_CITATIONS} sources for this "
+                                 f"answer; only the first {MAX_CITATIONS} are shown"))  # fmt: skip
+        return events
 
     async def cancel(self, client: CloudClient, rid: int) -> None:
         """Best effort: tell the cloud to stop; its Done is awaited before the next request."""

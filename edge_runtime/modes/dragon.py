@@ -66,7 +66,7 @@ from edge_runtime.modes.base import (
     left_out_notice,
     need_device,
 )
-from edge_runtime.modes.cloud_link import CloudBacked, citations_from, refusal
+from edge_runtime.modes.cloud_link import CloudBacked, refusal
 from model_runtime.async_model import DocumentBatch
 from model_runtime.prompting import document_prompt, prompt_budget
 
@@ -238,7 +238,7 @@ class _DeviceLink:
             if isinstance(msg, DragonDraft | DragonTarget):
                 return msg
             if isinstance(msg, Citations):
-                self.events.extend(citations_from(msg))
+                self.events.extend(self.mode.cite(msg))
             elif isinstance(msg, Done):
                 self.answer.finished = True
                 self.answer.stats.finish = msg.reason.name.lower()

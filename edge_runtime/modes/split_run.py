@@ -46,7 +46,7 @@ from edge_runtime.client import CloudClient, CloudError, CloudProtocolError
 from edge_runtime.device import DeviceModel
 from edge_runtime.events import Event, Notice
 from edge_runtime.modes.base import STOP_IDS, Answer, AnswerOptions
-from edge_runtime.modes.cloud_link import citations_from, refusal
+from edge_runtime.modes.cloud_link import refusal
 from edge_runtime.split_costs import INITIAL_GAMMA
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ class SplitRun:
         while True:
             msg = await self.mode.recv(self.client, self.rid)
             if isinstance(msg, Citations):
-                self.pending_events.extend(citations_from(msg))
+                self.pending_events.extend(self.mode.cite(msg))
                 continue
             return msg
 
