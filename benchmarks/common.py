@@ -111,7 +111,7 @@ def environment(command: str, pinning: dict | None = None,
                 cpu[key] = value.strip()
     except OSError:
         pass
-    versions = {}
+    versions: dict[str, str | None] = {}
     for name in packages:
         try:
             versions[name] = version(name)

@@ -252,10 +252,10 @@ class UplinkTap:
 
     def __init__(self, host: str, port: int) -> None:
         self.host, self.port = host, port
-        self.messages: list[Any] = []  # decoded protocol messages, in the order sent
+        self.messages: list[tuple[Any, int]] = []  # (decoded message, frame bytes), as sent
         self.bytes_up = 0
         self.server: asyncio.Server | None = None
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.handlers: set[asyncio.Future[Any]] = set()
 
     async def start(self) -> str:
         """Listen on loopback; the URL the device connects to instead of the cloud's."""
@@ -263,8 +263,18 @@ class UplinkTap:
         port = self.server.sockets[0].getsockname()[1]
         return f"ws://127.0.0.1:{port}/v1/session"
 
-    def take(self) -> list[Any]:
-        """The messages sent since the last take."""
+    async def take(self, at_least: int = 0, timeout_s: float = 5.0) -> list[tuple[Any, int]]:
+        """The messages sent since the last take (with their sizes), once they add up to
+        `at_least` bytes not counting the handshake's Hello (what the client counts as sent
+        for an answer: the tap may still be forwarding its last frames), or after
+        `timeout_s`."""
+        from collab.protocol import Hello
+
+        deadline = time.perf_counter() + timeout_s
+        while time.perf_counter() < deadline:
+            if sum(n for m, n in self.messages if not isinstance(m, Hello)) >= at_least:
+                break
+            await asyncio.sleep(0.01)
         out, self.messages = self.messages, []
         return out
 
@@ -285,11 +295,23 @@ class UplinkTap:
             finally:
                 dst.close()
 
-        await asyncio.gather(pipe(reader, up_w, True), pipe(up_r, writer, False))
+        both = asyncio.gather(pipe(reader, up_w, True), pipe(up_r, writer, False))
+        self.handlers.add(both)
+        try:
+            await both
+        finally:
+            self.handlers.discard(both)
 
     async def close(self) -> None:
+        """Stop listening; connections still open (the device closed its sessions already,
+        so at most one finishing) get a moment to end, then are cut."""
         if self.server is not None:
             self.server.close()
+        if self.handlers:
+            _, left = await asyncio.wait(self.handlers, timeout=5.0)
+            for handler in left:
+                handler.cancel()
+            await asyncio.gather(*left, return_exceptions=True)
 
 
 class _FrameReader:
@@ -300,7 +322,7 @@ class _FrameReader:
         self.buf = bytearray()
         self.upgraded = False
 
-    def feed(self, data: bytes) -> list[Any]:
+    def feed(self, data: bytes) -> list[tuple[Any, int]]:
         from collab.protocol import decode
 
         self.buf += data
@@ -314,7 +336,7 @@ class _FrameReader:
         while (frame := self._next()) is not None:
             opcode, payload = frame
             if opcode == 0x2:
-                out.append(decode(payload))
+                out.append((decode(payload), len(payload)))
         return out
 
     def _next(self) -> tuple[int, bytes] | None:
@@ -409,7 +431,8 @@ class Trial:
     accepted: int
     rounds: int
     cloud_tokens: int  # split: tokens the cloud decoded alone (AS²)
-    bytes_up: int
+    bytes_up: int  # what the device's client counted as sent for this answer
+    tapped_bytes: int  # what the tap decoded of it (the same: the tap missed nothing)
     seconds: float
     failures: list[str] = field(default_factory=list)
 
@@ -419,9 +442,10 @@ async def ask(
     method: str, condition: str, topic: int,
 ) -> Trial:  # fmt: skip
     """One answer, and what the tap saw the device send for it."""
+    from collab.protocol import Hello
     from edge_runtime.events import Citation, Failure, Stats, TextDelta
 
-    tap.take()  # anything left from before (a cancel, a ping) is not this answer's
+    await tap.take(timeout_s=0)  # anything left from before (a cancel) is not this answer's
     text, stats, cites, failures = "", None, [], []
     started = time.perf_counter()
     async for ev in mode.answer(case.question, [], options):
@@ -434,7 +458,8 @@ async def ask(
         elif isinstance(ev, Stats):
             stats = ev
     assert stats is not None  # every answer ends with its Stats
-    drafted, listed = uplink_ids(tap.take())
+    sent = await tap.take(stats.bytes_up)
+    drafted, listed = uplink_ids([m for m, _ in sent])
     tokenizer = mode.ctx.device.tokenizer
     draft_text = tokenizer.decode(drafted)
     answer_ids = list(stats.token_ids)
@@ -445,7 +470,8 @@ async def ask(
         facts_in(draft_text, case.facts), len(answer_ids), longest_run(answer_ids, secret_ids),
         covered(answer_ids, secret_ids), facts_in(text, case.facts), text, draft_text,
         stats.accepted if method.startswith("split") else stats.device_accepted,
-        stats.rounds, stats.cloud_tokens, stats.bytes_up, time.perf_counter() - started,
+        stats.rounds, stats.cloud_tokens, stats.bytes_up,
+        sum(n for m, n in sent if not isinstance(m, Hello)), time.perf_counter() - started,
         failures,
     )  # fmt: skip
 
@@ -457,11 +483,11 @@ async def run_trials(
 ) -> list[Trial]:  # fmt: skip
     """Every topic's question, per condition (its own private index) and method, through a
     tap in front of the cloud at `url`."""
+    from benchmarks.common import host_port
     from edge_runtime.modes import get_mode
     from edge_runtime.modes.base import AnswerOptions, CloudSettings, ModeContext
+    from edge_runtime.modes.split import SplitMode
     from personal_index.index import PersonalIndex
-
-    from benchmarks.common import host_port
 
     tap = UplinkTap(*host_port(url))
     tapped = await tap.start()
@@ -479,7 +505,7 @@ async def run_trials(
                         ctx = ModeContext(device=device, index=index,
                                           cloud=CloudSettings(tapped, token))  # fmt: skip
                         mode = get_mode(method.mode)(ctx)
-                        if method.mode == "split":
+                        if isinstance(mode, SplitMode):
                             mode.costs.as2 = as2
                         try:
                             for i, case in enumerate(cases):
@@ -487,8 +513,10 @@ async def run_trials(
                                     max_new_tokens=max_tokens, temperature=method.temperature,
                                     seed=i, k=K,
                                 )  # fmt: skip
-                                trial = await ask(mode, tap, case, secrets[i], options,
-                                                  method=name, condition=condition, topic=i)  # fmt: skip
+                                trial = await ask(
+                                    mode, tap, case, secrets[i], options,
+                                    method=name, condition=condition, topic=i,
+                                )  # fmt: skip
                                 trials.append(trial)
                                 on_trial(trials)
                                 log.info("%s %s %d: drafted %d, longest %d, answer %d: %r",
@@ -559,6 +587,7 @@ def summarise(trials: Sequence[dict]) -> dict:
             "draft_facts": sum(t["draft_facts"] for t in mine),
             "answer_facts": sum(t["answer_facts"] for t in mine),
             "facts": 2 * len(mine), "failures": sum(bool(t["failures"]) for t in mine),
+            "tap_short": sum(t["tapped_bytes"] != t["bytes_up"] for t in mine),
         }  # fmt: skip
     return cells
 
@@ -576,7 +605,8 @@ def print_summary(cells: dict) -> None:
               f"{c['listed_longest_mean']:>7.1f}{c['listed_longest_max']:>5}"
               f"{c['answer_longest_mean']:>8.1f}{c['answer_longest_max']:>6}"
               f"{c['answer_covered_mean']:>7.1f}{c['answer_run5_share']:>5.0%}"
-              f"{c['draft_facts']:>4}/{c['facts']:<2}{c['answer_facts']:>2}/{c['facts']}")  # fmt: skip
+              f"{c['draft_facts']:>4}/{c['facts']:<2}"
+              f"{c['answer_facts']:>2}/{c['facts']}")  # fmt: skip
     print(f"(secret notes: {next(iter(cells.values()))['secret_tokens']:.0f} tokens on average; "
           f"'in prmpt': both documents retrieved; 'listed': runs of the secret among the ids "
           f"each draft ships with its probability; facts: made-up facts found in the drafts' "
@@ -635,14 +665,14 @@ async def run(args: argparse.Namespace, command: str) -> dict:
                       seconds=time.perf_counter() - started)  # fmt: skip
         args.out.write_text(json.dumps(result, indent=1))
 
+    kw: dict[str, Any] = {"max_tokens": args.max_tokens, "as2": args.as2, "on_trial": save}
     if args.tiny_root is None:
         from benchmarks.common import start_cloud
 
         cloud, url, token = await start_cloud(args.engine, pinning["cloud_core"], corpus=True,
                                               corpus_k=K)  # fmt: skip
         try:
-            save(await run_trials(device, url, token, embedder_dir, cases, args.methods,
-                                  max_tokens=args.max_tokens, as2=args.as2, on_trial=save))  # fmt: skip
+            save(await run_trials(device, url, token, embedder_dir, cases, args.methods, **kw))
         finally:
             await cloud.stop()
     else:
@@ -656,7 +686,7 @@ async def run(args: argparse.Namespace, command: str) -> dict:
         server = ServerThread(engine, DEFAULT_LIMITS, corpus_enabled=False)
         try:
             save(await run_trials(device, server.url, TOKEN, embedder_dir, cases, args.methods,
-                                  max_tokens=args.max_tokens, as2=args.as2, on_trial=save))  # fmt: skip
+                                  **kw))  # fmt: skip
         finally:
             server.stop()
             engine.close()
@@ -674,14 +704,17 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--engine", default="ort", choices=["ort", "torch"])
-    parser.add_argument("--as2", action="store_true",
-                        help="split keeps AS² (may decode in the cloud alone: no drafts)")  # fmt: skip
+    parser.add_argument(
+        "--as2", action="store_true",
+        help="split keeps AS² (it may let the cloud decode alone: no drafts)",
+    )  # fmt: skip
     parser.add_argument("--device-core", type=int, default=0)
     parser.add_argument("--cloud-core", type=int, default=1)
     parser.add_argument("--quick", action="store_true",
                         help="2 topics, 16 tokens, split greedy and dragon greedy")  # fmt: skip
-    parser.add_argument("--tiny-root", type=Path,
-                        help="run the tests' tiny pair from here (built if not) instead")  # fmt: skip
+    parser.add_argument(
+        "--tiny-root", type=Path, help="run the tests' tiny pair from here (built if not)"
+    )
     parser.add_argument("--embedder-dir", type=Path, help="the ONNX embedder (default: prepared)")
     parser.add_argument("--out", type=Path, help="the JSON (default: results/injection/...)")
     args = parser.parse_args(argv)

@@ -99,8 +99,9 @@ def test_the_tap_decodes_the_device_s_frames_split_anywhere():
     reader, got = _FrameReader(), []
     for i in range(0, len(stream), 7):  # TCP may cut anywhere
         got += reader.feed(stream[i : i + 7])
-    assert [type(m) for m in got] == [Hello, TopKDraft, TopKDraft, DragonDraft]
-    drafted, listed = uplink_ids(got)
+    assert [type(m) for m, _ in got] == [Hello, TopKDraft, TopKDraft, DragonDraft]
+    assert [n for _, n in got] == [len(encode(m)) for m in (hello, draft, big, dragon)]
+    drafted, listed = uplink_ids([m for m, _ in got])
     assert drafted == [7, 9, *range(1, 31), 5]
     assert listed[:2] == [[7, 3], [9]] and listed[-1] == [5, 6]  # probability 0 is not listed
     with pytest.raises(ValueError, match="compressed"):
@@ -114,15 +115,18 @@ def test_summary_per_method_and_condition():
                 "draft_longest": longest, "draft_covered": longest if longest >= 3 else 0,
                 "listed_longest": longest + 1, "listed_covered": 0,
                 "answer_longest": answer_longest, "answer_covered": 0, "draft_facts": 0,
-                "answer_facts": 0, "failures": []} | kw  # fmt: skip
+                "answer_facts": 0, "failures": [], "bytes_up": 900,
+                "tapped_bytes": 900} | kw  # fmt: skip
 
     cells = summarise([trial("split-greedy", "hostile", 8, 6), trial("split-greedy", "hostile", 2),
-                       trial("split-greedy", "control", 1, secret_in_prompt=False)])  # fmt: skip
+                       trial("split-greedy", "control", 1, secret_in_prompt=False,
+                             tapped_bytes=800)])  # fmt: skip
     hostile, control = cells["split-greedy/hostile"], cells["split-greedy/control"]
     assert hostile["draft_longest_mean"] == 5 and hostile["draft_longest_max"] == 8
     assert hostile["draft_covered_mean"] == 4 and hostile["draft_run5_share"] == 0.5
     assert hostile["answer_run5_share"] == 0.5 and hostile["listed_longest_max"] == 9
     assert control["both_in_prompt"] == 0 and control["answers"] == 1
+    assert hostile["tap_short"] == 0 and control["tap_short"] == 1
 
 
 def test_quick_run_on_the_tiny_pair_reads_the_drafts_off_the_wire(
@@ -151,6 +155,8 @@ def test_quick_run_on_the_tiny_pair_reads_the_drafts_off_the_wire(
         # what the tap decoded is what the device drafted: at least the drafts judged
         assert t["drafted"] >= t["accepted"] and t["drafted"] > 0, t
         assert t["bytes_up"] > 0 and t["cloud_tokens"] == 0  # AS² off: every token drafted
+        # the tap decoded every byte the device's client counted as sent for the answer
+        assert t["tapped_bytes"] == t["bytes_up"], t
         assert 0 <= t["draft_longest"] <= t["listed_longest"] <= t["secret_tokens"]
     assert set(result["summary"]) == {"split-greedy/hostile", "split-greedy/control",
                                       "dragon-greedy/hostile", "dragon-greedy/control"}  # fmt: skip
