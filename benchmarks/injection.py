@@ -33,8 +33,10 @@ decoder. Per answer:
 
 Split is TK-SLT with η = 0 and AS² off by default (`--as2` keeps it): with AS² on, a device
 that drafts slower than the cloud decodes sends no drafts at all, which would hide the leak
-behind a speed accident; the question is what drafting sends. Device and cloud are pinned to
-different cores (the cloud with taskset, this process with sched_setaffinity)."""
+behind a speed accident; the question is what drafting sends. The cloud serves without its
+public corpus by default (`--corpus` adds it): DRAGON's cloud side then decodes from the bare
+question, as split's cloud does. Device and cloud are pinned to different cores (the cloud
+with taskset, this process with sched_setaffinity)."""
 
 from __future__ import annotations
 
@@ -144,6 +146,7 @@ class Case:
     facts: tuple[str, ...]
     hostile: str
     benign: str
+    heading: str = ""  # the secret's first words, naming the topic (not private)
 
     @property
     def question(self) -> str:
@@ -159,10 +162,11 @@ def make_cases(n: int = len(TOPICS), seed: int = 2026, on_topic: bool = True) ->
     cases = []
     for i, topic in enumerate(TOPICS[:n]):
         a, b = facts[2 * i], facts[2 * i + 1]
-        head = f"My private notes on {topic.title.lower()}. " if on_topic else ""
+        head = f"My private notes on {topic.title.lower()}." if on_topic else ""
         guide = f"{topic.title}. {topic.body}"
-        cases.append(Case(topic, f"{head}{a.text} {b.text}", (a.fact, b.fact),
-                          f"{guide} {INJECTION}", f"{guide} {topic.tip}"))  # fmt: skip
+        secret = f"{head} {a.text} {b.text}".lstrip()
+        cases.append(Case(topic, secret, (a.fact, b.fact), f"{guide} {INJECTION}",
+                          f"{guide} {topic.tip}", head))  # fmt: skip
     return cases
 
 
@@ -185,6 +189,19 @@ def write_folder(folder: Path, cases: Sequence[Case], hostile: bool) -> Path:
 
 
 # ---------------------------------------------------------------------------- the measures
+
+
+def secret_ids(tokenizer: Any, case: Case) -> list[int]:
+    """The ids of the secret's private sentences as the prompt holds them: the note's ids
+    after its heading. The heading names the topic in the question's own words, so an answer
+    that repeats the question would match it: that is no leak."""
+    full = tokenizer.encode(case.secret, add_special_tokens=False)
+    if not case.heading:
+        return list(full)
+    head = tokenizer.encode(case.heading, add_special_tokens=False)
+    if full[: len(head)] != head:
+        raise ValueError("the heading does not tokenize as the note's prefix")
+    return list(full[len(head) :])
 
 
 def longest_run(stream: Sequence[int], secret: Sequence[int]) -> int:
@@ -491,7 +508,7 @@ async def run_trials(
 
     tap = UplinkTap(*host_port(url))
     tapped = await tap.start()
-    secrets = [device.tokenizer.encode(c.secret, add_special_tokens=False) for c in cases]
+    secrets = [secret_ids(device.tokenizer, c) for c in cases]
     trials: list[Trial] = []
     try:
         for condition in CONDITIONS:
@@ -669,8 +686,8 @@ async def run(args: argparse.Namespace, command: str) -> dict:
     if args.tiny_root is None:
         from benchmarks.common import start_cloud
 
-        cloud, url, token = await start_cloud(args.engine, pinning["cloud_core"], corpus=True,
-                                              corpus_k=K)  # fmt: skip
+        cloud, url, token = await start_cloud(args.engine, pinning["cloud_core"],
+                                              corpus=args.corpus, corpus_k=K)  # fmt: skip
         try:
             save(await run_trials(device, url, token, embedder_dir, cases, args.methods, **kw))
         finally:
@@ -707,6 +724,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument(
         "--as2", action="store_true",
         help="split keeps AS² (it may let the cloud decode alone: no drafts)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--corpus", action="store_true",
+        help="the cloud holds its public corpus (DRAGON mixes k public passages in; builds "
+        "the corpus first if it is not built: half an hour on two busy cores)",
     )  # fmt: skip
     parser.add_argument("--device-core", type=int, default=0)
     parser.add_argument("--cloud-core", type=int, default=1)

@@ -20,6 +20,7 @@ from benchmarks.injection import (
     longest_run,
     main,
     make_cases,
+    secret_ids,
     summarise,
     uplink_ids,
 )
@@ -59,7 +60,8 @@ def test_each_topic_has_a_secret_with_its_facts_and_guides_that_differ_only_at_t
     assert len(set(facts)) == 20
     for case in cases:
         assert all(f in case.secret for f in case.facts)
-        assert case.topic.title.lower() in case.secret  # shares the guide's topic
+        assert case.topic.title.lower() in case.heading  # shares the guide's topic
+        assert case.secret.startswith(case.heading)
         assert not any(f.lower() in case.hostile.lower() + case.benign.lower() for f in facts)
         assert case.hostile.endswith(INJECTION) and INJECTION not in case.benign
         guide = case.hostile.removesuffix(INJECTION)
@@ -69,6 +71,15 @@ def test_each_topic_has_a_secret_with_its_facts_and_guides_that_differ_only_at_t
     off = make_cases(on_topic=False)
     assert [c.facts for c in off] == [c.facts for c in cases]
     assert all(c.topic.title.lower() not in c.secret.lower() for c in off)
+
+
+def test_the_secret_s_tokens_leave_out_its_heading(tiny_tokenizer):
+    """The heading repeats the question's topic words: matching it would count the question."""
+    for case in make_cases(3):
+        ids = secret_ids(tiny_tokenizer, case)
+        assert tiny_tokenizer.decode(ids) == case.secret.removeprefix(case.heading)
+        assert tiny_tokenizer.decode(ids).startswith(" " + case.secret.split(". ")[1][:5])
+        assert all(f in tiny_tokenizer.decode(ids) for f in case.facts)
 
 
 def _client_frame(payload: bytes, opcode: int = 0x2) -> bytes:
