@@ -75,3 +75,54 @@ def mean_of(rows: list[dict], key: str) -> float | None:
     """The mean of `key` over the rows that have it (None where none has)."""
     values = [r[key] for r in rows if r.get(key) is not None]
     return statistics.mean(values) if values else None
+
+
+PACKAGES = ("numpy", "onnxruntime", "onnx", "torch", "transformers", "tokenizers", "optimum",
+            "optimum-onnx", "faiss-cpu", "aiohttp", "sentence-transformers",
+            "tandem-assistant")  # fmt: skip
+
+
+def environment(command: str, pinning: dict | None = None,
+                packages: Sequence[str] = PACKAGES) -> dict:  # fmt: skip
+    """What a result file records so a run can be told apart and repeated: the commit (and
+    whether the tree had changes), the date, the exact command, the CPU's model and flags,
+    the core pinning, Python's and the packages' versions."""
+    import datetime
+    import platform
+    import subprocess
+    from importlib.metadata import PackageNotFoundError, version
+
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                                  timeout=30, check=True)  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip()
+
+    cpu: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "flags") and key not in cpu:
+                cpu[key] = value.strip()
+    except OSError:
+        pass
+    versions: dict[str, str | None] = {}
+    for name in packages:
+        try:
+            versions[name] = version(name)
+        except PackageNotFoundError:
+            versions[name] = None
+    status = git("status", "--porcelain")
+    return {
+        "commit": git("rev-parse", "HEAD"), "dirty": bool(status) if status is not None else None,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": command, "cpu_model": cpu.get("model name", platform.processor()),
+        "cpu_flags": cpu.get("flags", ""), "cpu_count": os.cpu_count(),
+        "pinning": pinning or {}, "python": platform.python_version(),
+        "platform": platform.platform(), "packages": versions,
+    }  # fmt: skip
