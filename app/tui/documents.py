@@ -40,6 +40,8 @@ from textual.widgets import (
 )
 from textual.worker import Worker, WorkerState, get_current_worker
 
+from app.plain import strip_controls
+from app.tui.plain import plain, plain_text
 from app.tui.status import human_bytes
 
 if TYPE_CHECKING:
@@ -157,6 +159,11 @@ class PickerTree(DirectoryTree):
     def filter_paths(self, paths: Iterable[Path]) -> Iterable[Path]:
         return [p for p in paths if not p.name.startswith(".")]
 
+    def process_label(self, label: str | Text) -> Text:
+        """A file name as it is, but without control characters (they would reach the
+        terminal)."""
+        return super().process_label(plain_text(label) if isinstance(label, str) else label)
+
 
 class ConfirmRemove(ModalScreen[bool]):
     """Asks before a document leaves the index (the file itself is never touched)."""
@@ -201,7 +208,7 @@ class ConfirmRemove(ModalScreen[bool]):
             yield Label(
                 Text.assemble(
                     "Remove ",
-                    (tilde(self.path), "bold"),
+                    plain_text(tilde(self.path), "bold"),
                     " from the index?\nThe file on disk is not touched.  ",
                     ("y", "bold"),
                     " remove · ",
@@ -344,13 +351,13 @@ class DocumentsScreen(Screen[None]):
     def _say(self, text: str, *, error: bool = False) -> None:
         self.message_text = text
         status = self.query_one("#documents-status", Static)
-        status.update(Text(text))
+        status.update(plain(text))  # carries paths and error text
         status.set_class(error, "-error")
 
     def _fail(self, text: str) -> None:
         """A plain message in the screen and a notification; the screen stays usable."""
         self._say(text, error=True)
-        self.notify(text, severity="error", markup=False)
+        self.notify(strip_controls(text), severity="error", markup=False)
 
     def _set_busy(self, busy: bool) -> None:
         self.query_one("#documents-add", Button).disabled = busy
@@ -399,7 +406,7 @@ class DocumentsScreen(Screen[None]):
             f" · {human_bytes(s.bytes_on_disk)} on disk · {s.index_kind} index",
         )
         self.query_one("#documents-stats", Static).update(line)
-        where = Text.assemble(("Private index", "bold"), f" at {tilde(snap.root)}")
+        where = Text.assemble(("Private index", "bold"), plain_text(f" at {tilde(snap.root)}"))
         self.query_one("#documents-where", Static).update(where)
         table = self.query_one("#documents-list", DataTable)
         keep = self._highlighted_document()
@@ -408,9 +415,11 @@ class DocumentsScreen(Screen[None]):
             status = (
                 Text("indexed", "green")
                 if d.status == "indexed"
-                else Text(f"failed: {d.error or '?'}", "red")
+                else plain_text(f"failed: {d.error or '?'}", "red")
             )
-            table.add_row(tilde(d.path), d.kind or "?", str(d.chunk_count), status, key=d.path)
+            # Text cells: a DataTable reads a str cell as markup, and paths are free text.
+            table.add_row(plain_text(tilde(d.path)), plain_text(d.kind or "?"),
+                          Text(str(d.chunk_count)), status, key=d.path)  # fmt: skip
         if keep is not None and keep in table.rows:
             table.move_cursor(row=table.get_row_index(keep), animate=False)
 
@@ -512,11 +521,11 @@ class DocumentsScreen(Screen[None]):
         table = self.query_one("#documents-files", DataTable)
         base = target or self._ingest_target
         for r in results:
-            table.add_row(
-                _shown_path(r.path, base),
+            table.add_row(  # Text cells: a DataTable reads a str cell as markup
+                plain_text(_shown_path(r.path, base)),
                 Text(r.outcome, _OUTCOME_STYLE.get(r.outcome, "")),
-                str(r.chunks) if r.outcome == "indexed" else "",
-                r.reason or "",
+                Text(str(r.chunks) if r.outcome == "indexed" else ""),
+                plain_text(r.reason or ""),
             )
         if not table.has_focus:  # follow the newest row unless the user is reading the table
             table.move_cursor(row=table.row_count - 1, animate=False)
@@ -535,7 +544,7 @@ class DocumentsScreen(Screen[None]):
                 self.query_one("#documents-progress", ProgressBar).update(total=1, progress=0)
                 self._fail(outcome.error)
             else:
-                self.app.notify(outcome.error, severity="error", markup=False)
+                self.app.notify(strip_controls(outcome.error), severity="error", markup=False)
         else:
             summary = f"{summarize(results)} ({outcome.seconds:.1f} s)"
             if alive:
@@ -543,7 +552,8 @@ class DocumentsScreen(Screen[None]):
                 bar.update(total=max(len(results), 1), progress=max(len(results), 1))
                 self._say(f"Done: {summary}", error=False)
             if not (alive and self.is_current):
-                self.app.notify(f"Ingest of {where} finished: {summary}", markup=False)
+                self.app.notify(strip_controls(f"Ingest of {where} finished: {summary}"),
+                                markup=False)  # fmt: skip
         log.info("ingest of %s: %s", outcome.target, outcome.error or summarize(results))
         if changed:
             self._post_index_changed()
