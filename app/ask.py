@@ -1,25 +1,34 @@
 """`tandem ask`: one question in any mode, streamed to the terminal (or one JSON object).
 
 It drives the same `Assistant` as the TUI, built from the same settings file; flags given on
-the command line override it for this question."""
+the command line override it for this question. What it prints carries model output, document
+titles, cloud text and error messages: every line goes out through `_say`, without control
+characters (an escape sequence would be obeyed by the terminal), and `--json` is always one
+valid JSON object (`app.plain.safe_json`)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from typing import Any
 
 from app.figures import dragon_parts, pipeline_parts, rapid_parts
+from app.plain import safe_json, strip_controls
+
+
+def _say(text: str = "", *, err: bool = False, end: str = "\n") -> None:
+    """Print untrusted text: C0/C1 controls stripped (newline and tab kept)."""
+    print(strip_controls(text), end=end, file=sys.stderr if err else sys.stdout, flush=True)
 
 
 def _show_progress(status) -> None:
     """The embedded cloud's first start (its corpus build), on one stderr line."""
     if status.state == "starting" and status.detail.startswith("indexing"):
-        print(f"\r{status.detail}", end="", file=sys.stderr, flush=True)
+        print("\r", end="", file=sys.stderr)  # ours: back to the line's start
+        _say(status.detail, err=True, end="")
     elif status.state != "starting":
-        print(file=sys.stderr)
+        _say(err=True)
 
 
 def _format_stats(s: dict[str, Any], device: str) -> str:
@@ -47,7 +56,7 @@ def settings_for(args: argparse.Namespace):
     try:
         settings = load_settings()
     except SettingsError as exc:
-        print(f"warning: {exc}; using the defaults", file=sys.stderr)
+        _say(f"warning: {exc}; using the defaults", err=True)
         settings = Settings()
     flags = {"variant": args.variant, "aggregator": args.aggregator, "k": args.k,
              "max_tokens": args.max_tokens, "temperature": args.temperature, "eta": args.eta,
@@ -70,25 +79,25 @@ async def run_ask(args: argparse.Namespace) -> int:
             assistant.existing_index()
         if args.mode != "local":
             if not effective_cloud(assistant.settings)[0] and not args.json:
-                print("starting the embedded cloud backend…", file=sys.stderr)
+                _say("starting the embedded cloud backend…", err=True)
             status = await assistant.connect_cloud(None if args.json else _show_progress)
             if status.state != "ready":
                 out["errors"].append(f"{status.label}: {status.detail}")
                 if not args.json:
-                    print(f"error: {status.label}: {status.detail}", file=sys.stderr)
+                    _say(f"error: {status.label}: {status.detail}", err=True)
         options = assistant.options(top_p=args.top_p, seed=args.seed)
         exchange = assistant.exchange(args.question, args.mode, options=options, save=False)
         async for event in exchange.events():
             if isinstance(event, TextDelta) and not args.json:
-                print(event.text, end="", flush=True)
+                _say(event.text, end="")
             elif isinstance(event, Notice):
                 out["notices"].append(event.text)
                 if not args.json:
-                    print(f"\n({event.text})", file=sys.stderr)
+                    _say(f"\n({event.text})", err=True)
             elif isinstance(event, Failure):
                 out["errors"].append(event.message)
                 if not args.json:
-                    print(f"\nerror: {event.message}", file=sys.stderr)
+                    _say(f"\nerror: {event.message}", err=True)
             elif isinstance(event, Citation):
                 pass  # collected by the exchange
     finally:
@@ -98,12 +107,11 @@ async def run_ask(args: argparse.Namespace) -> int:
     out["citations"] = sorted(exchange.citations, key=lambda row: row["number"])
     summary = exchange.stats.as_dict() if exchange.stats else {}
     if args.json:
-        print(json.dumps({**out, "stats": summary, "device_model": device.name},
-                         ensure_ascii=False))  # fmt: skip
+        print(safe_json({**out, "stats": summary, "device_model": device.name}), flush=True)
     else:
-        print(flush=True)
+        _say()
         for row in out["citations"]:
-            print(Source.from_dict(row).line())
+            _say(Source.from_dict(row).line())
         if summary:
-            print(_format_stats(summary, device.name), file=sys.stderr)
+            _say(_format_stats(summary, device.name), err=True)
     return 1 if out["errors"] and not out["answer"] else 0

@@ -122,3 +122,68 @@ async def test_ask_dragon_json_and_last_line_carry_its_figures_and_both_sides_so
     finally:
         await server.close()
         corpus.close()
+
+
+def test_ask_json_is_valid_json_whatever_the_numbers_and_text():
+    """A NaN citation score made `--json` print NaN, which is not JSON; C1 controls went out
+    raw (json.dumps escapes only C0 ones when ensure_ascii is off)."""
+    import json
+    import math
+
+    from app.plain import safe_json
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"not JSON: {name}")
+
+    row = {"title": "\x1b]0;pwned\x07 notes \x9b2J", "score": math.nan}
+    out = safe_json({"citations": [row], "stats": {"tokens_per_s": math.inf, "ttft_s": 0.5,
+                     "rates": (1.0, -math.inf)}, "answer": "é\tok\n"})  # fmt: skip
+    parsed = json.loads(out, parse_constant=refuse)
+    assert parsed["citations"][0] == {"title": row["title"], "score": None}  # nothing lost
+    assert parsed["stats"] == {"tokens_per_s": None, "ttft_s": 0.5, "rates": [1.0, None]}
+    assert parsed["answer"] == "é\tok\n"
+    assert "\n" not in out and all(c >= " " and not "\x7f" <= c <= "\x9f" for c in out)
+
+
+async def test_ask_strips_control_characters_from_all_it_prints(
+    tmp_path, monkeypatch, capsys, tiny, embedder_dir
+):
+    """`tandem ask` in local mode over a document whose name and text carry escape sequences:
+    the answer, the notices, the citation lines and the figures reach the terminal without
+    a control character; `--json` keeps them, escaped."""
+    import json
+
+    from app.ask import run_ask
+    from app.cli import build_parser
+    from app.settings import Settings, save_settings
+    from collab.paths import embedder_dir as prepared_embedder
+    from collab.paths import index_paths
+    from personal_index.index import PersonalIndex
+
+    monkeypatch.setenv("TANDEM_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("TANDEM_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.delenv("TANDEM_CLOUD_URL", raising=False)
+    prepared_embedder().parent.mkdir(parents=True)
+    prepared_embedder().symlink_to(embedder_dir)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    name = "\x1b[31mred\x1b[0m \x9b2J notes.md"
+    (docs / name).write_text("The \x1b]0;pwned\x07 cabin key is under the \x1b[5mmat.\n")
+    with PersonalIndex(*index_paths(), chunk_tokens=48, overlap_tokens=8) as index:
+        index.ingest([docs])
+    save_settings(Settings(device_model=str(tiny["onnx-quant"]), k=1, max_tokens=12))
+    parser = build_parser()
+    assert await run_ask(parser.parse_args(["ask", "Where is the cabin key?", "--mode",
+                                            "local", "--json"])) == 0  # fmt: skip
+    raw = capsys.readouterr().out
+    assert all(c in "\n" or (c >= " " and not "\x7f" <= c <= "\x9f") for c in raw), repr(raw)
+    out = json.loads(raw)
+    assert out["citations"][0]["title"] == name  # escaped in the JSON, not lost
+    assert await run_ask(parser.parse_args(["ask", "Where is the cabin key?", "--mode",
+                                            "local"])) == 0  # fmt: skip
+    printed = capsys.readouterr()
+    for stream in (printed.out, printed.err):
+        assert all(c in "\n\t" or (c >= " " and not "\x7f" <= c <= "\x9f") for c in stream), repr(
+            stream
+        )
+    assert "[31mred[0m 2J notes.md" in printed.out  # the citation line, less its controls

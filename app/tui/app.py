@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -23,8 +24,10 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from app.assistant import Assistant, CloudStatus
+from app.plain import strip_controls
 from app.settings import Settings, SettingsError, load_settings, save_settings
 from app.tui.chat_view import AnswerView, ConversationView, PromptInput
+from app.tui.plain import markup_escaped, plain
 from app.tui.sources import SourceScreen, SourcesPanel, by_number
 from app.tui.status import ModeBar, StatusBar, figures
 from collab.paths import config_path, describe_paths, export_dir
@@ -56,7 +59,7 @@ class TandemApp(App[None]):
     """`tandem` with no arguments."""
 
     TITLE = "Tandem"
-    CSS_PATH = "tandem.tcss"
+    CSS_PATH = Path(__file__).with_name("tandem.tcss")  # absolute: subclasses live elsewhere
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("f1", "help", "Help", id="help"),
         Binding("escape", "cancel_answer", "Cancel", id="cancel_answer", show=False),
@@ -97,6 +100,8 @@ class TandemApp(App[None]):
         self._answer_started = 0.0
         self._applying_theme = False
         self.watcher: FolderWatcher | None = None
+        self.crash: Exception | None = None
+        """The unhandled exception that stopped the app, if one did."""
 
     # ------------------------------------------------------------------ layout
 
@@ -141,7 +146,7 @@ class TandemApp(App[None]):
     def say(self, message: str, severity: SeverityLevel = "information",
             timeout: float | None = None) -> None:  # fmt: skip
         """A toast; never markup (messages carry paths and error text)."""
-        self.notify(message, severity=severity, timeout=timeout, markup=False)
+        self.notify(strip_controls(message), severity=severity, timeout=timeout, markup=False)
 
     def watch_theme(self, theme: str) -> None:
         """Themes picked in the palette persist to the config file."""
@@ -312,7 +317,7 @@ class TandemApp(App[None]):
         for info in infos:
             help_text = info.description + (f" (unavailable: {info.reason})" if info.reason
                                             else "")  # fmt: skip
-            yield SystemCommand(f"Mode: {info.name}", help_text,
+            yield SystemCommand(f"Mode: {info.name}", markup_escaped(help_text),
                                 lambda name=info.name: self.set_mode(name))  # fmt: skip
         yield SystemCommand("New conversation", "Start a new conversation",
                             self.action_new_conversation)  # fmt: skip
@@ -322,7 +327,8 @@ class TandemApp(App[None]):
                             self.action_export)  # fmt: skip
         yield SystemCommand("Documents", "Add, remove and inspect private documents",
                             self.action_documents)  # fmt: skip
-        yield SystemCommand("Settings", f"Cloud, models, default mode… ({config_path()})",
+        yield SystemCommand("Settings",
+                            markup_escaped(f"Cloud, models, default mode… ({config_path()})"),
                             self.action_settings)  # fmt: skip
         yield SystemCommand("Sources", "Show or hide the sources panel",
                             self.action_toggle_sources)  # fmt: skip
@@ -350,7 +356,7 @@ class TandemApp(App[None]):
         row = self.store.get(conversation_id)
         messages = self.store.messages(conversation_id)
         view.load(messages)
-        self.query_one("#conversation-title", Static).update(row.title)
+        self.query_one("#conversation-title", Static).update(plain(row.title))
         answers = [m for m in messages if m.role == "assistant"]
         self.sources = by_number(answers[-1].citations) if answers else []
         self.query_one(SourcesPanel).show(self.sources)
@@ -422,7 +428,7 @@ class TandemApp(App[None]):
 
         exchange = self.assistant.exchange(question, mode, conversation_id=self.conversation_id)
         self.conversation_id = exchange.conversation_id
-        self.query_one("#conversation-title", Static).update(exchange.title)
+        self.query_one("#conversation-title", Static).update(plain(exchange.title))
         view = self.conversation
         view.add_question(question)
         answer: AnswerView = view.add_answer(mode)
@@ -578,7 +584,27 @@ class TandemApp(App[None]):
         await self.assistant.close()
         self.exit()
 
+    def _handle_exception(self, error: Exception) -> None:
+        """An exception nothing handled: its traceback goes to the log file, then Textual
+        restores the terminal and exits with return code 1 (`run` says where the log is)."""
+        log.critical("the app stopped on an unhandled exception", exc_info=error)
+        self.crash = error
+        super()._handle_exception(error)
 
-def run() -> int:
-    TandemApp().run()
+
+def run(app: TandemApp | None = None, *, headless: bool = False) -> int:
+    """Run the TUI; its exit status. After an unhandled exception the terminal is back to
+    normal (Textual restores it and prints the traceback), stderr names the log file that
+    holds the traceback, and the status is non-zero."""
+    from collab.paths import log_path
+
+    app = TandemApp() if app is None else app
+    app.run(headless=headless)
+    code = app.return_code or 0
+    if app.crash is not None or code:
+        what = f"{type(app.crash).__name__}: {app.crash}" if app.crash else f"exit status {code}"
+        print(strip_controls(f"tandem stopped on an error ({what}).\n"
+                             f"The details are in the log: {log_path()}"),
+              file=sys.stderr)  # fmt: skip
+        return code or 1
     return 0

@@ -24,6 +24,8 @@ from textual.widget import Widget
 from textual.widgets import Input, Label, Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
+from app.plain import strip_controls
+from app.tui.plain import plain
 from app.tui.sources import by_number, position
 from collab.sources import Source
 
@@ -65,7 +67,8 @@ async def _stop(stream: MarkdownStream) -> None:
 
 
 class QuestionView(Static):
-    """The user's message, shown verbatim (no markup: prompts often contain brackets)."""
+    """The user's message, shown verbatim (no markup: prompts often contain brackets and
+    pasted text)."""
 
     DEFAULT_CSS = """
     QuestionView {
@@ -87,7 +90,7 @@ class QuestionView(Static):
         id: str | None = None,
         classes: str | None = None,
     ) -> None:
-        super().__init__(text, markup=False, name=name, id=id, classes=classes)
+        super().__init__(plain(text), name=name, id=id, classes=classes)
         self.text = text
 
 
@@ -122,7 +125,7 @@ class CitationLine(Horizontal, can_focus=True):
         super().__init__(classes=f"-{_css_token(source.side)}")
         self.source = source
         if source.excerpt:
-            self.tooltip = source.excerpt
+            self.tooltip = plain(source.excerpt)  # a str tooltip is read as markup
 
     @property
     def number(self) -> int:
@@ -134,9 +137,9 @@ class CitationLine(Horizontal, can_focus=True):
         return self.source.line()
 
     def compose(self) -> ComposeResult:
-        yield Label(f"[{self.number}]", markup=False, classes="cite-number")
-        yield Label(self.source.side, markup=False, classes="cite-badge")
-        yield Label(self.source.detail, markup=False, classes="cite-text")
+        yield Label(plain(f"[{self.number}]"), classes="cite-number")
+        yield Label(plain(self.source.side), classes="cite-badge")
+        yield Label(plain(self.source.detail), classes="cite-text")
 
     def on_click(self, event: events.Click) -> None:
         event.stop()
@@ -232,6 +235,7 @@ class AnswerView(Widget):
             raise ValueError(f"unknown answer status {status!r}; expected one of {STATUSES}")
         super().__init__(name=name, id=id, classes=classes)
         self.mode = mode
+        text = strip_controls(text)  # model output: no escape sequence reaches the terminal
         self._parts: list[str] = [text] if text else []
         self._initial = bool(text)  # _parts[0] is the stored text, rendered by compose
         self._text: str | None = text
@@ -255,7 +259,7 @@ class AnswerView(Widget):
 
     @property
     def text(self) -> str:
-        """The full raw Markdown received so far."""
+        """The full Markdown received so far (control characters stripped)."""
         if self._text is None:
             self._text = "".join(self._parts)
         return self._text
@@ -279,7 +283,7 @@ class AnswerView(Widget):
         with Horizontal(classes="answer-header"):
             yield Label("Tandem", classes="answer-who")
             if self.mode:
-                yield Label(f" · {self.mode}", markup=False, classes="answer-mode")
+                yield Label(plain(f" · {self.mode}"), classes="answer-mode")
             yield Label(" …", classes="answer-live")
         # Only the text given to the constructor: deltas appended before the mount are still
         # queued for the stream.
@@ -323,8 +327,10 @@ class AnswerView(Widget):
         Cheap per call: the delta is queued, and written to the `MarkdownStream` with the others
         that arrive within the same `STREAM_INTERVAL` (see the class docstring). Deltas after
         `finish()` are dropped: a token in flight when the user cancels must not crash the
-        worker or reopen the answer.
+        worker or reopen the answer. Control characters are dropped too: the Markdown widget
+        never reads console markup, but it would pass an escape sequence to the terminal.
         """
+        text = strip_controls(text)
         if not text or self._status is not None:
             return
         self._parts.append(text)
@@ -409,7 +415,7 @@ class AnswerView(Widget):
         else:
             line = note
         self._note = note
-        footer.update(line)
+        footer.update(plain(line))
         footer.display = bool(line)
 
     # -- extras --------------------------------------------------------------------------------
@@ -435,7 +441,7 @@ class AnswerView(Widget):
 
     def add_notice(self, text: str) -> Static:
         """Add a dim italic line under the body, e.g. "finishing the answer on the device"."""
-        notice = Static(text, markup=False, classes="answer-notice")
+        notice = Static(plain(text), classes="answer-notice")
         self._add(".answer-notices", notice)
         return notice
 

@@ -26,6 +26,8 @@ from app.conversations import (
     ConversationStore,
     export_paths,
 )
+from app.plain import strip_controls
+from app.tui.plain import plain, plain_text
 
 __all__ = ["ConversationTable", "ConversationsScreen", "export_paths", "format_updated"]
 
@@ -141,7 +143,7 @@ class ConversationsScreen(ModalScreen[int | None]):
         """Text cells, not strings: DataTable reads strings as markup, and titles are free text."""
         marker = "● " if row.id == self.current_id else "  "
         return (
-            Text(marker + _short(row.title), no_wrap=True),
+            plain_text(marker + _short(row.title), no_wrap=True),
             Text(str(row.messages), justify="right"),
             Text(format_updated(row.updated_at)),
         )
@@ -156,7 +158,7 @@ class ConversationsScreen(ModalScreen[int | None]):
 
     def set_status(self, text: str, *, warning: bool = False) -> None:
         status = self.query_one("#status", Static)
-        status.update(text)
+        status.update(plain(text))  # may quote a title
         status.set_class(warning, "warning")
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -274,7 +276,7 @@ class ConversationsScreen(ModalScreen[int | None]):
             title = "conversation"
         self.set_status("")
         self.refresh_rows(index=index)
-        self.notify(f"Deleted “{title}”.", markup=False)
+        self.notify(strip_controls(f"Deleted “{title}”."), markup=False)
 
     def action_export(self) -> None:
         conversation_id = self.selected_id()
@@ -286,11 +288,10 @@ class ConversationsScreen(ModalScreen[int | None]):
             md_path, json_path = self.store.export_files(conversation_id, self.export_dir)
         except (OSError, ConversationNotFound) as exc:
             logger.warning("export failed: %s", exc)
-            self.notify(f"Export failed: {exc}", severity="error", markup=False)
+            self.notify(strip_controls(f"Export failed: {exc}"), severity="error", markup=False)
             return
-        self.notify(
-            f"Exported to\n{md_path}\n{json_path}", title="Conversation exported", markup=False
-        )
+        self.notify(strip_controls(f"Exported to\n{md_path}\n{json_path}"),
+                    title="Conversation exported", markup=False)  # fmt: skip
 
     def action_close(self) -> None:
         """Escape closes the rename prompt first, then the screen."""

@@ -40,6 +40,8 @@ from textual.widgets import (
 )
 from textual.worker import Worker, WorkerState, get_current_worker
 
+from app.plain import strip_controls
+from app.tui.plain import plain, plain_text
 from app.tui.status import human_bytes
 
 if TYPE_CHECKING:
@@ -156,7 +158,7 @@ def folders_line(folders: Sequence[FolderRow], now: float | None = None) -> Text
     """'Watching ~/notes (synced 14:03:07) · ~/papers (not synced yet) · s rescans' as plain
     text (folder names are the user's: never markup)."""
     if not folders:
-        return Text("No watched folders: a folder you add here is kept in sync.")
+        return plain_text("No watched folders: a folder you add here is kept in sync.")
     now = time.time() if now is None else now
     parts = []
     for f in folders:
@@ -166,7 +168,7 @@ def folders_line(folders: Sequence[FolderRow], now: float | None = None) -> Text
             fmt = "%H:%M:%S" if now - f.synced_at < 86400 else "%Y-%m-%d %H:%M"
             when = "synced " + time.strftime(fmt, time.localtime(f.synced_at))
         parts.append(f"{tilde(f.path)} ({when})")
-    return Text("Watching " + " · ".join(parts) + " · s rescans")
+    return plain_text("Watching " + " · ".join(parts) + " · s rescans")
 
 
 class PickerTree(DirectoryTree):
@@ -175,6 +177,11 @@ class PickerTree(DirectoryTree):
 
     def filter_paths(self, paths: Iterable[Path]) -> Iterable[Path]:
         return [p for p in paths if not p.name.startswith(".")]
+
+    def process_label(self, label: str | Text) -> Text:
+        """A file name as it is, but without control characters (they would reach the
+        terminal)."""
+        return super().process_label(plain_text(label) if isinstance(label, str) else label)
 
 
 class ConfirmRemove(ModalScreen[bool]):
@@ -220,7 +227,7 @@ class ConfirmRemove(ModalScreen[bool]):
             yield Label(
                 Text.assemble(
                     "Remove ",
-                    (tilde(self.path), "bold"),
+                    plain_text(tilde(self.path), "bold"),
                     " from the index?\nThe file on disk is not touched.  ",
                     ("y", "bold"),
                     " remove · ",
@@ -369,13 +376,13 @@ class DocumentsScreen(Screen[None]):
     def _say(self, text: str, *, error: bool = False) -> None:
         self.message_text = text
         status = self.query_one("#documents-status", Static)
-        status.update(Text(text))
+        status.update(plain(text))  # carries paths and error text
         status.set_class(error, "-error")
 
     def _fail(self, text: str) -> None:
         """A plain message in the screen and a notification; the screen stays usable."""
         self._say(text, error=True)
-        self.notify(text, severity="error", markup=False)
+        self.notify(strip_controls(text), severity="error", markup=False)
 
     def _set_busy(self, busy: bool) -> None:
         self.query_one("#documents-add", Button).disabled = busy
@@ -426,7 +433,7 @@ class DocumentsScreen(Screen[None]):
             f" · {human_bytes(s.bytes_on_disk)} on disk · {s.index_kind} index",
         )
         self.query_one("#documents-stats", Static).update(line)
-        where = Text.assemble(("Private index", "bold"), f" at {tilde(snap.root)}")
+        where = Text.assemble(("Private index", "bold"), plain_text(f" at {tilde(snap.root)}"))
         self.query_one("#documents-where", Static).update(where)
         self.query_one("#documents-folders", Static).update(folders_line(snap.folders))
         table = self.query_one("#documents-list", DataTable)
@@ -436,9 +443,11 @@ class DocumentsScreen(Screen[None]):
             status = (
                 Text("indexed", "green")
                 if d.status == "indexed"
-                else Text(f"failed: {d.error or '?'}", "red")
+                else plain_text(f"failed: {d.error or '?'}", "red")
             )
-            table.add_row(tilde(d.path), d.kind or "?", str(d.chunk_count), status, key=d.path)
+            # Text cells: a DataTable reads a str cell as markup, and paths are free text.
+            table.add_row(plain_text(tilde(d.path)), plain_text(d.kind or "?"),
+                          Text(str(d.chunk_count)), status, key=d.path)  # fmt: skip
         if keep is not None and keep in table.rows:
             table.move_cursor(row=table.get_row_index(keep), animate=False)
 
@@ -546,11 +555,11 @@ class DocumentsScreen(Screen[None]):
         table = self.query_one("#documents-files", DataTable)
         base = target or self._ingest_target
         for r in results:
-            table.add_row(
-                _shown_path(r.path, base),
+            table.add_row(  # Text cells: a DataTable reads a str cell as markup
+                plain_text(_shown_path(r.path, base)),
                 Text(r.outcome, _OUTCOME_STYLE.get(r.outcome, "")),
-                str(r.chunks) if r.outcome == "indexed" else "",
-                r.reason or "",
+                Text(str(r.chunks) if r.outcome == "indexed" else ""),
+                plain_text(r.reason or ""),
             )
         if not table.has_focus:  # follow the newest row unless the user is reading the table
             table.move_cursor(row=table.row_count - 1, animate=False)
@@ -569,7 +578,7 @@ class DocumentsScreen(Screen[None]):
                 self.query_one("#documents-progress", ProgressBar).update(total=1, progress=0)
                 self._fail(outcome.error)
             else:
-                self.app.notify(outcome.error, severity="error", markup=False)
+                self.app.notify(strip_controls(outcome.error), severity="error", markup=False)
         else:
             summary = f"{summarize(results)} ({outcome.seconds:.1f} s)"
             if alive:
@@ -577,7 +586,8 @@ class DocumentsScreen(Screen[None]):
                 bar.update(total=max(len(results), 1), progress=max(len(results), 1))
                 self._say(f"Done: {summary}", error=False)
             if not (alive and self.is_current):
-                self.app.notify(f"Ingest of {where} finished: {summary}", markup=False)
+                self.app.notify(strip_controls(f"Ingest of {where} finished: {summary}"),
+                                markup=False)  # fmt: skip
         log.info("ingest of %s: %s", outcome.target, outcome.error or summarize(results))
         if outcome.folder is not None and self._on_folder_added is not None:
             self._on_folder_added(outcome.folder)

@@ -12,6 +12,8 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from app.tui.plain import plain_text
+
 
 class HelpScreen(ModalScreen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -33,13 +35,13 @@ class HelpScreen(ModalScreen[None]):
         keys = Table(box=None, show_header=True, header_style="bold", expand=True)
         for column in ("keys", "does", "id (for \\[keymap])"):
             keys.add_column(column)
-        for key, description, binding_id in self.bindings:
-            keys.add_row(key, description, binding_id)
+        for key, description, binding_id in self.bindings:  # keys come from the config file
+            keys.add_row(plain_text(key), plain_text(description), plain_text(binding_id))
         where = Table(box=None, show_header=False, expand=True)
         where.add_column(style="bold")
         where.add_column()
-        for name, path in self.paths.items():
-            where.add_row(name, path)
+        for name, path in self.paths.items():  # a Rich table reads a str cell as markup
+            where.add_row(plain_text(name), plain_text(path))
         with VerticalScroll():
             yield Static("Tandem: keys", classes="heading")
             yield Static(keys)

@@ -28,6 +28,7 @@ from app.settings import (
     save_settings,
     settings_problems,
 )
+from app.tui.plain import plain
 from collab.variants import variant_names
 
 logger = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
         s = self.settings
         with Vertical(id="dialog") as dialog:
             dialog.border_title = "Settings"
-            yield Static(f"Saved to {self.path}", id="path", markup=False)
+            yield Static(plain(f"Saved to {self.path}"), id="path")
             with Vertical(id="below"):  # docked: visible even when the form must scroll
                 yield Static("", id="error", markup=False)
                 with Horizontal(id="buttons"):
@@ -206,7 +207,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
 
     def show_error(self, text: str) -> None:
         error = self.query_one("#error", Static)
-        error.update(text)
+        error.update(plain(text))  # problems quote what was typed
         error.set_class(bool(text), "visible")
 
     def action_save(self) -> None:

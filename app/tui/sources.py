@@ -16,6 +16,7 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Label, ListItem, ListView, Static
 
+from app.tui.plain import plain, plain_text
 from collab.sources import Source
 
 S = TypeVar("S", bound=Source | Mapping[str, Any])
@@ -38,18 +39,19 @@ def position(numbers: Iterable[int], number: int) -> int:
 
 
 def badge(side: str) -> Text:
-    return Text(f" {side} ", style="bold black on green" if side == "device" else
-                "bold black on cyan")  # fmt: skip
+    return plain_text(f" {side} ", style="bold black on green" if side == "device" else
+                      "bold black on cyan")  # fmt: skip
 
 
 def source_line(src: Source) -> Text:
-    """`[1] device · notes.md (lines 3–9) · 0.82`, the side as a coloured badge."""
+    """`[1] device · notes.md (lines 3–9) · 0.82`, the side as a coloured badge. Literal:
+    titles and locations come from documents and from the cloud."""
     text = Text(f"[{src.number}] ")
     text.append_text(badge(src.side))
-    text.append(f" {src.title}")
+    text.append_text(plain_text(f" {src.title}"))
     if src.location:
-        text.append(f" ({src.location})", style="dim")
-    text.append(f" · {src.score_label}", style="dim")
+        text.append_text(plain_text(f" ({src.location})", style="dim"))
+    text.append_text(plain_text(f" · {src.score_label}", style="dim"))
     return text
 
 
@@ -61,7 +63,7 @@ class SourceItem(ListItem):
     def compose(self) -> ComposeResult:
         yield Label(source_line(self.src), classes="source-title")
         excerpt = " ".join(self.src.excerpt.split())
-        yield Label(excerpt[:160] + ("…" if len(excerpt) > 160 else ""), classes="excerpt")
+        yield Label(plain(excerpt[:160] + ("…" if len(excerpt) > 160 else "")), classes="excerpt")
 
 
 class SourcesPanel(VerticalScroll):
@@ -132,8 +134,8 @@ class SourceScreen(ModalScreen[None]):
         )
         with VerticalScroll():
             yield Static(source_line(src), id="source-title")
-            yield Static(detail, id="source-where")
-            yield Static(src.text, id="source-text", markup=False)
+            yield Static(plain(detail), id="source-where")
+            yield Static(plain(src.text), id="source-text")
 
     async def action_dismiss(self, result: None = None) -> None:
         self.dismiss(result)

@@ -10,6 +10,7 @@ from textual.message import Message
 from textual.widgets import Label, Static
 
 from app.figures import dragon_parts, pipeline_parts, rapid_parts
+from app.tui.plain import plain, plain_text
 
 if TYPE_CHECKING:
     from app.assistant import CloudStatus, ModeInfo
@@ -20,7 +21,7 @@ class ModeButton(Label):
     """One mode in the mode bar; click to switch."""
 
     def __init__(self, info: ModeInfo) -> None:
-        super().__init__(info.name, id=f"mode-{info.name}", classes="mode")
+        super().__init__(plain(info.name), id=f"mode-{info.name}", classes="mode")
         self.info = info
 
     def on_click(self) -> None:
@@ -61,8 +62,8 @@ class ModeBar(Horizontal):
                 button.info = info
                 button.set_class(info.name == active, "-active")
                 button.set_class(not info.available, "-unavailable")
-                button.tooltip = info.description + (
-                    f"\nunavailable: {info.reason}" if info.reason else ""
+                button.tooltip = plain(  # the reason may carry an error's text
+                    info.description + (f"\nunavailable: {info.reason}" if info.reason else "")
                 )
 
 
@@ -118,6 +119,7 @@ class StatusBar(Static):
         self.update(self.line_text())
 
     def line_text(self) -> Text:
+        """Literal: the cloud's state and the device line can carry error text."""
         text = Text()
         text.append(f"● {self.mode or '…'}", style="bold")
         if self.cloud is not None:
@@ -125,10 +127,10 @@ class StatusBar(Static):
                 self.cloud.state, "dim"
             )
             text.append("  │  ")
-            text.append(self.cloud.label, style=style)
+            text.append_text(plain_text(self.cloud.label, style=style))
             if self.cloud.state == "starting" and self.cloud.detail:
-                text.append(f" {self.cloud.detail}", style=style)
-        text.append("  │  " + self.device)
+                text.append_text(plain_text(f" {self.cloud.detail}", style=style))
+        text.append_text(plain_text("  │  " + self.device))
         if self.stats is not None:
             text.append("  │  ")
             text.append(figures(self.stats), style="bold" if self.answering else "")
