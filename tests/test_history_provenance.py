@@ -19,7 +19,7 @@ from cloud_backend.server import run_server
 from edge_runtime.events import Failure, Notice, TextDelta
 from edge_runtime.modes.base import CloudSettings, Turn, cloud_history
 from tests import test_modes
-from tests.test_modes import client_frames
+from tests.test_modes import WireTap
 
 cloud_engine, near_drafter = test_modes.cloud_engine, test_modes.near_drafter
 private_index = test_modes.private_index
@@ -27,59 +27,13 @@ TOKEN = test_modes.TOKEN
 QUESTION = "Where is the spare key hidden, and what is my locker code?"
 
 
-class CuttingTap:
-    """A TCP proxy that keeps what the device sends, one buffer per connection, and can cut
-    every connection at once (to the device, the cloud has vanished)."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.connections: list[tuple[bytearray, list[asyncio.StreamWriter]]] = []
-        self.server: asyncio.base_events.Server | None = None
-
-    async def start(self) -> int:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        return self.server.sockets[0].getsockname()[1]
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target_port)
-        sent = bytearray()
-        self.connections.append((sent, [writer, up_w]))
-
-        async def pipe(src, dst, keep: bool) -> None:  # type: ignore[no-untyped-def]
-            try:
-                while data := await src.read(65536):
-                    if keep:
-                        sent.extend(data)
-                    dst.write(data)
-                    await dst.drain()
-            except ConnectionError:
-                pass
-            finally:
-                dst.close()
-
-        await asyncio.gather(pipe(reader, up_w, True), pipe(up_r, writer, False))
-
-    def cut(self) -> None:
-        for _, writers in self.connections:
-            for w in writers:
-                w.transport.abort()
-
-    def sent_since(self, n: int) -> bytes:
-        """The websocket payloads the device sent on the connections opened after the n-th."""
-        return b"".join(f for sent, _ in self.connections[n:] for f in client_frames(bytes(sent)))
-
-    async def close(self) -> None:
-        if self.server:
-            self.server.close()
-
-
 @pytest.fixture
-async def tapped_cloud(cloud_engine) -> AsyncIterator[tuple[str, CuttingTap]]:
+async def tapped_cloud(cloud_engine) -> AsyncIterator[tuple[str, WireTap]]:
     config = ServerConfig(port=0, token=TOKEN, corpus_enabled=False)
     ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     server = asyncio.create_task(run_server(config, cloud_engine, ready=ready.set_result))
     url = await asyncio.wait_for(ready, 30)
-    tap = CuttingTap(int(url.rsplit(":", 1)[1].split("/")[0]))
+    tap = WireTap(int(url.rsplit(":", 1)[1].split("/")[0]))
     port = await tap.start()
     yield f"ws://127.0.0.1:{port}/v1/session", tap
     await tap.close()

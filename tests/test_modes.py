@@ -312,11 +312,14 @@ def client_frames(data: bytes) -> list[bytes]:
 
 
 class WireTap:
-    """A TCP proxy that keeps every byte the device sends, to read the websocket frames."""
+    """A TCP proxy that keeps every byte the device sends, to read the websocket frames (`up`:
+    all of it; `connections`: per connection), and can cut every connection at once (to the
+    device, the cloud has vanished)."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.up = bytearray()
+        self.connections: list[tuple[bytearray, list[asyncio.StreamWriter]]] = []
         self.server: asyncio.base_events.Server | None = None
 
     async def start(self) -> int:
@@ -325,12 +328,15 @@ class WireTap:
 
     async def _handle(self, reader, writer) -> None:
         up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target_port)
+        sent = bytearray()
+        self.connections.append((sent, [writer, up_w]))
 
         async def pipe(src, dst, keep: bool) -> None:
             try:
                 while data := await src.read(65536):
                     if keep:
                         self.up += data
+                        sent.extend(data)
                     dst.write(data)
                     await dst.drain()
             except ConnectionError:
@@ -339,6 +345,15 @@ class WireTap:
                 dst.close()
 
         await asyncio.gather(pipe(reader, up_w, True), pipe(up_r, writer, False))
+
+    def cut(self) -> None:
+        for _, writers in self.connections:
+            for w in writers:
+                w.transport.abort()
+
+    def sent_since(self, n: int) -> bytes:
+        """The websocket payloads the device sent on the connections opened after the n-th."""
+        return b"".join(f for sent, _ in self.connections[n:] for f in client_frames(bytes(sent)))
 
     def payloads(self) -> list[bytes]:
         return client_frames(bytes(self.up))
