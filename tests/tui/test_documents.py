@@ -349,6 +349,7 @@ def test_binding_ids() -> None:
         "documents_add": "a",
         "documents_remove": "d,delete",
         "documents_refresh": "r",
+        "documents_rescan": "s",
         "documents_back": "escape",
     }
 
