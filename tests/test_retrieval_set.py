@@ -1,0 +1,141 @@
+"""The retrieval benchmark's documents and questions (issue 29): Python's language reference
+written as Markdown pages, and the question set about it. Fast: no models, no index."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from benchmarks.retrieval_docs import (
+    Answer,
+    answers,
+    load_questions,
+    to_markdown,
+    topics,
+    write_reference_docs,
+)
+
+_ATX = re.compile(r"^(#{1,6}) (.*)$")
+
+
+# -- loading questions
+
+
+def test_a_chunk_answers_only_from_its_topic_with_the_phrase() -> None:
+    answer = Answer("with", "the exception is  suppressed")
+    assert answers(answer, "with", "If true,\nthe exception is\tsuppressed, and so on")
+    assert not answers(answer, "compound2", "the exception is suppressed")
+    assert not answers(answer, "with", "The Exception is suppressed")  # case counts
+    assert not answers(answer, "with", "the exception is")
+
+
+def test_a_malformed_question_is_named_in_a_plain_error(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(
+        'source = "x"\n[[question]]\nid = "a"\ntext = "t"\nkind = "semantic"\nanswers = []\n'
+        '[[question]]\nid = "b"\ntext = "t"\nkind = "vague"\nanswers = []\n'
+    )
+    with pytest.raises(ValueError, match=r"bad.toml: question 2: kind 'vague'"):
+        load_questions(path)
+    path.write_text('[[question]]\nid = "a"\nkind = "semantic"\nanswers = []\n')
+    with pytest.raises(ValueError, match=r"question 1: 'text'"):
+        load_questions(path)
+
+
+# -- the pages
+
+
+def _undo(markdown: str, original: str) -> str:
+    """`markdown` with each ATX heading turned back into the title and the underline line it
+    came from (taken from `original`), so it can be compared with `original` exactly."""
+    source = original.split("\n")
+    out: list[str] = []
+    for line in markdown.split("\n"):
+        m = _ATX.match(line)
+        if m:
+            out.append(m.group(2))
+            out.append(source[len(out)])  # the underline line that followed the title
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
+def test_write_reference_docs_writes_every_topic_with_atx_headings(tmp_path: Path) -> None:
+    texts = topics()
+    paths = write_reference_docs(tmp_path / "pages")
+    assert len(paths) == len(texts) == 79
+    assert sorted(p.stem for p in paths) == sorted(texts)
+    assert all(p.suffix == ".md" and p.parent == tmp_path / "pages" for p in paths)
+    levels: Counter[int] = Counter()
+    for path in paths:
+        written = path.read_text(encoding="utf-8")
+        original = texts[path.stem]
+        headings = [m for line in written.split("\n") if (m := _ATX.match(line))]
+        assert headings and len(headings[0].group(1)) == 1  # the page's title
+        levels.update(len(m.group(1)) for m in headings)
+        # the text outside heading underlines is unchanged, line for line
+        assert _undo(written, original) == original, path.name
+        # no underline survives: every line of one repeated punctuation char is gone,
+        # except a transition (a rule after a blank line, as in the debugger page)
+        lines = written.split("\n")
+        for i, line in enumerate(lines[1:], 1):
+            if line and line == line[0] * len(line) and line[0] in "*=-~":
+                assert not lines[i - 1].strip(), (path.name, line)
+    assert levels == {1: 79, 2: 70, 3: 49, 4: 10}
+    with_page = (tmp_path / "pages" / "with.md").read_text(encoding="utf-8")
+    assert with_page.startswith('# The "with" statement\n\nThe "with" statement is used')
+    compound = (tmp_path / "pages" / "compound.md").read_text(encoding="utf-8").split("\n")
+    for heading in ('## The "match" statement', "### Guards", "#### OR Patterns"):
+        assert heading in compound
+
+
+def test_heading_levels_follow_the_first_appearance_of_each_adornment() -> None:
+    text = "\n".join(
+        [
+            "Page",
+            "====",
+            "",
+            "Part",
+            "~~~~~~",  # longer than the title is fine (reST)
+            "text",
+            "",
+            "Other",
+            "=====",
+            "",
+            "   indented",
+            "   ----------",
+            "   indented code",
+            "------------------",  # under an indented line: not an underline
+            "short title",
+            "---",  # shorter than the title: not an underline
+            "",
+            "======",  # a transition after a blank line
+        ]
+    )
+    assert to_markdown(text).split("\n") == [
+        "# Page",
+        "",
+        "## Part",
+        "text",
+        "",
+        "# Other",
+        "",
+        "   indented",
+        "   ----------",
+        "   indented code",
+        "------------------",
+        "short title",
+        "---",
+        "",
+        "======",
+    ]
+
+
+def test_more_heading_levels_than_markdown_has_is_a_plain_error() -> None:
+    marks = '*=-~^+"'
+    text = "\n".join(f"T{i}\n{c * 2}" for i, c in enumerate(marks))
+    with pytest.raises(ValueError, match="more than 6 heading levels"):
+        to_markdown(text)
