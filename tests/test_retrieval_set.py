@@ -10,18 +10,101 @@ from pathlib import Path
 import pytest
 
 from benchmarks.retrieval_docs import (
+    QUESTION_SET,
+    SOURCE,
     Answer,
+    Question,
     answers,
+    collapse,
     load_questions,
     to_markdown,
     topics,
     write_reference_docs,
 )
 
+MINIMUM = {"semantic": 45, "keyword": 25, "offtopic": 25}
 _ATX = re.compile(r"^(#{1,6}) (.*)$")
 
 
-# -- loading questions
+@pytest.fixture(scope="module")
+def question_set() -> tuple[dict[str, object], list[Question]]:
+    return load_questions()
+
+
+@pytest.fixture(scope="module")
+def pages() -> dict[str, str]:
+    """Each topic's text, whitespace collapsed."""
+    return {name: collapse(text) for name, text in topics().items()}
+
+
+# -- the question set
+
+
+def test_the_set_loads_with_its_provenance(
+    question_set: tuple[dict[str, object], list[Question]],
+) -> None:
+    header, questions = question_set
+    assert header["source"] == SOURCE["module"] == "pydoc_data.topics"
+    assert header["python"] == "3.11"
+    assert SOURCE["python"].startswith("3.11.")
+    assert header["written_by"] and header["notes"]
+    assert questions
+
+
+def test_each_kind_has_enough_questions_and_ids_are_unique(
+    question_set: tuple[dict[str, object], list[Question]],
+) -> None:
+    _, questions = question_set
+    counts = Counter(q.kind for q in questions)
+    for kind, least in MINIMUM.items():
+        assert counts[kind] >= least, (kind, counts[kind])
+    ids = Counter(q.id for q in questions)
+    assert [i for i, n in ids.items() if n > 1] == []
+    assert all(q.text.strip() for q in questions)
+
+
+def test_questions_spread_over_many_topics(
+    question_set: tuple[dict[str, object], list[Question]],
+) -> None:
+    _, questions = question_set
+    first_answers = {q.answers[0].topic for q in questions if q.answers}
+    assert len(first_answers) >= 40, sorted(first_answers)
+
+
+def test_every_answer_phrase_is_on_its_topic_page(
+    question_set: tuple[dict[str, object], list[Question]], pages: dict[str, str]
+) -> None:
+    _, questions = question_set
+    missing = [
+        (q.id, a.topic, a.contains)
+        for q in questions
+        for a in q.answers
+        if a.topic not in pages or collapse(a.contains) not in pages[a.topic]
+    ]
+    assert missing == []
+
+
+def test_answerable_questions_have_answers_and_offtopic_ones_none(
+    question_set: tuple[dict[str, object], list[Question]],
+) -> None:
+    _, questions = question_set
+    assert [q.id for q in questions if q.kind == "offtopic" and q.answers] == []
+    assert [q.id for q in questions if q.kind != "offtopic" and not q.answers] == []
+
+
+def test_each_keyword_question_names_an_identifier_found_on_one_page_only(
+    question_set: tuple[dict[str, object], list[Question]],
+) -> None:
+    _, questions = question_set
+    texts = topics()
+    for q in questions:
+        if q.kind != "keyword":
+            assert q.identifier is None, q.id
+            continue
+        assert q.identifier and q.identifier in q.text, q.id
+        found_on = [name for name, text in texts.items() if q.identifier in text]
+        assert found_on == [q.answers[0].topic], (q.id, q.identifier, found_on)
+        assert {a.topic for a in q.answers} == {q.answers[0].topic}, q.id
 
 
 def test_a_chunk_answers_only_from_its_topic_with_the_phrase() -> None:
@@ -43,6 +126,11 @@ def test_a_malformed_question_is_named_in_a_plain_error(tmp_path: Path) -> None:
     path.write_text('[[question]]\nid = "a"\nkind = "semantic"\nanswers = []\n')
     with pytest.raises(ValueError, match=r"question 1: 'text'"):
         load_questions(path)
+
+
+def test_the_shipped_set_is_the_default() -> None:
+    assert QUESTION_SET.is_file()
+    assert load_questions(QUESTION_SET) == load_questions()
 
 
 # -- the pages
