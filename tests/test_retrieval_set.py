@@ -136,19 +136,22 @@ def test_the_shipped_set_is_the_default() -> None:
 # -- the pages
 
 
-def _undo(markdown: str, original: str) -> str:
+def _undo(markdown: str, original: str) -> tuple[str, list[tuple[int, str]]]:
     """`markdown` with each ATX heading turned back into the title and the underline line it
-    came from (taken from `original`), so it can be compared with `original` exactly."""
+    came from (taken from `original`), so it can be compared with `original` exactly; and each
+    heading's (level, underline character)."""
     source = original.split("\n")
     out: list[str] = []
+    headings: list[tuple[int, str]] = []
     for line in markdown.split("\n"):
         m = _ATX.match(line)
         if m:
             out.append(m.group(2))
             out.append(source[len(out)])  # the underline line that followed the title
+            headings.append((len(m.group(1)), out[-1][0]))
         else:
             out.append(line)
-    return "\n".join(out)
+    return "\n".join(out), headings
 
 
 def test_write_reference_docs_writes_every_topic_with_atx_headings(tmp_path: Path) -> None:
@@ -161,18 +164,21 @@ def test_write_reference_docs_writes_every_topic_with_atx_headings(tmp_path: Pat
     for path in paths:
         written = path.read_text(encoding="utf-8")
         original = texts[path.stem]
-        headings = [m for line in written.split("\n") if (m := _ATX.match(line))]
-        assert headings and len(headings[0].group(1)) == 1  # the page's title
-        levels.update(len(m.group(1)) for m in headings)
         # the text outside heading underlines is unchanged, line for line
-        assert _undo(written, original) == original, path.name
+        restored, headings = _undo(written, original)
+        assert restored == original, path.name
+        # levels: the order in which each underline character first appears on the page
+        order = list(dict.fromkeys(char for _level, char in headings))
+        assert [level for level, _ in headings] == [order.index(c) + 1 for _, c in headings]
+        assert headings[0][0] == 1  # the page's title
+        levels.update(level for level, _ in headings)
         # no underline survives: every line of one repeated punctuation char is gone,
         # except a transition (a rule after a blank line, as in the debugger page)
         lines = written.split("\n")
         for i, line in enumerate(lines[1:], 1):
             if line and line == line[0] * len(line) and line[0] in "*=-~":
                 assert not lines[i - 1].strip(), (path.name, line)
-    assert levels == {1: 79, 2: 70, 3: 49, 4: 10}
+    assert levels[1] == 79 and levels[2] > 40 and levels[3] > 20 and levels[4] >= 10
     with_page = (tmp_path / "pages" / "with.md").read_text(encoding="utf-8")
     assert with_page.startswith('# The "with" statement\n\nThe "with" statement is used')
     compound = (tmp_path / "pages" / "compound.md").read_text(encoding="utf-8").split("\n")
