@@ -14,8 +14,14 @@ from collab.files import private_opener
 from personal_index.ingest import FileResult, Ingestor, Progress
 from personal_index.parse_worker import DEFAULT_PARSE_TIMEOUT_S, ParseWorker
 from personal_index.safe_read import DEFAULT_MAX_FILE_MB
-from retrieval.chunking import Chunker, load_embedding_tokenizer
+from retrieval.chunking import (
+    DEFAULT_CHUNK_TOKENS,
+    DEFAULT_OVERLAP_TOKENS,
+    Chunker,
+    load_embedding_tokenizer,
+)
 from retrieval.embedder import OnnxEmbedder, prepare_onnx_embedder
+from retrieval.search import Searcher, SearchMode
 from retrieval.store import DocumentRow, FolderRow, Hit, IndexStore, StoreStats
 
 
@@ -50,12 +56,12 @@ class PersonalIndex:
     ) -> None:
         self.embedder = OnnxEmbedder(prepare_onnx_embedder(Path(embedder_dir)), threads=threads)
         self.store = IndexStore(Path(root), self.embedder.dim, hnsw_threshold=hnsw_threshold)
-        sizes = {
-            k: v
-            for k, v in (("chunk_tokens", chunk_tokens), ("overlap_tokens", overlap_tokens))
-            if v is not None
-        }
-        self.chunker = Chunker(load_embedding_tokenizer(), **sizes)
+        self.searcher = Searcher(self.store, self.embedder.embed)
+        self.chunker = Chunker(
+            load_embedding_tokenizer(),
+            DEFAULT_CHUNK_TOKENS if chunk_tokens is None else chunk_tokens,
+            DEFAULT_OVERLAP_TOKENS if overlap_tokens is None else overlap_tokens,
+        )
 
     def __enter__(self) -> PersonalIndex:
         return self
@@ -99,13 +105,21 @@ class PersonalIndex:
             except (OSError, sqlite3.OperationalError) as exc:
                 raise IndexWriteError(self.store.root, exc) from exc
 
-    def search(self, query: str, k: int = 5, min_score: float | None = None) -> list[Hit]:
-        """The k chunks most similar to `query` (cosine), best first, with their locations."""
+    def search(
+        self,
+        query: str,
+        k: int = 5,
+        min_score: float | None = None,
+        *,
+        mode: SearchMode = "hybrid",
+    ) -> list[Hit]:
+        """The k passages that best answer `query`, best first, none below the relevance floor
+        `min_score` (`retrieval.search`: hybrid by default)."""
         if not query or not query.strip():
             raise ValueError("empty query: type what you are looking for")
         if k <= 0:
             raise ValueError(f"k must be at least 1 (got {k})")
-        return self.store.search(self.embedder.embed([query])[0], k, min_score)
+        return self.searcher.search(query, k, mode=mode, floor=min_score)
 
     def rescore(self, hits: Sequence[Hit], text: str) -> np.ndarray:
         """Cosine of each hit's chunk with `text` (DRAGON's dynamic re-ranking: the query plus

@@ -29,7 +29,7 @@ from personal_index.parse_worker import ParseWorker
 from personal_index.parsers import DEFAULT_LIMITS, ParseError, ParseLimits, is_supported
 from personal_index.safe_read import DEFAULT_MAX_FILE_MB, MB, Refused, read_document, refusal
 from retrieval.chunking import Chunk, Chunker
-from retrieval.store import ChunkRecord, DocumentMeta, DocumentRow, IndexStore
+from retrieval.store import CHUNK_FORMAT, ChunkRecord, DocumentMeta, DocumentRow, IndexStore
 
 log = logging.getLogger(__name__)
 
@@ -183,9 +183,12 @@ class Ingestor:
 
     def _needs_work(self, path: Path, root: Path) -> _Work | None:
         """None if the stored version is current by size + mtime; else work for the pipeline,
-        which reads the file once and compares checksums (a touched file is not re-parsed)."""
+        which reads the file once and compares checksums (a touched file is not re-parsed).
+        A file indexed by an older chunk format is indexed again even if unchanged."""
         st = path.stat()
         row = self.store.document(str(path))
+        if row and row.chunk_format < CHUNK_FORMAT:
+            return _Work(path, root, None)
         if row and row.status == "indexed" and row.size == st.st_size and row.mtime == st.st_mtime:
             return None
         return _Work(path, root, row)
@@ -279,14 +282,14 @@ class Ingestor:
                 written += len(pending)
                 pending = []
                 if written >= FLUSH_EVERY:
-                    self.store.flush()
+                    self.store.flush(final=False)
                     written = 0
         if pending:
             yield from self._write(pending)
 
     def _write(self, batch: list[_Work]) -> Iterator[FileResult]:
         """Embed the chunks of several documents in one call, then store each document."""
-        texts = [c.text for w in batch for c in w.chunks]
+        texts = [c.embedded_text for w in batch for c in w.chunks]
         vectors = self.embedder.embed(texts) if texts else np.empty((0, self.embedder.dim))
         start = 0
         for work in batch:
@@ -302,6 +305,7 @@ class Ingestor:
                     c.line_end,
                     c.char_start,
                     c.char_end,
+                    c.heading or None,
                 )
                 for c in work.chunks
             ]

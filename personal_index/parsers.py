@@ -30,7 +30,7 @@ from docx.table import Table
 from pypdf import PasswordType, PdfReader
 
 from personal_index.safe_read import MB, Refused, read_document
-from retrieval.document import ParsedDocument, Section
+from retrieval.document import HeadingTrail, ParsedDocument, Section
 
 __all__ = [
     "SUPPORTED_SUFFIXES",
@@ -172,7 +172,7 @@ def _decode_text(data: bytes) -> str:
 
 
 def _stripped_section(
-    text: str, start: int, end: int, title: str | None, first_line: int
+    text: str, start: int, end: int, headings: tuple[str, ...], first_line: int
 ) -> Section | None:
     """The section for `text[start:end]` without surrounding whitespace, or None if blank.
 
@@ -185,13 +185,14 @@ def _stripped_section(
     if not body:
         return None
     line = first_line + piece.count("\n", 0, lead)
-    return Section(text=body, page=None, title=title, line_start=line, char_start=start + lead)
+    title = headings[-1] if headings else None
+    return Section(body, None, title, line, start + lead, headings)
 
 
 def _parse_txt(data: bytes, limits: ParseLimits) -> tuple[str | None, list[Section]]:
     """One section for the whole file: chunking, not the parser, decides where to cut."""
     text = _decode_text(data)
-    section = _stripped_section(text, 0, len(text), None, 1)
+    section = _stripped_section(text, 0, len(text), (), 1)
     return None, [section] if section else []
 
 
@@ -269,16 +270,17 @@ def _parse_md(data: bytes, limits: ParseLimits) -> tuple[str | None, list[Sectio
     for line in lines[:-1]:
         line_offsets.append(line_offsets[-1] + len(line) + 1)
     headings = _md_headings(lines)
-    bounds: list[tuple[int, str | None]] = [(0, None)]  # (first line index, title)
-    bounds += [(idx, title or None) for idx, _level, title in headings]
+    trail = HeadingTrail()
+    bounds: list[tuple[int, tuple[str, ...]]] = [(0, ())]  # (first line index, heading chain)
+    bounds += [(i, trail.enter(level, title) if title else ()) for i, level, title in headings]
     sections: list[Section] = []
-    for k, (idx, title) in enumerate(bounds):
+    for k, (idx, chain) in enumerate(bounds):
         end_idx = bounds[k + 1][0] if k + 1 < len(bounds) else len(lines)
         start = line_offsets[idx]
         end = line_offsets[end_idx] if end_idx < len(lines) else len(text)
         if end <= start:
             continue
-        section = _stripped_section(text, start, end, title, idx + 1)
+        section = _stripped_section(text, start, end, chain, idx + 1)
         if section:
             sections.append(section)
     h1 = next((t for _i, level, t in headings if level == 1 and t), None)
@@ -288,20 +290,22 @@ def _parse_md(data: bytes, limits: ParseLimits) -> tuple[str | None, list[Sectio
 # --- assembled formats (pdf, docx, html) ---------------------------------------------------
 
 
-def _assemble(
-    pieces: list[tuple[str, int | None, str | None]],
-) -> list[Section]:
-    """Sections from (text, page, title) pieces laid out with `_SECTION_SEP` between them;
-    blank pieces are dropped."""
+_Piece = tuple[str, int | None, tuple[str, ...]]  # (text, page, heading chain)
+
+
+def _assemble(pieces: list[_Piece]) -> list[Section]:
+    """Sections from (text, page, heading chain) pieces laid out with `_SECTION_SEP` between
+    them; blank pieces are dropped."""
     sections: list[Section] = []
     pos = 0
-    for text, page, title in pieces:
+    for text, page, chain in pieces:
         body = text.strip()
         if not body:
             continue
         if sections:
             pos += len(_SECTION_SEP)
-        sections.append(Section(text=body, page=page, title=title, line_start=None, char_start=pos))
+        title = chain[-1] if chain else None
+        sections.append(Section(body, page, title, None, pos, chain))
         pos += len(body)
     return sections
 
@@ -324,9 +328,7 @@ def _parse_pdf(data: bytes, limits: ParseLimits) -> tuple[str | None, list[Secti
     pages = len(reader.pages)
     if pages > limits.max_pages:
         raise ParseError(f"too many pages ({pages:,} > {limits.max_pages:,} cap)")
-    pieces: list[tuple[str, int | None, str | None]] = [
-        (reader.pages[i].extract_text() or "", i + 1, None) for i in range(pages)
-    ]
+    pieces: list[_Piece] = [(reader.pages[i].extract_text() or "", i + 1, ()) for i in range(pages)]
     return title, _assemble(pieces)
 
 
@@ -334,9 +336,10 @@ def _parse_docx(data: bytes, limits: ParseLimits) -> tuple[str | None, list[Sect
     """Body paragraphs and tables in order; a "Heading n" or "Title" paragraph starts a new
     section titled by it. The document title is the core property, else the first heading."""
     document = docx.Document(unpacked_zip(data, limits))
-    pieces: list[tuple[str, int | None, str | None]] = []
+    pieces: list[_Piece] = []
     current: list[str] = []
-    current_title: str | None = None
+    chain: tuple[str, ...] = ()
+    trail = HeadingTrail()
     first_heading: str | None = None
     for block in document.iter_inner_content():
         if isinstance(block, Table):
@@ -347,12 +350,12 @@ def _parse_docx(data: bytes, limits: ParseLimits) -> tuple[str | None, list[Sect
             continue
         style = (block.style.name if block.style is not None else "") or ""
         if style.startswith("Heading") or style == "Title":
-            pieces.append(("\n".join(current), None, current_title))
-            current, current_title = [text], text
+            pieces.append(("\n".join(current), None, chain))
+            current, chain = [text], trail.enter(_docx_heading_level(style), text)
             first_heading = first_heading or text
         else:
             current.append(text)
-    pieces.append(("\n".join(current), None, current_title))
+    pieces.append(("\n".join(current), None, chain))
     title = (document.core_properties.title or "").strip() or first_heading
     return title, _assemble(pieces)
 
@@ -427,12 +430,13 @@ def _parse_html(data: bytes, limits: ParseLimits) -> tuple[str | None, list[Sect
         h1 = soup.find("h1")
         title = " ".join(h1.get_text(" ").split()) if h1 else ""
 
-    pieces: list[tuple[str, int | None, str | None]] = []
+    pieces: list[_Piece] = []
     current: list[str] = []
-    current_title: str | None = None
+    chain: tuple[str, ...] = ()
+    trail = HeadingTrail()
 
     def walk(node: Tag) -> None:
-        nonlocal current, current_title
+        nonlocal current, chain
         for child in node.children:
             if isinstance(child, PreformattedString):  # comments, doctype, CDATA
                 continue
@@ -442,8 +446,9 @@ def _parse_html(data: bytes, limits: ParseLimits) -> tuple[str | None, list[Sect
                 if child.name in _HTML_HEADINGS:
                     heading = " ".join(child.get_text(" ").split())
                     if heading:
-                        pieces.append((_html_lines("".join(current)), None, current_title))
-                        current, current_title = [heading, "\n"], heading
+                        pieces.append((_html_lines("".join(current)), None, chain))
+                        level = int(child.name[1])
+                        current, chain = [heading, "\n"], trail.enter(level, heading)
                     continue
                 block = child.name in _HTML_BLOCKS
                 if block:
@@ -453,8 +458,16 @@ def _parse_html(data: bytes, limits: ParseLimits) -> tuple[str | None, list[Sect
                     current.append("\n")
 
     walk(soup)
-    pieces.append((_html_lines("".join(current)), None, current_title))
+    pieces.append((_html_lines("".join(current)), None, chain))
     return title or None, _assemble(pieces)
+
+
+def _docx_heading_level(style: str) -> int:
+    """ "Title" is level 0, "Heading 2" level 2; a heading style without a number counts as 1."""
+    if style == "Title":
+        return 0
+    digits = style.removeprefix("Heading").strip()
+    return int(digits) if digits.isdigit() else 1
 
 
 def _html_lines(raw: str) -> str:

@@ -5,6 +5,11 @@ model instead of being silently truncated, and cut with the fast tokenizer's cha
 so a chunk's text is an exact slice of the document text (what a citation shows is what was
 embedded). Windows never cross a section (page, heading section), so every chunk has one
 page/heading/line range to cite.
+
+Each chunk also carries its heading path (`document title › section › subsection`), which is
+embedded and keyword-indexed with it: a passage that never names its subject ("It returns
+None.") is still found by the section that does. The heading's tokens come out of the
+chunk's budget, so heading + text always fit the embedder's window.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ EMBEDDING_MAX_TOKENS = 256
 DEFAULT_CHUNK_TOKENS = EMBEDDING_MAX_TOKENS - 2
 # ≈ 12.5 % of a chunk: a sentence cut at a boundary is still whole in one of the two chunks.
 DEFAULT_OVERLAP_TOKENS = 32
+# At most this many of a chunk's tokens go to its heading path (a deeper path is cut at a word).
+MAX_HEADING_TOKENS = 48
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,7 @@ class Chunk:
     `ordinal` is 0-based within the document; `line_start`/`line_end` are the 1-based lines of
     the chunk's first and last characters (txt and md, else None); `char_start`/`char_end`
     delimit it in `ParsedDocument.text`, so `doc.text[c.char_start:c.char_end] == c.text`.
+    `heading` is its heading path, `document › section › subsection` ("" when not wanted).
     """
 
     text: str
@@ -49,6 +57,13 @@ class Chunk:
     line_end: int | None
     char_start: int
     char_end: int
+    heading: str = ""
+
+    @property
+    def embedded_text(self) -> str:
+        """What the embedder reads: the heading path, a newline, the text (never over its
+        window: the chunker counted the heading's tokens)."""
+        return f"{self.heading}\n{self.text}" if self.heading else self.text
 
 
 def load_embedding_tokenizer() -> Any:
@@ -70,6 +85,8 @@ class Chunker:
     than `chunk_tokens` tokens, and the overlap is exactly `overlap_tokens` unless that would
     split a word, in which case it grows by the rest of that word. A single "word" longer than
     a window (a long URL, base64) is cut inside it, as there is no better place.
+    With `headings`, each chunk's heading path and its text together hold at most
+    `chunk_tokens` tokens.
     """
 
     def __init__(
@@ -77,6 +94,8 @@ class Chunker:
         tokenizer: Any,
         chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
         overlap_tokens: int = DEFAULT_OVERLAP_TOKENS,
+        *,
+        headings: bool = True,
     ) -> None:
         if not getattr(tokenizer, "is_fast", False):
             raise ValueError("Chunker needs a fast tokenizer (for character offsets)")
@@ -96,6 +115,10 @@ class Chunker:
         self.tokenizer = tokenizer
         self.chunk_tokens = chunk_tokens
         self.overlap_tokens = overlap_tokens
+        # A heading never squeezes the text below twice the overlap (tiny test windows).
+        self.heading_tokens = (
+            min(MAX_HEADING_TOKENS, (chunk_tokens - 2 * overlap_tokens) // 2) if headings else 0
+        )
 
     def chunk(self, doc: ParsedDocument) -> list[Chunk]:
         """All chunks of `doc`, in document order."""
@@ -104,13 +127,27 @@ class Chunker:
             newlines = None
             if section.line_start is not None:
                 newlines = [i for i, ch in enumerate(section.text) if ch == "\n"]
-            for start, end in self._windows(section.text):
-                chunks.append(_make_chunk(section, start, end, len(chunks), newlines))
+            heading, used = self._heading(doc.heading_path(section))
+            for start, end in self._windows(section.text, self.chunk_tokens - used):
+                chunks.append(_make_chunk(section, start, end, len(chunks), newlines, heading))
         return chunks
 
-    def _windows(self, text: str) -> list[tuple[int, int]]:
-        """Character spans (within `text`) of the section's windows."""
-        enc = self.tokenizer(
+    def _heading(self, path: str) -> tuple[str, int]:
+        """The heading path cut (at a word) to the heading budget, and its token count."""
+        if self.heading_tokens <= 0 or not path:
+            return "", 0
+        enc = self._encode(path)
+        offsets: list[tuple[int, int]] = enc["offset_mapping"]
+        if len(offsets) <= self.heading_tokens:
+            return path, len(offsets)
+        words = enc.word_ids()
+        end = self.heading_tokens
+        while end > 1 and words[end] is not None and words[end] == words[end - 1]:
+            end -= 1
+        return path[: offsets[end - 1][1]], end
+
+    def _encode(self, text: str) -> Any:
+        return self.tokenizer(
             text,
             add_special_tokens=False,
             return_offsets_mapping=True,
@@ -118,6 +155,10 @@ class Chunker:
             return_token_type_ids=False,
             verbose=False,  # no "sequence longer than model_max_length" warning: we cut it
         )
+
+    def _windows(self, text: str, window: int) -> list[tuple[int, int]]:
+        """Character spans (within `text`) of the section's windows of `window` tokens."""
+        enc = self._encode(text)
         offsets: list[tuple[int, int]] = enc["offset_mapping"]
         n = len(offsets)
         if n == 0:
@@ -129,7 +170,7 @@ class Chunker:
         spans: list[tuple[int, int]] = []
         start = 0
         while True:
-            end = min(start + self.chunk_tokens, n)
+            end = min(start + window, n)
             if end < n:
                 snapped = end
                 while snapped > start and not word_start[snapped]:
@@ -148,7 +189,12 @@ class Chunker:
 
 
 def _make_chunk(
-    section: Section, start: int, end: int, ordinal: int, newlines: list[int] | None
+    section: Section,
+    start: int,
+    end: int,
+    ordinal: int,
+    newlines: list[int] | None,
+    heading: str,
 ) -> Chunk:
     """The chunk for `section.text[start:end]`, located in the document; `newlines` (offsets of
     newline in the section, for sections with line numbers) keeps line numbering O(log n)."""
@@ -165,4 +211,5 @@ def _make_chunk(
         line_end=line_end,
         char_start=section.char_start + start,
         char_end=section.char_start + end,
+        heading=heading,
     )

@@ -235,7 +235,7 @@ def test_long_text_windows(tmp_path: Path, tokenizer, chunk_tokens: int, overlap
     path.write_text(_long_text(3000), encoding="utf-8")
     doc = parse(path)
     text = doc.text
-    chunks = Chunker(tokenizer, chunk_tokens, overlap).chunk(doc)
+    chunks = Chunker(tokenizer, chunk_tokens, overlap, headings=False).chunk(doc)
     assert len(chunks) > 3
     _check_chunks(doc, chunks, tokenizer, chunk_tokens)
     spans = _token_spans(tokenizer, text)
@@ -265,7 +265,7 @@ def test_windows_snap_to_words(tmp_path: Path, tokenizer) -> None:
     path.write_text(_long_text(2000, seed=1, single_token=False), encoding="utf-8")
     doc = parse(path)
     chunk_tokens, overlap = 50, 6
-    chunks = Chunker(tokenizer, chunk_tokens, overlap).chunk(doc)
+    chunks = Chunker(tokenizer, chunk_tokens, overlap, headings=False).chunk(doc)
     _check_chunks(doc, chunks, tokenizer, chunk_tokens)
     spans = _token_spans(tokenizer, doc.text)
     starts = {s[0]: i for i, s in enumerate(spans)}
