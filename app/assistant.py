@@ -350,6 +350,7 @@ class Assistant:
             max_new_tokens=s.max_tokens,
             temperature=s.temperature,
             k=s.k,
+            min_score=s.relevance_floor,
             eta=s.eta,
             pipeline=s.pipeline,
         )

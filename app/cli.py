@@ -130,24 +130,33 @@ def _cmd_docs_remove(args: argparse.Namespace) -> int:
 
 
 def _cmd_search(args: argparse.Namespace) -> int:
+    """Inspect retrieval: what each search finds, its relevance and what found it. Without
+    --min-score nothing is held back, so passages under the answer's floor show too (marked)."""
+    from app.plain import safe_json, strip_controls
+    from app.settings import load_settings
     from personal_index.index import PersonalIndex
 
+    floor = load_settings().relevance_floor
     with PersonalIndex(*index_paths()) as index:
         try:
-            hits = index.search(args.query, args.k, args.min_score)
+            hits = index.search(args.query, args.k, args.min_score, mode=args.mode)
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     if args.json:
-        print(json.dumps([h.__dict__ for h in hits], indent=2, ensure_ascii=False))
+        print(safe_json([h.__dict__ | {"cited": h.score >= floor} for h in hits]))
         return 0
     if not hits:
         print("no matches")
     for rank, h in enumerate(hits, 1):
         where = h.location or f"chunk {h.ordinal}"
         excerpt = " ".join(h.text.split())[:160]
-        print(f"[{rank}] {h.score:.3f}  {h.path} ({where}){' · ' + h.title if h.title else ''}")
-        print(f"     {excerpt}")
+        below = "" if h.score >= floor else f"  (below the floor {floor:g}: not cited)"
+        print(
+            strip_controls(f"[{rank}] {h.score:.3f} {h.found_by:<7}  {h.label}  ({where}){below}")
+        )
+        print(strip_controls(f"     {h.path}"))
+        print(strip_controls(f"     {excerpt}"))
     return 0
 
 
@@ -243,6 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-corpus", action="store_true", help="serve without the public corpus")
     serve.add_argument("--corpus-limit", type=int, help="index only the first N summaries")
     serve.add_argument("--corpus-k", type=int, help="public passages per cloud-mode answer")
+    serve.add_argument("--corpus-floor", type=float,
+                       help="relevance below which a public passage is not used")  # fmt: skip
     serve.add_argument("--max-batch", type=int, dest="max_batch_sequences",
                        help="sequences of all sessions in one pass (1: no batching)")  # fmt: skip
     serve.add_argument("--tls-cert", type=Path, help="PEM certificate chain: serve wss://")
@@ -265,7 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
     search = sub.add_parser("search", help="search the private index")
     search.add_argument("query")
     search.add_argument("-k", type=int, default=5)
-    search.add_argument("--min-score", type=float)
+    search.add_argument("--min-score", type=float, help="leave out passages less relevant")
+    search.add_argument("--mode", choices=["dense", "keyword", "hybrid"], default="hybrid",
+                        help="by meaning, by keyword, or both (answers use both)")  # fmt: skip
     search.add_argument("--json", action="store_true")
     search.set_defaults(func=_cmd_search)
     paths = sub.add_parser("paths", help="where Tandem keeps its config, data, index and models")

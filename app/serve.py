@@ -59,6 +59,7 @@ def _config(args: argparse.Namespace, load_config):
         corpus_enabled=False if args.no_corpus else None,
         corpus_limit=args.corpus_limit,
         corpus_k=args.corpus_k,
+        corpus_floor=args.corpus_floor,
         max_batch_sequences=args.max_batch_sequences,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,

@@ -17,6 +17,7 @@ import tomli_w
 
 from collab.files import atomic_write
 from collab.paths import config_path
+from collab.sources import RELEVANCE_FLOOR
 from collab.temperature import eta_problem, temperature_problem
 from collab.variants import DEFAULT_VARIANT, variant_names
 from edge_runtime.options import DEFAULTS
@@ -59,6 +60,7 @@ class Settings:
     variant: str = DEFAULT_VARIANT  # split variant: a name in collab.variants
     aggregator: str = "auto"  # dragon: a name in AGGREGATORS
     k: int = DEFAULTS.k  # private passages retrieved
+    relevance_floor: float = RELEVANCE_FLOOR  # a less relevant passage is neither used nor cited
     max_tokens: int = DEFAULTS.max_new_tokens
     temperature: float = DEFAULTS.temperature
     eta: float = DEFAULTS.eta  # split: RAPID's η (0 = exact; DESIGN §5.4)
@@ -80,6 +82,7 @@ _FIELD_TYPES: dict[str, type] = {
     "variant": str,
     "aggregator": str,
     "k": int,
+    "relevance_floor": float,
     "max_tokens": int,
     "temperature": float,
     "eta": float,
@@ -100,6 +103,8 @@ def settings_problems(settings: Settings) -> list[str]:
         problems.append("default_mode must not be empty")
     if settings.k < 1:
         problems.append(f"k must be at least 1 (got {settings.k})")
+    if not -1.0 <= settings.relevance_floor <= 1.0:
+        problems.append(f"relevance_floor must be in -1..1 (got {settings.relevance_floor})")
     if settings.max_tokens < 1:
         problems.append(f"max_tokens must be at least 1 (got {settings.max_tokens})")
     if settings.ingest_max_mb < 1:

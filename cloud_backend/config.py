@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from collab.protocol import DEFAULT_LIMITS, Limits
+from collab.sources import RELEVANCE_FLOOR
 
 TOKEN_ENV = "TANDEM_CLOUD_TOKEN"
 DEFAULT_TOKEN_NAME = "default"
@@ -52,6 +53,7 @@ class ServerConfig:
     corpus_enabled: bool = True
     corpus_limit: int | None = None
     corpus_k: int = 3
+    corpus_floor: float = RELEVANCE_FLOOR  # a public passage less relevant is not used
     data_dir: Path | None = None
     tls_cert: Path | None = None  # PEM certificate chain: serve wss:// (with tls_key)
     tls_key: Path | None = None
@@ -82,6 +84,8 @@ class ServerConfig:
             raise ConfigError("threads must be at least 1 (or unset for all cores)")
         if self.corpus_k < 1:
             raise ConfigError("corpus_k must be at least 1")
+        if not -1.0 <= self.corpus_floor <= 1.0:
+            raise ConfigError(f"corpus_floor must be in -1..1, not {self.corpus_floor}")
         if self.corpus_limit is not None and self.corpus_limit < 1:
             raise ConfigError("corpus_limit must be at least 1 (or unset for the whole corpus)")
         if (self.tls_cert is None) != (self.tls_key is None):

@@ -89,6 +89,7 @@ class RequestContext:
     session: CloudSequence  # this websocket's engine session (one per websocket)
     corpus: Any | None  # PublicCorpus or None
     corpus_k: int
+    corpus_floor: float | None
     mode: Mode  # CLOUD, SPLIT or DRAGON
     variant: str  # for SPLIT: a name in collab.variants.VARIANTS
     limits: Limits

@@ -35,6 +35,7 @@ from collab.paths import embedder_dir as default_embedder_dir
 from collab.sources import Source
 from retrieval.chunking import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP_TOKENS
 from retrieval.embedder import OnnxEmbedder, prepare_onnx_embedder
+from retrieval.search import Searcher, SearchMode
 from retrieval.store import Hit, IndexStore
 
 __all__ = [
@@ -106,6 +107,7 @@ class PublicCorpus:
         self.threads = threads
         self._embedder = embedder
         self._embedder_lock = threading.Lock()
+        self.searcher = Searcher(store, lambda texts: self.embedder.embed(texts))
 
     # ---- opening --------------------------------------------------------------------------
 
@@ -161,14 +163,22 @@ class PublicCorpus:
         does not include it (a server calls this after `open`)."""
         self.embedder.embed(["warm up"])
 
-    def search(self, query: str, k: int = 5, min_score: float | None = None) -> list[PublicHit]:
-        """The k summary chunks most similar to `query` (cosine), best first."""
+    def search(
+        self,
+        query: str,
+        k: int = 5,
+        min_score: float | None = None,
+        *,
+        mode: SearchMode = "hybrid",
+    ) -> list[PublicHit]:
+        """The k summary chunks that best answer `query`, best first, none below the relevance
+        floor `min_score` (the same search as the device's: `retrieval.search`)."""
         if not isinstance(query, str) or not query.strip():
             raise ValueError("empty query: nothing to search the public corpus for")
         if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
             raise ValueError(f"k must be a positive integer, got {k!r}")
-        hits = self.store.search(self.embedder.embed([query])[0], k, min_score)
-        return sorted((self._public(h) for h in hits), key=lambda h: -h.score)
+        hits = self.searcher.search(query, k, mode=mode, floor=min_score)
+        return [self._public(h) for h in hits]
 
     def rescore(self, hits: Sequence[PublicHit], text: str) -> np.ndarray:
         """Cosine of each hit's chunk with `text` (DRAGON's dynamic re-ranking: query plus the
@@ -188,6 +198,7 @@ class PublicCorpus:
             text=hit.text,
             url=_url(title),
             chunk_id=hit.chunk_id,
+            found_by=hit.found_by,
         )
 
     def __len__(self) -> int:

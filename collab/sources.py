@@ -14,6 +14,17 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 Side = Literal["device", "cloud"]
+FoundBy = Literal["meaning", "keyword", "both", ""]
+FOUND_BY: tuple[FoundBy, ...] = ("", "meaning", "keyword", "both")
+"""Which search found a passage ("" = not recorded: older rows); its index is its wire code."""
+_FOUND_LABEL = {"meaning": "meaning", "keyword": "keyword", "both": "keyword + meaning"}
+
+RELEVANCE_FLOOR = 0.30
+"""The relevance (cosine) below which a passage is neither put in a prompt nor cited, on either
+side (the device's `relevance_floor` setting, the cloud's `corpus_floor`). Calibrated by
+`benchmarks.retrieval` (results/retrieval/python311-reference.json, "margin_floor" of
+hybrid-rrf, rounded): halfway between the best passage of 95 % of off-topic questions and 95 %
+of the passages that answer."""
 
 EXCERPT_CHARS = 300
 """What a citation previews (tooltip, sources panel, stored "excerpt")."""
@@ -43,7 +54,8 @@ class Source:
 
     The defaults describe a public source as the wire carries it, before the device numbers
     it; `side` says which side holds the text ("device" text never left the device). The
-    `excerpt` previewed is the text's start unless a stored row says otherwise.
+    `excerpt` previewed is the text's start unless a stored row says otherwise. `score` is the
+    passage's relevance; `found_by` which search found it (by meaning, by keyword, both).
     """
 
     title: str
@@ -54,6 +66,7 @@ class Source:
     side: Side = "cloud"
     path: str | None = None
     excerpt: str = ""
+    found_by: FoundBy = ""
 
     def __post_init__(self) -> None:
         if not self.excerpt:
@@ -73,11 +86,13 @@ class Source:
 
     @property
     def score_label(self) -> str:
-        return f"{self.score:.2f}"
+        """The relevance, and what found the passage when known: `0.82 keyword + meaning`."""
+        found = _FOUND_LABEL.get(self.found_by, "")
+        return f"{self.score:.2f} {found}".rstrip()
 
     @property
     def detail(self) -> str:
-        """What follows the side: `notes.md (lines 3–9) · 0.82`."""
+        """What follows the side: `notes.md (lines 3–9) · 0.82 meaning`."""
         return " · ".join(p for p in (self.heading, self.score_label) if p)
 
     def line(self) -> str:
@@ -97,6 +112,7 @@ class Source:
             "excerpt": self.excerpt,
             "path": self.path,
             "text": self.text,
+            "found_by": self.found_by,
         }
 
     @classmethod
@@ -112,4 +128,5 @@ class Source:
             side=row.get("side") or "cloud",
             path=row.get("path"),
             excerpt=str(row.get("excerpt") or ""),
+            found_by=next((f for f in FOUND_BY if f == row.get("found_by")), ""),
         )

@@ -63,6 +63,16 @@ async def retrieve_private(
     return [hit.source(n, "device") for n, hit in enumerate(hits, 1)]
 
 
+def nothing_relevant(index: Retriever | None, k: int, found: Sequence[object]) -> bool:
+    """Whether a search over the user's documents found none relevant enough to cite (the
+    answer then says so, rather than citing noise)."""
+    return index is not None and k > 0 and not found
+
+
+NOTHING_PRIVATE = "no passage in your documents is relevant enough to this question to use"
+NOTHING_PUBLIC = "no passage of the public corpus is relevant enough to this question to use"
+
+
 async def search_private(
     index: Retriever | None, question: str, k: int, min_score: float | None = None
 ) -> list[Any]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from collab.sources import RELEVANCE_FLOOR
+
 if TYPE_CHECKING:
     from collab.sampling import SamplingParams
 
@@ -20,7 +22,7 @@ class AnswerOptions:
     k: int = 3  # private passages retrieved
     eta: float = 0.0  # split: RAPID's η, how far the device's drafts pull the cloud (0 = exact)
     pipeline: bool = True  # split: PicoSpec's pipeline (draft on while the cloud verifies)
-    min_score: float | None = None
+    min_score: float | None = RELEVANCE_FLOOR  # relevance floor: below it, not cited
 
     @property
     def sampling(self) -> SamplingParams:

@@ -96,7 +96,7 @@ async def test_ask_dragon_json_and_last_line_carry_its_figures_and_both_sides_so
         save_settings(Settings(device_model=str(tiny["onnx-quant"]), k=1, max_tokens=10,
                                cloud_url=f"ws://127.0.0.1:{server.port}/v1/session",
                                cloud_token="t" * 24))  # fmt: skip
-        question = "Who owns the tandem bicycle, and what is Paris?"
+        question = "Who owns the tandem bicycle, and what was the 1755 Lisbon earthquake?"
         parser = build_parser()
         args = parser.parse_args(["ask", question, "--mode", "dragon", "--aggregator", "cloud",
                                   "--json"])  # fmt: skip

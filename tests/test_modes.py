@@ -434,6 +434,35 @@ async def test_local_mode_opens_no_socket(near_drafter, private_index, monkeypat
     assert opened == []
 
 
+async def test_an_off_topic_question_cites_nothing_and_says_so(near_drafter, private_index):
+    """Nothing in the user's documents is relevant: no passage goes into the prompt or the
+    citations, and the answer says so instead of citing noise (issue 29)."""
+    from edge_runtime.device import NOTHING_PRIVATE
+
+    ctx = ModeContext(near_drafter, private_index, CloudSettings("ws://127.0.0.1:9/x", TOKEN))
+    local = build_mode("local", ctx)
+    _, _, events = await ask(local, "Who won the football World Cup in 2010?",
+                             AnswerOptions(8, k=2))  # fmt: skip
+    assert not [e for e in events if isinstance(e, Citation)]
+    assert Notice(NOTHING_PRIVATE) in events
+    # the same question with no floor cites the user's unrelated notes: the floor did it
+    _, _, events = await ask(local, "Who won the football World Cup in 2010?",
+                             AnswerOptions(8, k=2, min_score=None))  # fmt: skip
+    assert [e for e in events if isinstance(e, Citation)]
+    assert Notice(NOTHING_PRIVATE) not in events
+
+
+def test_an_empty_citations_frame_says_nothing_public_was_relevant(near_drafter):
+    from collab.protocol import Citations
+    from collab.sources import Source
+    from edge_runtime.device import NOTHING_PUBLIC
+
+    cloud = build_mode("cloud", ModeContext(near_drafter, None, CloudSettings("ws://x/y", TOKEN)))
+    assert cloud.cite(Citations((), request_id=1)) == [Notice(NOTHING_PUBLIC)]
+    (event,) = cloud.cite(Citations((Source("Lima", score=0.7, found_by="both"),), request_id=1))
+    assert isinstance(event, Citation) and event.found_by == "both" and event.side == "cloud"
+
+
 # ---------------------------------------------------------------------------- failures
 
 

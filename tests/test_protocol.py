@@ -133,7 +133,8 @@ def messages(draw, kind: p.MsgType) -> p.Message:
         return p.Cancel(**hdr)
     if kind is p.MsgType.CITATIONS:
         score = st.floats(-1, 1, width=32)
-        src = st.builds(p.Source, text, text, score, text)
+        found = st.sampled_from(["", "meaning", "keyword", "both"])
+        src = st.builds(p.Source, text, text, score, text, found_by=found)
         return p.Citations(tuple(draw(st.lists(src, max_size=4))), **hdr)
     if kind is p.MsgType.CLOUD_DECODE:
         return p.CloudDecode(draw(u32), **hdr)
@@ -397,6 +398,8 @@ def _corpus(rng: np.random.Generator) -> list[bytes]:
         p.Generate("And then?", 64, history=("Hi", "Hello!"), retrieve=False),
         p.Generate("Split, RAPID", 32, retrieve=False, eta=0.5),
         p.Citations((p.Source("Ada Lovelace", "Wikipedia", 0.71, "Ada was…"),)),
+        p.Citations((p.Source("Ada", "Wikipedia", 0.5, "x", found_by="keyword"),)),
+        p.Citations(()),
         p.CloudDecode(16, request_id=3, step=12),
         p.Verdict(4, 99, compute_s=0.061),
         p.TokenChunk([1, 2, 3], "héllo"),
@@ -522,3 +525,11 @@ def test_generate_refuses_an_unknown_retrieve_byte():
     body[retrieve] = 2
     with pytest.raises(p.ProtocolError, match="retrieve"):
         p.decode(_frame(p.MsgType.GENERATE, bytes(body)))
+
+
+def test_a_citation_with_an_unknown_found_by_code_is_refused() -> None:
+    frame = bytearray(p.encode(p.Citations((p.Source("Ada", "W", 0.5, "x", found_by="both"),))))
+    code_at = frame.rindex(struct.pack("<fB", np.float32(0.5), 3)) + 4
+    frame[code_at] = 9
+    with pytest.raises(p.ProtocolError, match="found-by"):
+        p.decode(bytes(frame))

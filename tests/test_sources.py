@@ -40,7 +40,9 @@ def test_excerpt_is_the_text_start_and_clipping_keeps_it_consistent():
 def test_rows_round_trip_and_old_rows_load():
     src = Source("notes.md", "p. 2", 0.75, "full passage", 1, "device", "/d/notes.md")
     row = src.to_dict()
-    assert list(row) == ["number", "side", "title", "location", "score", "excerpt", "path", "text"]
+    assert list(row) == [
+        "number", "side", "title", "location", "score", "excerpt", "path", "text", "found_by"
+    ]  # fmt: skip
     assert Source.from_dict(row) == src
     old = {"number": 1, "side": "device", "title": "a.md", "location": "", "score": 0.9,
            "excerpt": "alpha"}  # fmt: skip

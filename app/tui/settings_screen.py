@@ -140,6 +140,14 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 yield aggregator
                 yield Label("Retrieval k")
                 yield Input(str(s.k), type="integer", id="k", compact=True)
+                yield Label("Relevance floor")
+                floor = Input(str(s.relevance_floor), type="number", id="relevance_floor",
+                              compact=True)  # fmt: skip
+                floor.tooltip = (
+                    "a passage less relevant than this (0-1, the score its citation shows) is "
+                    "neither given to the model nor cited; higher = fewer, surer sources"
+                )
+                yield floor
                 yield Label("Max tokens")
                 yield Input(str(s.max_tokens), type="integer", id="max_tokens", compact=True)
                 yield Label("Temperature")
@@ -172,6 +180,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
         numbers: dict[str, int | float] = {}
         for field_id, label, kind in (
             ("k", "Retrieval k", int),
+            ("relevance_floor", "Relevance floor", float),
             ("max_tokens", "Max tokens", int),
             ("temperature", "Temperature", float),
             ("eta", "RAPID η", float),
@@ -196,6 +205,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
             pipeline=self.query_one("#pipeline", Checkbox).value,
             aggregator=self._choice("aggregator"),
             k=int(numbers["k"]),
+            relevance_floor=float(numbers["relevance_floor"]),
             max_tokens=int(numbers["max_tokens"]),
             temperature=float(numbers["temperature"]),
             eta=float(numbers["eta"]),

@@ -129,9 +129,9 @@ class SourceScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         src = self.src
         where = "this device (never sent)" if src.side == "device" else "the cloud's public corpus"
-        detail = " · ".join(
-            p for p in (src.path or "", src.location, f"score {src.score:.3f}", where) if p
-        )
+        found = f"found by {src.found_by.replace('both', 'keyword and meaning')}"
+        relevance = f"relevance {src.score:.3f}" + (f", {found}" if src.found_by else "")
+        detail = " · ".join(p for p in (src.path or "", src.location, relevance, where) if p)
         with VerticalScroll():
             yield Static(source_line(src), id="source-title")
             yield Static(plain(detail), id="source-where")

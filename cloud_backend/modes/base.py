@@ -121,7 +121,9 @@ class Request(ABC):
         passages: list[Source] = []
         corpus = self.ctx.corpus
         if self.gen.retrieve and corpus is not None:
-            passages = await asyncio.to_thread(corpus.search, self.gen.question, self.ctx.corpus_k)
+            passages = await asyncio.to_thread(
+                corpus.search, self.gen.question, self.ctx.corpus_k, self.ctx.corpus_floor
+            )
             sources = tuple(p.clipped(SOURCE_CHARS) for p in passages)
             await self.ctx.send(Citations(sources, request_id=self.gen.request_id))
         budget = prompt_budget(self.ctx.engine.lm.max_context, self.gen.max_new_tokens)

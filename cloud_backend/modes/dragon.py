@@ -120,7 +120,9 @@ class DragonRequest(Request):
         with none (retrieval off, nothing found), one bare prompt at the no-document score."""
         corpus = self.ctx.corpus
         if self.gen.retrieve and corpus is not None and k > 0:
-            self.passages = await asyncio.to_thread(corpus.search, self.gen.question, k)
+            self.passages = await asyncio.to_thread(
+                corpus.search, self.gen.question, k, self.ctx.corpus_floor
+            )
             sources = tuple(p.clipped(SOURCE_CHARS) for p in self.passages)
             await self.ctx.send(Citations(sources, request_id=self.gen.request_id))
         tokenizer = self.ctx.engine.tokenizer

@@ -25,7 +25,9 @@ from typing import Any, ClassVar, TypeVar, dataclass_transform
 
 import numpy as np
 
-PROTOCOL_VERSION = 4  # 2: Generate carries RAPID's η; 4: draft frames carry the pipeline's flags
+# 2: Generate carries RAPID's η; 4: draft frames carry the pipeline's flags; 5: each citation
+# says what found it
+PROTOCOL_VERSION = 5
 MAGIC = b"TD"
 # magic, version, message type, flags, request id, epoch, step, body length
 _HEADER = struct.Struct("<2sBBHIIII")

@@ -28,7 +28,7 @@ from collab.protocol.codec import (
     _str,
     _uint,
 )
-from collab.sources import Source
+from collab.sources import FOUND_BY, Source
 from collab.temperature import eta_problem, temperature_problem
 
 
@@ -350,7 +350,8 @@ class Done(Message):
 class Citations(Message):
     """The cloud's public sources for a request (public text only: private text never
     travels), numbered in the order given, before the first token. Each carries its title,
-    location, score and text (cut by the sender, `collab.sources.SOURCE_CHARS`)."""
+    location, relevance, what found it (a byte: `collab.sources.FOUND_BY`) and text (cut by
+    the sender, `collab.sources.SOURCE_CHARS`). No sources: nothing public was relevant."""
 
     TYPE = MsgType.CITATIONS
     sources: tuple[Source, ...] = ()
@@ -362,13 +363,17 @@ class Citations(Message):
             raise ProtocolError(f"at most {self.MAX_SOURCES} sources")
         self._set(
             "sources",
-            tuple(Source(s.title, s.location, _f32(s.score), s.text) for s in self.sources),
+            tuple(
+                Source(s.title, s.location, _f32(s.score), s.text, found_by=s.found_by)
+                for s in self.sources
+            ),
         )
 
     def body(self) -> bytes:
         out = [struct.pack("<I", len(self.sources))]
         for s in self.sources:
-            out += [_str(s.title), _str(s.location), struct.pack("<f", s.score), _str(s.text)]
+            found = FOUND_BY.index(s.found_by) if s.found_by in FOUND_BY else 0
+            out += [_str(s.title), _str(s.location), _SCORE.pack(s.score, found), _str(s.text)]
         return b"".join(out)
 
     @classmethod
@@ -378,8 +383,11 @@ class Citations(Message):
         sources = []
         for _ in range(n):
             title, location = r.string("title"), r.string("location")
-            (score,) = r.unpack(_F32)
-            sources.append(Source(title, location, score, r.string("text")))
+            score, found = r.unpack(_SCORE)
+            if found >= len(FOUND_BY):
+                raise ProtocolError(f"unknown found-by code {found}")
+            text = r.string("text")
+            sources.append(Source(title, location, score, text, found_by=FOUND_BY[found]))
         return cls(tuple(sources), **hdr)
 
     def check_finite(self) -> None:
@@ -388,3 +396,4 @@ class Citations(Message):
 
 
 _F32 = struct.Struct("<f")
+_SCORE = struct.Struct("<fB")  # a source's relevance and what found it

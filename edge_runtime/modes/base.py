@@ -23,7 +23,13 @@ from collab.sampling import sample
 from collab.sources import Source
 from collab.split import Transcript
 from edge_runtime.client import HEARTBEAT_S
-from edge_runtime.device import DeviceModel, Retriever, retrieve_private
+from edge_runtime.device import (
+    NOTHING_PRIVATE,
+    DeviceModel,
+    Retriever,
+    nothing_relevant,
+    retrieve_private,
+)
 from edge_runtime.events import Event, Notice, Stats, TextDelta
 from edge_runtime.options import AnswerOptions
 from model_runtime.generate import TextStream
@@ -234,6 +240,8 @@ class Orchestrator(ABC):
         passages = await retrieve_private(self.ctx.index, question, options.k, options.min_score)
         for source in passages:
             yield source
+        if nothing_relevant(self.ctx.index, options.k, passages):
+            yield Notice(NOTHING_PRIVATE)
         answer.prompt, notices = device_prompt(device, question, history, passages, options)
         for notice in notices:
             yield notice

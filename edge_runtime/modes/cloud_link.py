@@ -24,6 +24,7 @@ from edge_runtime.client import (
     CloudUnavailable,
     ConnectionLost,
 )
+from edge_runtime.device import NOTHING_PUBLIC
 from edge_runtime.events import Citation, Event, Failure, Notice, Provenance
 from edge_runtime.modes.base import (
     Answer,
@@ -237,6 +238,8 @@ class CloudBacked(Orchestrator):
             replace(s, number=self._cited + n, side="cloud") for n, s in enumerate(shown, 1)
         ]
         self._cited += len(shown)
+        if not msg.sources:  # the cloud searched its corpus and nothing passed its floor
+            events.append(Notice(NOTHING_PUBLIC))
         if len(shown) < len(msg.sources) and not self._cut:
             self._cut = True
             events.append(Notice(f"the cloud sent more than {MAX_CITATIONS} sources for this "

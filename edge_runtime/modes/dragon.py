@@ -55,7 +55,7 @@ from collab.protocol import (
 )
 from collab.sources import Source
 from edge_runtime.client import CloudClient, CloudError, CloudProtocolError
-from edge_runtime.device import search_private
+from edge_runtime.device import NOTHING_PRIVATE, nothing_relevant, search_private
 from edge_runtime.events import Event, Notice
 from edge_runtime.modes.base import (
     Answer,
@@ -115,6 +115,8 @@ class DragonMode(CloudBacked):
         passages = [hit.source(options.k + n, "device") for n, hit in enumerate(hits, 1)]
         for source in passages:
             yield source
+        if nothing_relevant(self.ctx.index, options.k, passages):
+            yield Notice(NOTHING_PRIVATE)
         budget = prompt_budget(device.lm.max_context, options.max_new_tokens)
         prompts, dropped = [], 0
         docs: list[Source | None] = list(passages) or [None]
