@@ -11,8 +11,9 @@ posting lists are what makes a query slow on a large index.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
-__all__ = ["STOPWORDS", "keyword_terms", "match_expression"]
+__all__ = ["STOPWORDS", "affordable", "keyword_terms", "match_expression"]
 
 # Function words only (no topic words), lower case; a question's "what does ... do" is noise.
 _STOPWORD_TEXT = """
@@ -48,9 +49,27 @@ def keyword_terms(query: str) -> list[str]:
     return terms[:_MAX_TERMS]
 
 
-def match_expression(query: str) -> str | None:
-    """The FTS5 MATCH expression for `query` (None when no word is worth searching for)."""
-    terms = keyword_terms(query)
+def match_expression(query: str | Sequence[str]) -> str | None:
+    """The FTS5 MATCH expression for `query` (or for words already chosen from it); None when
+    no word is worth searching for."""
+    terms = keyword_terms(query) if isinstance(query, str) else list(query)
     if not terms:
         return None
     return " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
+
+
+def affordable(words: Sequence[str], postings: Sequence[int], budget: int) -> list[str]:
+    """The words to search for, given how many index entries each one's search reads
+    (`postings`): the rarest first, as long as their total stays within `budget`, and always
+    the rarest one. A word that matches nothing is dropped (it cannot add a hit). BM25 gives a
+    common word little weight anyway; reading its postings is what costs time on a large index
+    (a word in 20 % of 100k chunks is 20,000 entries to score)."""
+    order = sorted((n, i) for i, n in enumerate(postings) if n > 0)
+    kept: list[int] = []
+    total = 0
+    for n, i in order:
+        if kept and total + n > budget:
+            break
+        kept.append(i)
+        total += n
+    return [words[i] for i in sorted(kept)]

@@ -42,7 +42,7 @@ SearchMode = Literal["dense", "keyword", "hybrid"]
 SEARCH_MODES: tuple[SearchMode, ...] = ("dense", "keyword", "hybrid")
 Fusion = Literal["rrf", "combo"]
 FUSIONS: tuple[Fusion, ...] = ("rrf", "combo")
-#: Candidates taken from each search before fusing (and read by the reranker at most).
+#: Candidates taken from each search before fusing.
 DEFAULT_CANDIDATES = 40
 #: RRF's constant (Cormack et al. 2009): 60 damps the difference between ranks 1 and 2 just
 #: enough that agreement between the two searches counts more than one search's top rank.
@@ -116,8 +116,8 @@ class Searcher:
         mode: SearchMode = "hybrid",
         floor: float | None = None,
     ) -> list[Hit]:
-        """The k best passages for `query`, best first, none below `floor` (a relevance: the
-        reranker's probability with a reranker, else the cosine)."""
+        """The k best passages for `query`, best first (fused order), none whose relevance (its
+        cosine with the question, whichever search found it) is below `floor`."""
         if mode not in SEARCH_MODES:
             raise ValueError(f"search mode must be one of {', '.join(SEARCH_MODES)}, got {mode!r}")
         if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
@@ -145,9 +145,9 @@ class Searcher:
         return hits[:k]
 
     def _fuse(self, dense: list[Hit], keyword: list[Hit], query_vec: np.ndarray) -> list[Hit]:
-        """One list, best first: RRF order; every hit carries its cosine (the relevance until
-        a reranker says otherwise), its BM25 where the keyword search found it, and what found
-        it."""
+        """One list, best first: fused order; every hit carries its cosine (its relevance: the
+        floor and DRAGON's weights read it), its BM25 where the keyword search found it, and
+        what found it."""
         if not keyword:
             return dense
         bm25 = {h.chunk_id: h.bm25 for h in keyword}

@@ -46,7 +46,7 @@ from collab.files import (
 )
 from collab.sources import Side, Source, format_location
 from collab.sqlite_migrations import Migration, user_version
-from retrieval.keywords import match_expression
+from retrieval.keywords import affordable, keyword_terms, match_expression
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +138,9 @@ class StoredChunk:
 class Hit:
     """A search result: the chunk text, its score and its location.
 
-    `score` is the relevance the caller acts on: the cosine for a dense search, the fused or
-    reranked relevance after `retrieval.search`. `found_by` says which search found it;
+    `score` is the relevance the caller acts on: the cosine with the question, whichever search
+    found it (`retrieval.search` fills it in for keyword hits; a bare `keyword_search` leaves
+    BM25 there). `found_by` says which search found it;
     `cosine` and `bm25` are the raw scores of each search (None where it did not find it).
     """
 
@@ -373,6 +374,8 @@ _CHUNK_COLUMNS = (
 # SQLite ≥ 3.42 can make FTS5 overwrite a deleted chunk's terms at once; older ones keep them
 # in index segments until the segments are merged ('optimize' at the next scrub).
 _FTS_SECURE_DELETE = sqlite3.sqlite_version_info >= (3, 42, 0)
+#: How many keyword-index entries one search may read (`retrieval.keywords.affordable`).
+KEYWORD_POSTINGS = 5_000
 
 
 # --------------------------------------------------------------------------- store
@@ -419,6 +422,7 @@ class IndexStore:
         self._closed = False
         self._scrub_pending = False  # deleted text may still be in the WAL or old pages
         self._keywords_pending = False  # deleted words may still be in FTS5 segments
+        self._scratch_ready = False  # the temp tables that tokenise a query
         self._make_private()
         conn = sqlite3.connect(str(self.root / DB_NAME), check_same_thread=False)
         self.db = Database(conn)
@@ -1033,10 +1037,11 @@ class IndexStore:
         heading weighted double), best first; `score` and `bm25` are BM25 (higher is better).
         Identifiers in the query (`max_file_mb`, `os.path.join`, `--flag`) match as phrases."""
         _check_k(k)
-        match = match_expression(query)
-        if match is None:
-            return []
         with self._lock:
+            self._check_open()
+            match = match_expression(self._affordable_words(query))
+            if match is None:
+                return []
             self._check_open()
             rows = self.db.execute(
                 "SELECT rowid, bm25(chunks_fts, 2.0, 1.0) FROM chunks_fts WHERE chunks_fts MATCH ? "
@@ -1044,6 +1049,57 @@ class IndexStore:
                 [match, int(k)],
             ).fetchall()
             return self.hits([(int(r[0]), -float(r[1])) for r in rows], found_by="keyword")
+
+    def _affordable_words(self, query: str) -> list[str]:
+        """The question's words that the keyword search can afford to read (`affordable`):
+        each word is tokenised by FTS5 itself (a scratch table with the index's tokenizer, so
+        stems and identifier parts are exactly the index's), and each token's document count
+        comes from the index's vocabulary. Sub-millisecond; it keeps a search on a 100k-chunk
+        index from scoring every chunk that holds a common word."""
+        words = keyword_terms(query)
+        if not words:
+            return []
+        conn = self.db.conn
+        with self.db.atomic():  # scratch rows in the temp schema: main is not locked
+            if not self._scratch_ready:
+                conn.execute(
+                    "CREATE VIRTUAL TABLE IF NOT EXISTS temp.query_words USING "
+                    f"fts5(word, tokenize='{FTS_TOKENIZER}')"
+                )
+                conn.execute(
+                    "CREATE VIRTUAL TABLE IF NOT EXISTS temp.query_tokens USING "
+                    "fts5vocab(temp, query_words, 'instance')"
+                )
+                conn.execute(
+                    "CREATE VIRTUAL TABLE IF NOT EXISTS temp.chunk_terms USING "
+                    "fts5vocab(main, chunks_fts, 'row')"
+                )
+                self._scratch_ready = True
+            conn.executemany(
+                "INSERT INTO temp.query_words(rowid, word) VALUES (?, ?)", list(enumerate(words))
+            )
+            tokens: dict[int, list[str]] = {}
+            for n, term in conn.execute("SELECT doc, term FROM temp.query_tokens"):
+                tokens.setdefault(int(n), []).append(str(term))
+            conn.execute("DELETE FROM temp.query_words")
+        distinct = sorted({t for ts in tokens.values() for t in ts})
+        docs: dict[str, int] = {}
+        for start in range(0, len(distinct), 500):
+            part = distinct[start : start + 500]
+            marks = ",".join("?" * len(part))
+            docs.update(
+                conn.execute(
+                    f"SELECT term, doc FROM temp.chunk_terms WHERE term IN ({marks})", part
+                ).fetchall()
+            )
+        # a phrase reads all its tokens' entries, and matches nothing if one token is absent
+        postings = [
+            sum(docs.get(t, 0) for t in tokens.get(i, []))
+            if tokens.get(i) and all(docs.get(t, 0) for t in tokens[i])
+            else 0
+            for i in range(len(words))
+        ]
+        return affordable(words, postings, KEYWORD_POSTINGS)
 
     def hits(self, scored: Sequence[tuple[int, float]], found_by: FoundBy = "meaning") -> list[Hit]:
         """Hits for (chunk id, score) pairs, in that order; the score is also recorded as the

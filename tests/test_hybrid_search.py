@@ -254,3 +254,23 @@ def test_a_keyword_hit_removed_between_the_searches_is_not_cited(tmp_path: Path)
         put(store, "/a.md", ["the walrus protocol"])
         hits = store.hits([(999_999, 1.0)], found_by="keyword")
         assert hits == []
+
+
+def test_common_words_are_left_out_when_they_would_cost_too_much(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a large index a word in thousands of chunks is thousands of entries to score for
+    almost no BM25 weight: past the budget the rarest words are searched, never none."""
+    import retrieval.store as store_module
+    from retrieval.keywords import affordable
+
+    assert affordable(["a", "b", "c", "d"], [50, 0, 5, 30], budget=40) == ["c", "d"]
+    assert affordable(["a", "b"], [900, 700], budget=10) == ["b"]  # always the rarest one
+    assert affordable(["a"], [0], budget=10) == []  # matches nothing: nothing to read
+    with IndexStore(tmp_path, DIM) as store:
+        put(store, "/common.md", [f"the river number {i}" for i in range(60)])
+        put(store, "/rare.md", ["the river axolotl"])
+        assert store._affordable_words("river axolotl os.path") == ["river", "axolotl"]
+        monkeypatch.setattr(store_module, "KEYWORD_POSTINGS", 20)
+        assert store._affordable_words("river axolotl os.path") == ["axolotl"]
+        assert keyword_paths(store, "river axolotl") == ["/rare.md"]
