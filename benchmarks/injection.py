@@ -526,9 +526,11 @@ async def run_trials(
                             mode.costs.as2 = as2
                         try:
                             for i, case in enumerate(cases):
+                                # no relevance floor: the worst case is both documents in
+                                # the prompt, the hostile one included, whatever their score
                                 options = AnswerOptions(
                                     max_new_tokens=max_tokens, temperature=method.temperature,
-                                    seed=i, k=K,
+                                    seed=i, k=K, min_score=None,
                                 )  # fmt: skip
                                 trial = await ask(
                                     mode, tap, case, secrets[i], options,

@@ -189,17 +189,21 @@ async def test_drcg_text_answers_on_the_device_from_both_sides_passages(
     mode = DrcgTextMode(
         ModeContext(device=device, index=index, cloud=CloudSettings(cloud_url, TOKEN))
     )
-    question = "Write a short note about our trip to Maui."
+    # relevant on both sides (the passages under the relevance floor are left out)
+    question = "Write a short note about our trip to Maui and the 1755 Lisbon earthquake."
     options = AnswerOptions(12, temperature=0.0, k=2)
     events = [e async for e in mode.answer(question, [], options)]
     await mode.close()
     sources = [e for e in events if isinstance(e, Source)]
     stats = next(e for e in events if isinstance(e, Stats))
+    public = public_corpus.search(question, 2, options.min_score)
+    private = index.search(question, 2, options.min_score)
+    assert public and private
     assert [(s.number, s.side) for s in sources] == [
-        (1, "cloud"), (2, "cloud"), (3, "device"), (4, "device")
-    ]  # fmt: skip
-    public = public_corpus.search(question, 2)
-    assert [s.text for s in sources[:2]] == [p.text for p in public]
+        *((n, "cloud") for n in range(1, len(public) + 1)),
+        *((2 + n, "device") for n in range(1, len(private) + 1)),
+    ]
+    assert [s.text for s in sources[: len(public)]] == [p.text for p in public]
     assert stats.bytes_down > 0 and not stats.drafted and stats.tokens > 0
     # the same answer from the device alone, given the same prompt
     budget = prompt_budget(device.lm.max_context, options.max_new_tokens)

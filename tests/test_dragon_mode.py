@@ -24,6 +24,7 @@ from collab.dragon import (
     side_distribution,
 )
 from collab.sampling import GREEDY, SamplingParams
+from collab.sources import RELEVANCE_FLOOR
 from edge_runtime.device import DeviceModel
 from edge_runtime.events import Citation, Stats, TextDelta
 from edge_runtime.modes import build_mode
@@ -34,7 +35,9 @@ from model_runtime.torch_runtime import TorchCausalLM
 
 TOKEN = "test-token-0123456789"
 VOCAB = 151_936
-QUESTION = "Where is the spare key hidden, and what is Aachen known for?"
+# Relevant on both sides (above the relevance floor): the diary, and a summary among the first 60.
+QUESTION = "Where is the spare key hidden, and what was the 1755 Lisbon earthquake?"
+FLOOR = RELEVANCE_FLOOR  # the searches below mirror the product's, floor included
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +102,9 @@ def reference_answer(device_dir, cloud_dir, tokenizer, question, private, public
     """A single process, no link: both sides' per-document sequences decoded in lockstep, the
     two sparse mixtures as they are transmitted, and the argmax of their weighted sum."""
     budget = prompt_budget(TINY_CONTEXT, n)
-    hits = private.search(question, k) if private is not None else []
+    hits = private.search(question, k, FLOOR) if private is not None else []
     d_docs = [h.source(k + i, "device") for i, h in enumerate(hits, 1)]
-    c_docs = [replace(p, number=i) for i, p in enumerate(public.search(question, k), 1)] if (
+    c_docs = [replace(p, number=i) for i, p in enumerate(public.search(question, k, FLOOR), 1)] if (
         public is not None) else []  # fmt: skip
     sides = []
     for folder, docs in ((device_dir, d_docs), (cloud_dir, c_docs)):
@@ -460,8 +463,12 @@ async def test_drdg_sw_keeps_the_whole_answer_the_two_mixtures_find_likelier(
                                   cloud=CloudSettings(cloud_url, TOKEN)))  # fmt: skip
     _, stats, events = await ask(mode, QUESTION, AnswerOptions(n, temperature=0.0, k=k))
     await mode.close()
-    d_docs = [h.source(k + i, "device") for i, h in enumerate(private_index.search(QUESTION, k), 1)]
-    c_docs = [replace(p, number=i) for i, p in enumerate(public_corpus.search(QUESTION, k), 1)]
+    d_docs = [
+        h.source(k + i, "device") for i, h in enumerate(private_index.search(QUESTION, k, FLOOR), 1)
+    ]
+    c_docs = [
+        replace(p, number=i) for i, p in enumerate(public_corpus.search(QUESTION, k, FLOOR), 1)
+    ]
     sides = [_side(f, tiny_tokenizer, QUESTION, docs, n)
              for f, docs in ((device_dir, d_docs), (tiny["hf"], c_docs))]  # fmt: skip
     answers = [_alone(*side, n) for side in sides]
@@ -509,7 +516,9 @@ async def test_teacher_forced_cloud_mixture_across_the_link_equals_one_process(
     sequences = [f for f in frames if isinstance(f, DragonSequence)]
     assert [s.scored for s in sequences] == [True]  # no answer of its own
     assert sequences[0].tokens.tolist() == text
-    c_docs = [replace(p, number=i) for i, p in enumerate(public_corpus.search(QUESTION, k), 1)]
+    c_docs = [
+        replace(p, number=i) for i, p in enumerate(public_corpus.search(QUESTION, k, FLOOR), 1)
+    ]
     lm, prompts, scores = _side(tiny["hf"], tiny_tokenizer, QUESTION, c_docs, n)
     want = [_log_likelihood(lm, prompts, scores, text[: i + 1]) for i in range(n)]
     np.testing.assert_allclose(np.cumsum(sequences[0].logprobs), want, rtol=1e-5, atol=1e-4)

@@ -266,6 +266,13 @@ def test_cli_search_list_remove(tmp_path, embedder_dir):
     assert out.returncode == 0 and "5 indexed, 1 skipped" in out.stdout
     hits = json.loads(cli("search", "volcanoes", "-k", "2", "--json", env=env).stdout)
     assert hits[0]["path"].endswith("geology.pdf") and hits[0]["page"] == 2
+    assert hits[0]["found_by"] in ("meaning", "both") and hits[0]["cited"] is True
+    by = {m: json.loads(cli("search", "volcanoes", "--mode", m, "--json", env=env).stdout)
+          for m in ("keyword", "dense")}  # fmt: skip
+    assert by["keyword"] and {h["found_by"] for h in by["keyword"]} == {"keyword"}
+    assert {h["found_by"] for h in by["dense"]} == {"meaning"}
+    noise = cli("search", "who won the football world cup in 2010", env=env).stdout
+    assert "below the floor" in noise  # shown for inspection, marked: answers leave it out
     assert "geology.pdf" in cli("docs", "list", env=env).stdout
     bad = cli("search", "", env=env)
     assert bad.returncode == 2 and "empty query" in bad.stderr
