@@ -19,6 +19,7 @@ relevance floor drops passages below it: they are neither put in a prompt nor ci
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -76,12 +77,9 @@ def _minmax(scores: dict[int, float]) -> dict[int, float]:
     return {i: (v - low) / span if span > 0 else 1.0 for i, v in scores.items()}
 
 
-def _convex_combination(
-    cosine: dict[int, float | None], bm25: dict[int, float | None]
-) -> dict[int, float]:
+def _convex_combination(cosine: dict[int, float], bm25: dict[int, float]) -> dict[int, float]:
     """½ min-max(cosine) + ½ min-max(BM25) over the candidates (0 where BM25 did not match)."""
-    cos = _minmax({i: c for i, c in cosine.items() if c is not None})
-    kw = _minmax({i: b for i, b in bm25.items() if b is not None})
+    cos, kw = _minmax(cosine), _minmax(bm25)
     return {i: 0.5 * c + 0.5 * kw.get(i, 0.0) for i, c in cos.items()}
 
 
@@ -150,31 +148,27 @@ class Searcher:
         what found it."""
         if not keyword:
             return dense
-        bm25 = {h.chunk_id: h.bm25 for h in keyword}
+        bm25 = {h.chunk_id: float(h.bm25 or 0.0) for h in keyword}
         by_id = {h.chunk_id: h for h in keyword} | {h.chunk_id: h for h in dense}
-        cosine = {h.chunk_id: h.cosine for h in dense}
-        missing = [i for i in by_id if cosine.get(i) is None]
+        cosine = {h.chunk_id: float(h.cosine or 0.0) for h in dense}
+        in_dense = set(cosine)
+        missing = [i for i in by_id if i not in in_dense]
         if missing:  # found by keyword only: their cosine from the stored vectors
             q = np.asarray(query_vec, dtype=np.float32)
             q = q / max(float(np.linalg.norm(q)), 1e-12)
-            try:
-                cos = self.store.get_vectors(missing) @ q
-            except KeyError:  # removed since the keyword search: drop them
-                cos = None
-            for n, i in enumerate(missing):
-                cosine[i] = None if cos is None else float(cos[n])
+            with contextlib.suppress(KeyError):  # removed since the keyword search: left out
+                cos = (self.store.get_vectors(missing) @ q).tolist()
+                cosine.update(zip(missing, cos, strict=True))
         if self.fusion == "combo":
             fused = _convex_combination(cosine, bm25)
         else:
             rankings = [[h.chunk_id for h in dense], [h.chunk_id for h in keyword]]
             fused = reciprocal_rank_fusion(rankings)
-        order = sorted((i for i in fused if cosine.get(i) is not None), key=lambda i: -fused[i])
-        in_dense = {h.chunk_id for h in dense}
         out = []
-        for i in order:
+        for i in sorted((i for i in fused if i in cosine), key=lambda i: -fused[i]):
             found: FoundBy = (
                 "both" if i in bm25 and i in in_dense else "keyword" if i in bm25 else "meaning"
             )
-            c = float(cosine[i])  # type: ignore[arg-type]
+            c = cosine[i]
             out.append(replace(by_id[i], score=c, cosine=c, bm25=bm25.get(i), found_by=found))
         return out
