@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from app.settings import Settings, effective_cloud
-from collab.paths import conversations_path, index_paths
+from collab.plumbing.paths import conversations_path, index_paths
 
 if TYPE_CHECKING:
     from app.conversations import ConversationStore

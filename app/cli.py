@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from collab.paths import index_dir, index_paths
+from collab.plumbing.paths import index_dir, index_paths
 
 
 def _cmd_models_prepare(args: argparse.Namespace) -> int:
@@ -290,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_paths(args: argparse.Namespace) -> int:
-    from collab.paths import config_path, describe_paths
+    from collab.plumbing.paths import config_path, describe_paths
 
     paths = {"config": str(config_path()), **describe_paths()}
     if args.json:
@@ -306,7 +306,7 @@ def tui_logging() -> logging.Handler:
     documents and questions). The data folder is then made private, so that a tightening of
     an older install is logged in it."""
     from app.logfile import log_to_file
-    from collab.paths import log_path, secure_data_dir
+    from collab.plumbing.paths import log_path, secure_data_dir
 
     handler = log_to_file(log_path())
     secure_data_dir()
@@ -342,7 +342,7 @@ def _main(argv: list[str]) -> int:
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    from collab.paths import data_dir, secure_data_dir
+    from collab.plumbing.paths import data_dir, secure_data_dir
 
     if data_dir().is_dir():  # a new one is created 0700 by whatever first writes there
         secure_data_dir()

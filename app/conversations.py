@@ -1,7 +1,7 @@
 """Conversation history in SQLite, with `PRAGMA user_version` migrations.
 
 The schema version lives in the file header (`PRAGMA user_version`); `MIGRATIONS[i]` takes a
-database from version i to i + 1, run by `collab.sqlite_migrations` (each step with its version
+database from version i to i + 1, run by `collab.plumbing.migrations` (each step with its
 bump in one transaction, so a failed step leaves the file at the version before it). A file
 from a newer Tandem is refused, never rewritten.
 
@@ -26,10 +26,15 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from collab import sqlite_migrations
-from collab.files import PRIVATE_FILE_MODE, atomic_write, make_private_dir, private_sqlite_file
+from collab.plumbing import migrations
+from collab.plumbing.files import (
+    PRIVATE_FILE_MODE,
+    atomic_write,
+    make_private_dir,
+    private_sqlite_file,
+)
+from collab.plumbing.migrations import transaction
 from collab.sources import Source
-from collab.sqlite_migrations import transaction
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +110,7 @@ def _v2_shared_chars(conn: sqlite3.Connection) -> None:
 
 
 # MIGRATIONS[i] takes the schema from version i to i + 1. Add v3 as one more function here.
-MIGRATIONS: list[sqlite_migrations.Migration] = [_v1_initial, _v2_shared_chars]
+MIGRATIONS: list[migrations.Migration] = [_v1_initial, _v2_shared_chars]
 SCHEMA_VERSION = len(MIGRATIONS)  # 2
 
 
@@ -115,7 +120,7 @@ def migrate(conn: sqlite3.Connection, path: Path | str = "database") -> int:
     `conn` must be in autocommit mode (isolation_level=None) so the transactions are ours.
     """
     # MIGRATIONS is read at call time, so tests can add a step.
-    return sqlite_migrations.migrate(conn, MIGRATIONS, name=str(path))
+    return migrations.migrate(conn, MIGRATIONS, name=str(path))
 
 
 @dataclass(frozen=True)
@@ -246,7 +251,7 @@ class ConversationStore:
             self._conn.execute("PRAGMA foreign_keys = ON")
             self._conn.execute("PRAGMA busy_timeout = 5000")
             migrate(self._conn, self.path)
-        except sqlite_migrations.SchemaTooNewError as exc:
+        except migrations.SchemaTooNewError as exc:
             self._conn.close()
             raise SchemaTooNewError(str(exc)) from exc
         except sqlite3.DatabaseError as exc:

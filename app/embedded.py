@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from collab.files import make_private_dir, private_opener
+from collab.plumbing.files import make_private_dir, private_opener
 
 log = logging.getLogger("tandem.embedded")
 READY_PREFIX = "ready "
@@ -46,7 +46,7 @@ class EmbeddedCloudError(RuntimeError):
 
 def default_log_path() -> Path:
     """`<data dir>/cloud.log`, beside the TUI's own `tandem.log`."""
-    from collab.paths import data_dir
+    from collab.plumbing.paths import data_dir
 
     return data_dir() / LOG_NAME
 

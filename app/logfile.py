@@ -13,7 +13,7 @@ from io import TextIOWrapper
 from pathlib import Path
 from typing import cast
 
-from collab.files import make_private_dir, private_opener, tighten
+from collab.plumbing.files import make_private_dir, private_opener, tighten
 
 __all__ = ["LOG_BACKUPS", "LOG_MAX_BYTES", "PrivateRotatingFileHandler", "log_to_file"]
 

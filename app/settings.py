@@ -15,8 +15,8 @@ from typing import Any
 
 import tomli_w
 
-from collab.files import atomic_write
-from collab.paths import config_path
+from collab.plumbing.files import atomic_write
+from collab.plumbing.paths import config_path
 from collab.sources import RELEVANCE_FLOOR
 from collab.temperature import eta_problem, temperature_problem
 from collab.variants import DEFAULT_VARIANT, variant_names

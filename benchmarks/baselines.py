@@ -3,7 +3,8 @@
 DRDG/SW (sequence-wise output aggregation, REPLUG / RAG-Sequence): each side answers alone
 from its own mixture over its own documents; then the two whole answers are exchanged once,
 each is scored under both mixtures (teacher-forced, one batched step per side), and the device
-keeps one: P(y) = η^device P^device(y) + η^cloud P^cloud(y) (`collab.dragon.sequence_choice`).
+keeps one: P(y) = η^device P^device(y) + η^cloud P^cloud(y)
+(`collab.dragon.ledger.sequence_choice`).
 Nothing streams: the answer appears when both sides are done. The cloud's half is
 `cloud_backend.modes.dragon_sequence`. What crosses the wire: the two answers' token ids,
 one log-probability per token, h and timing (the paper's version ships whole distributions).
@@ -22,8 +23,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from collab.dragon import DRAGON_MAX_SPARSE, DRAGON_TOP_P, sequence_choice
-from collab.dragon_sequence import answer_alone, score
+from collab.dragon.aggregation import side_weight
+from collab.dragon.ledger import DRAGON_MAX_SPARSE, DRAGON_TOP_P, sequence_choice
+from collab.dragon.sequence import answer_alone, score
 from collab.protocol import (
     AggregatorPolicy,
     Citations,
@@ -37,7 +39,6 @@ from collab.protocol import (
     Side,
 )
 from collab.sources import Source
-from collab.verification import side_weight
 from edge_runtime.client import CloudClient, CloudError
 from edge_runtime.device import retrieve_private
 from edge_runtime.events import Event, Failure

@@ -18,18 +18,15 @@ from collections.abc import Callable
 import numpy as np
 
 from collab import protocol as wire
+from collab.dragon.aggregation import local_mixture, side_etas, side_weight, speculative_aggregation
 from collab.sampling import SamplingParams, distribution, sample_from, softmax
 from collab.verification import (
     dssd_cloud_verify,
     dssd_device_resample,
-    local_mixture,
     rapid_target,
     rapid_verify_one,
     residual,
     sample_draft_top_k,
-    side_etas,
-    side_weight,
-    speculative_aggregation,
     speculative_round,
     tkslt_cloud_verify,
     top_k_truncate,

@@ -48,8 +48,8 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: the repository root is the import root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from collab.dragon import RELEVANCE_SCALE, relevance
-from collab.verification import logsumexp
+from collab.dragon.aggregation import logsumexp
+from collab.dragon.ledger import RELEVANCE_SCALE, relevance
 
 log = logging.getLogger("tandem.bench")
 
@@ -243,7 +243,7 @@ async def network_check(
 ) -> float:  # fmt: skip
     """The cloud's teacher-forced mixture over the link (policy SCORE) vs this process: the
     largest per-token difference in log-probability."""
-    from collab.dragon import side_logprobs
+    from collab.dragon.ledger import side_logprobs
     from collab.protocol import (
         AggregatorPolicy,
         Done,

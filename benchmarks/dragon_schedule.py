@@ -1,7 +1,7 @@
 """DRAGON's scheduling judged on many cases (DRAGON §7.4, Figure 8): a discrete-event model of
-the DragonPeer loop (`collab.dragon_peer`) replays acceptance decisions under a link whose
+the DragonPeer loop (`collab.dragon.peer`) replays acceptance decisions under a link whose
 latency changes, with the aggregator pinned to the device, pinned to the cloud, chosen at
-random, or chosen by Tandem's own `collab.dragon.Scheduler` (DRAGON eq. 7) fed what it would
+random, or chosen by Tandem's own `collab.dragon.ledger.Scheduler` (DRAGON eq. 7) fed what it would
 see live: each draft's decode time, each target's verdicts, and a ping every second.
 
     python -m benchmarks.dragon_schedule                      # Figure 8's grid, defaults below
@@ -42,7 +42,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: the repository root is the import root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from collab.dragon import DRAGON_LOOKAHEAD, Scheduler
+from collab.dragon.ledger import DRAGON_LOOKAHEAD, Scheduler
 from collab.protocol import AggregatorPolicy, DragonTarget, Side
 
 RESULTS = Path(__file__).resolve().parent / "results" / "dragon"

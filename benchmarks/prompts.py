@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from itertools import zip_longest
 from pathlib import Path
 
-from collab import paths
-from collab.files import publish, sha256_file
+from collab.plumbing import paths
+from collab.plumbing.files import publish, sha256_file
 
 __all__ = ["SETS", "Prompt", "cache_dir", "ensure_wheel", "load_prompts", "select"]
 

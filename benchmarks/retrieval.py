@@ -290,8 +290,8 @@ def public_side(corpus: Any, questions: list[Question], floor: float) -> dict[st
 def dragon_weights(index: Any, corpus: Any, floor: float) -> list[dict[str, Any]]:
     """η^device and η^cloud for each DRAGON_QUESTIONS entry, without a floor and with it: a
     side that finds nothing relevant decodes without a passage at NO_DOCUMENT_COSINE."""
-    from collab.dragon import NO_DOCUMENT_COSINE, relevance
-    from collab.verification import side_etas, side_weight
+    from collab.dragon.aggregation import side_etas, side_weight
+    from collab.dragon.ledger import NO_DOCUMENT_COSINE, relevance
 
     rows = []
     for label, text in DRAGON_QUESTIONS.items():
@@ -489,7 +489,7 @@ def table(result: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
     from benchmarks.retrieval_docs import SOURCE, write_reference_docs
-    from collab.paths import embedder_dir
+    from collab.plumbing.paths import embedder_dir
     from personal_index.index import PersonalIndex
     from retrieval.store import KEYWORD_POSTINGS
 
@@ -517,7 +517,7 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
             sides: dict[str, Any] = {}
             if not args.quick and not args.no_public:
                 from cloud_backend.corpus import PublicCorpus
-                from collab.paths import cloud_corpus_dir
+                from collab.plumbing.paths import cloud_corpus_dir
 
                 with PublicCorpus.open(cloud_corpus_dir(), embedder_dir(), threads=1) as corpus:
                     sides = {

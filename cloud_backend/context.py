@@ -91,7 +91,7 @@ class RequestContext:
     corpus_k: int
     corpus_floor: float | None
     mode: Mode  # CLOUD, SPLIT or DRAGON
-    variant: str  # for SPLIT: a name in collab.variants.VARIANTS
+    variant: str  # for SPLIT: a name in collab.variants.variant_names()
     limits: Limits
     send: Callable[[Message], Awaitable[None]]  # encodes, counts bytes, sends one frame
     inbox: RequestInbox  # drafts, CloudDecode, TokenChunk, Cancel for this request

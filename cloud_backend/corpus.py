@@ -30,8 +30,8 @@ from cloud_backend.corpus_build import (
     load_summaries,
     open_or_build,
 )
-from collab.paths import cloud_corpus_dir as default_corpus_dir
-from collab.paths import embedder_dir as default_embedder_dir
+from collab.plumbing.paths import cloud_corpus_dir as default_corpus_dir
+from collab.plumbing.paths import embedder_dir as default_embedder_dir
 from collab.sources import Source
 from retrieval.chunking import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP_TOKENS
 from retrieval.embedder import OnnxEmbedder, prepare_onnx_embedder

@@ -34,7 +34,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from collab.files import atomic_write, sha256_file
+from collab.plumbing.files import atomic_write, sha256_file
 from retrieval.chunking import Chunker, load_embedding_tokenizer
 from retrieval.document import ParsedDocument, Section
 from retrieval.embedder import DIM, OnnxEmbedder

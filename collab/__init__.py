@@ -24,12 +24,19 @@ Where each piece of DESIGN §4–§5 lives (module.function):
 §5.3 PicoSpec           scheduling.picospec_expected_round_time (eq. 9)
 §5.4 RAPID              verification.rapid_target (p̂), verification.rapid_residual,
                         verification.rapid_verify_one
-§5.5 DRAGON             verification.local_mixture (log p^s), verification.side_weight (h^s),
-                        verification.side_etas (η^l, η^r), verification.aggregate_sample and
-                        verification.speculative_aggregation (Algorithm 1);
-                        scheduling.dragon_per_token_latency / dragon_choose_aggregator (eq. 7),
+§5.5 DRAGON             dragon (package): dragon.aggregation.local_mixture (p^s),
+                        dragon.aggregation.side_weight (h^s), dragon.aggregation.side_etas
+                        (η^l, η^r), dragon.aggregation.aggregate_sample and
+                        dragon.aggregation.speculative_aggregation (Algorithm 1);
+                        dragon.schedule.dragon_per_token_latency / dragon_choose_aggregator
+                        (eq. 7); dragon.ledger (per-token bookkeeping both sides run),
+                        dragon.peer (one side's loop over a link), dragon.sequence (DRDG/SW);
                         scheduling.OnlineProfiler, fit_decode_latency, DecodeSlopeEstimator
 sampling                softmax, distribution (temperature, top-k, top-p), sample_from, sample
-files, paths,           what both sides keep on disk: atomic writes and file hashes, where things
-sqlite_migrations       live, one PRAGMA user_version migration engine
+plumbing                the lowest layer, imports nothing else of collab: what both sides keep
+                        on disk: plumbing.files (atomic writes, file hashes), plumbing.paths
+                        (where things live), plumbing.migrations (PRAGMA user_version engine)
+
+Functions whose docstring starts "Reference only" are the equations in their textbook form:
+tests and benchmarks check the shipped paths against them; neither side calls them.
 """

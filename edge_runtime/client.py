@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-import itertools
 import logging
 import random
 import re
@@ -186,7 +185,6 @@ class CloudClient:
         self._inbox_room = asyncio.Event()  # set while the inbox is under its bounds
         self._pings: dict[int, asyncio.Future[float]] = {}
         self._send_lock = asyncio.Lock()
-        self._request_ids = itertools.count(1)
 
     # ---- state -----------------------------------------------------------------------------
     @property
@@ -197,10 +195,6 @@ class CloudClient:
             and self._reader is not None
             and not self._reader.done()
         )
-
-    def next_request_id(self) -> int:
-        """Request ids must increase within a session (the cloud drops older ones as stale)."""
-        return next(self._request_ids)
 
     async def __aenter__(self) -> CloudClient:
         await self.connect()

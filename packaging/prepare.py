@@ -21,8 +21,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from collab.files import fresh_partial, publish
-from collab.paths import models_dir
+from collab.plumbing.files import fresh_partial, publish
+from collab.plumbing.paths import models_dir
 from tandem_packaging import steps
 from tandem_packaging.sources import (
     CLOUD_DEFAULT,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from collab.files import sha256_files
+from collab.plumbing.files import sha256_files
 from tandem_packaging.sources import PrepareError
 
 log = logging.getLogger(__name__)

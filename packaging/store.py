@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from collab.files import atomic_write, sha256_file
+from collab.plumbing.files import atomic_write, sha256_file
 
 MANIFEST = "manifest.json"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from collab.files import private_opener
+from collab.plumbing.files import private_opener
 from personal_index.ingest import FileResult, Ingestor, Progress
 from personal_index.parse_worker import DEFAULT_PARSE_TIMEOUT_S, ParseWorker
 from personal_index.safe_read import DEFAULT_MAX_FILE_MB

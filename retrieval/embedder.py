@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from collab.files import fresh_partial, publish
+from collab.plumbing.files import fresh_partial, publish
 
 DIM = 384
 MAX_TOKENS = 256

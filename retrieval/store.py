@@ -12,8 +12,8 @@ Why it survives ``kill -9`` at any point:
   deleted, so an id always names the same vector: equal id sets mean equal indexes.
 * The keyword index (``chunks_fts``, SQLite FTS5 with BM25) is kept by triggers on ``chunks``,
   so it changes in the same transaction as the chunk rows and can never disagree with them.
-* ``vectors.faiss`` is written atomically (``collab.files.atomic_write``); its sha256 and the
-  fingerprint of its id set are then recorded in the ``meta`` table. At open the file is
+* ``vectors.faiss`` is written atomically (``collab.plumbing.files.atomic_write``); its sha256
+  and the fingerprint of its id set are then recorded in the ``meta`` table. At open the file is
   checked against that checksum and its ids against the ``chunks`` table; a missing, corrupt
   or stale file is rebuilt from SQLite.
 """
@@ -35,8 +35,8 @@ import faiss
 import numpy as np
 from sqlite_utils import Database
 
-from collab import sqlite_migrations
-from collab.files import (
+from collab.plumbing import migrations
+from collab.plumbing.files import (
     PRIVATE_FILE_MODE,
     atomic_write,
     discard_temp_files,
@@ -44,8 +44,8 @@ from collab.files import (
     private_sqlite_file,
     tighten,
 )
+from collab.plumbing.migrations import Migration, user_version
 from collab.sources import Side, Source, format_location
-from collab.sqlite_migrations import Migration, user_version
 from retrieval.keywords import affordable, keyword_terms, match_expression
 
 log = logging.getLogger(__name__)
@@ -320,11 +320,11 @@ def schema_version(db: Database) -> int:
 
 
 def migrate(db: Database, target: int | None = None) -> int:
-    """Apply pending migrations in order (``collab.sqlite_migrations``: each in its own
+    """Apply pending migrations in order (``collab.plumbing.migrations``: each in its own
     transaction with its version bump, so a kill mid-migration leaves the previous version
     intact). Returns the resulting version."""
     file = db.conn.execute("PRAGMA database_list").fetchone()[2] or "in memory"
-    return sqlite_migrations.migrate(db.conn, MIGRATIONS, target=target, name=f"index {file}")
+    return migrations.migrate(db.conn, MIGRATIONS, target=target, name=f"index {file}")
 
 
 # --------------------------------------------------------------------------- helpers

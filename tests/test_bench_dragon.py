@@ -23,7 +23,7 @@ from benchmarks.tiny_models import build_tiny_hf
 from cloud_backend.config import ServerConfig
 from cloud_backend.engine import LLMEngine
 from cloud_backend.server import create_app
-from collab.dragon import DRAGON_LOOKAHEAD
+from collab.dragon.ledger import DRAGON_LOOKAHEAD
 from collab.sources import Source
 from edge_runtime.device import DeviceModel
 from model_runtime.torch_runtime import TorchCausalLM

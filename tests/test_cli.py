@@ -70,8 +70,8 @@ async def test_ask_dragon_json_and_last_line_carry_its_figures_and_both_sides_so
     from cloud_backend.corpus import PublicCorpus
     from cloud_backend.engine import LLMEngine
     from cloud_backend.server import create_app
-    from collab.paths import embedder_dir as prepared_embedder
-    from collab.paths import index_paths
+    from collab.plumbing.paths import embedder_dir as prepared_embedder
+    from collab.plumbing.paths import index_paths
     from model_runtime.tokenizer import load_tokenizer
     from model_runtime.torch_runtime import TorchCausalLM
     from personal_index.index import PersonalIndex
@@ -156,8 +156,8 @@ async def test_ask_strips_control_characters_from_all_it_prints(
     from app.ask import run_ask
     from app.cli import build_parser
     from app.settings import Settings, save_settings
-    from collab.paths import embedder_dir as prepared_embedder
-    from collab.paths import index_paths
+    from collab.plumbing.paths import embedder_dir as prepared_embedder
+    from collab.plumbing.paths import index_paths
     from personal_index.index import PersonalIndex
 
     monkeypatch.setenv("TANDEM_DATA_DIR", str(tmp_path / "data"))

@@ -1,4 +1,4 @@
-"""collab.files and collab.sqlite_migrations: the one atomic write, hash and migration engine."""
+"""collab.plumbing: the one atomic write, file hash and migration engine."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from collab.files import (
+from collab.plumbing.files import (
     atomic_write,
     discard_temp_files,
     fresh_partial,
@@ -19,7 +19,7 @@ from collab.files import (
     sha256_file,
     sha256_files,
 )
-from collab.sqlite_migrations import SchemaTooNewError, migrate, user_version
+from collab.plumbing.migrations import SchemaTooNewError, migrate, user_version
 
 
 def test_atomic_write_replaces_whole_and_sets_the_mode(tmp_path: Path) -> None:

@@ -22,8 +22,8 @@ from app.conversations import (
     slugify,
     title_from_question,
 )
-from collab import sqlite_migrations
-from collab.sqlite_migrations import user_version
+from collab.plumbing import migrations
+from collab.plumbing.migrations import user_version
 
 CITATIONS = [
     {
@@ -152,7 +152,7 @@ def test_answers_stored_before_provenance_was_recorded_stay_private(tmp_path: Pa
     have been finished on the device): after the migration none is sent to the cloud."""
     path = tmp_path / "v1.sqlite"
     conn = sqlite3.connect(path, isolation_level=None)
-    sqlite_migrations.migrate(conn, conv.MIGRATIONS[:1], name="v1")
+    migrations.migrate(conn, conv.MIGRATIONS[:1], name="v1")
     conn.execute("INSERT INTO conversations (title, created_at, updated_at) VALUES ('t', 0, 0)")
     conn.execute(
         "INSERT INTO messages (conversation_id, role, text, mode, created_at) VALUES "

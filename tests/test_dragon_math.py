@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-import collab.dragon_peer
-from collab.dragon import (
+import collab.dragon.peer
+from collab.dragon.aggregation import aggregate_sample, side_etas, side_weight
+from collab.dragon.ledger import (
     DRAGON_MAX_SPARSE,
     DRAGON_TOP_P,
     Ledger,
@@ -32,7 +33,7 @@ from collab.dragon import (
     target_distribution,
     transmitted,
 )
-from collab.dragon_peer import DragonPeer, first_aggregator
+from collab.dragon.peer import DragonPeer, first_aggregator
 from collab.protocol import (
     AggregatorPolicy,
     DragonDraft,
@@ -45,7 +46,6 @@ from collab.protocol import (
 )
 from collab.sampling import GREEDY, SamplingParams
 from collab.split import Transcript
-from collab.verification import aggregate_sample, side_etas, side_weight
 from tests.test_verification import ALPHA, chi2_pvalue, hist
 
 N = 10_000  # aggregations per histogram (small vocabularies: the differences tested are large)
@@ -760,7 +760,7 @@ async def test_sampled_loop_follows_the_exact_mixture(policy):
 
 
 async def test_negative_control_loop_preferring_the_accepted_draft_is_rejected(monkeypatch):
-    monkeypatch.setattr(collab.dragon_peer, "aggregate", aggregate_prefer_accepted)
+    monkeypatch.setattr(collab.dragon.peer, "aggregate", aggregate_prefer_accepted)
     runs = await sampled_runs(AggregatorPolicy.DEVICE)
     assert first_token_pvalues(runs)[0] < ALPHA
     assert after_rejection_pvalues(runs)[0] < ALPHA
@@ -909,7 +909,7 @@ def test_auto_scheduler_stays_until_rtt_and_both_decode_times_are_known():
 def test_side_logprobs_is_the_log_of_the_whole_mixture(temperature):
     """log Σ_d softmax(R)_d softmax(z_d / T)[x_t] at every position, with a −inf logit (an
     impossible token for one document), a one-hot document and tied logits."""
-    from collab.dragon import side_logprobs
+    from collab.dragon.ledger import side_logprobs
 
     rng = np.random.default_rng(4)
     logits = rng.normal(size=(3, 5, 7))
@@ -932,7 +932,7 @@ def test_sequence_choice_greedy_and_sampled():
     """P(y) = η^d P^d(y) + η^c P^c(y) over the two whole answers: greedy keeps the likelier
     (the device's on a tie); sampling keeps each in proportion (χ² over 4,000 draws), and an
     impossible answer under both mixtures is never kept."""
-    from collab.dragon import sequence_choice
+    from collab.dragon.ledger import sequence_choice
 
     rng = np.random.default_rng(0)
     h = (0.0, np.log(3.0))  # η = (1/4, 3/4)

@@ -15,7 +15,7 @@ from benchmarks.tiny_models import TINY_CONTEXT, build_tiny_hf
 from cloud_backend.config import ServerConfig
 from cloud_backend.engine import LLMEngine
 from cloud_backend.server import create_app
-from collab.dragon import (
+from collab.dragon.ledger import (
     DRAGON_MAX_SPARSE,
     DRAGON_TOP_P,
     NO_DOCUMENT_COSINE,
@@ -220,7 +220,7 @@ def chi_square_p(samples: list[int], probs: np.ndarray, groups: np.ndarray) -> f
 
 def prefer_accepted(x_l, p_l, x_r, p_r, eta_l, eta_r, rng):
     """Algorithm 1 with the coin replaced by "prefer a draft that survived" (biased)."""
-    from collab.verification import aggregate_sample
+    from collab.dragon.aggregation import aggregate_sample
 
     a = aggregate_sample(x_l, p_l, p_r, eta_r, rng)
     b = aggregate_sample(x_r, p_r, p_l, eta_l, rng)
@@ -235,7 +235,7 @@ async def test_sampled_first_token_follows_the_exact_mixture(
     """Many one-token answers over the wire: the token follows ½ p^device + ½ p^cloud (as
     transmitted), not either side's own; without the coin the same test fails."""
     if control:
-        monkeypatch.setattr("collab.dragon.speculative_aggregation", prefer_accepted)
+        monkeypatch.setattr("collab.dragon.ledger.speculative_aggregation", prefer_accepted)
     mode = dragon(device, cloud_url, None, "cloud", retrieve_public=False)
     firsts = []
     for seed in range(400):

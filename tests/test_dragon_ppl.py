@@ -23,7 +23,7 @@ from benchmarks.dragon_ppl import (
 )
 from benchmarks.heldout import Article, plain_text
 from benchmarks.tiny_models import build_tiny_hf
-from collab.dragon import relevance
+from collab.dragon.ledger import relevance
 from model_runtime.torch_runtime import TorchCausalLM
 
 

@@ -19,8 +19,8 @@ from benchmarks.dragon_schedule import (
     sinusoidal,
     step_trace,
 )
-from collab.dragon import DRAGON_MAX_SPARSE, DRAGON_TOP_P, Ledger, Scheduler
-from collab.dragon_peer import DragonPeer, first_aggregator
+from collab.dragon.ledger import DRAGON_MAX_SPARSE, DRAGON_TOP_P, Ledger, Scheduler
+from collab.dragon.peer import DragonPeer, first_aggregator
 from collab.protocol import AggregatorPolicy, DragonSetup, DragonTarget, Message, Side
 from collab.protocol import decode as decode_frame
 from collab.protocol import encode as encode_frame

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from aiohttp import WSMsgType, web
 
-from collab.dragon import DRAGON_LOOKAHEAD
+from collab.dragon.ledger import DRAGON_LOOKAHEAD
 from collab.protocol import (
     DEFAULT_LIMITS,
     Cancel,

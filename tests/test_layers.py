@@ -101,3 +101,18 @@ def test_no_module_imports_itself_back() -> None:
             graph[i.source].add(i.target)
     circles = describe_cycles(graph)
     assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+def test_collab_shows_its_layers() -> None:
+    """Inside collab: plumbing (files, paths, migrations) is the floor and imports nothing else
+    of collab; DRAGON is one package that the rest of collab never imports (only the sides do)."""
+    wrong = []
+    for i in all_imports():
+        src, dst = i.source, i.target
+        if not (src.startswith("collab") and dst.startswith("collab.")):
+            continue
+        if src.startswith("collab.plumbing") and not dst.startswith("collab.plumbing"):
+            wrong.append(f"{src}:{i.line} (plumbing) imports {dst}")
+        if dst.startswith("collab.dragon") and not src.startswith("collab.dragon"):
+            wrong.append(f"{src}:{i.line} imports DRAGON's {dst}")
+    assert not wrong, "collab's layers:\n" + "\n".join(wrong)

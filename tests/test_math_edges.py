@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from collab.dragon import aggregate
+from collab.dragon.aggregation import side_etas
+from collab.dragon.ledger import aggregate
 from collab.protocol import (
     DragonDraft,
     DssdDraft,
@@ -34,7 +35,6 @@ from collab.verification import (
     rapid_round,
     rapid_shift,
     rapid_target,
-    side_etas,
     speculative_round,
     tkslt_cloud_verify,
     verify_one,

@@ -89,7 +89,7 @@ async def test_a_fresh_install_is_private_everywhere_tandem_wrote(
     from app.assistant import Assistant
     from app.cli import tui_logging
     from app.settings import Settings
-    from collab.paths import index_dir
+    from collab.plumbing.paths import index_dir
     from edge_runtime.device import DeviceModel
     from model_runtime.ort_runtime import OrtCausalLM
     from personal_index.index import PersonalIndex
@@ -135,7 +135,7 @@ def test_a_cli_command_on_a_new_install_writes_only_private_files(umask_022, dir
 
 
 def test_the_embedded_clouds_log_is_private_from_creation(umask_022, tmp_path):
-    from collab.files import private_opener
+    from collab.plumbing.files import private_opener
 
     path = tmp_path / "cloud.log"
     with open(path, "ab", opener=private_opener) as fh:
@@ -149,7 +149,7 @@ def test_the_embedded_clouds_log_is_private_from_creation(umask_022, tmp_path):
 def _older_install(data: Path) -> dict[str, Path]:
     """An install as an older Tandem left it: real stores and logs, everything 0644 / 0755."""
     from app.conversations import ConversationStore
-    from collab.paths import conversations_path, index_dir, log_path
+    from collab.plumbing.paths import conversations_path, index_dir, log_path
     from retrieval.embedder import DIM
     from retrieval.store import ChunkRecord, DocumentMeta, IndexStore
 
@@ -196,7 +196,7 @@ def test_an_older_install_is_tightened_when_opened_and_that_is_logged_once(umask
 def test_the_stores_tighten_their_own_files_without_the_cli(umask_022, dirs, caplog):
     """Library code is right on its own: tests and other processes open the stores directly."""
     from app.conversations import ConversationStore
-    from collab.paths import conversations_path, index_dir
+    from collab.plumbing.paths import conversations_path, index_dir
     from retrieval.embedder import DIM
     from retrieval.store import IndexStore
 

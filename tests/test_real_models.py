@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
+from collab.dragon.aggregation import logsumexp
 from collab.sampling import GREEDY
-from collab.verification import logsumexp
 from model_runtime.generate import generate
 from model_runtime.ort_runtime import OrtCausalLM
 from model_runtime.tokenizer import chat_prompt_ids, load_tokenizer, tokenizer_fingerprint

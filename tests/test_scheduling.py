@@ -9,14 +9,16 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from collab.scheduling import (
-    DecodeSlopeEstimator,
-    OnlineProfiler,
-    choose_draft_length,
+from collab.dragon.schedule import (
     dragon_choose_aggregator,
     dragon_expected_acceptance,
     dragon_latency_difference,
     dragon_per_token_latency,
+)
+from collab.scheduling import (
+    DecodeSlopeEstimator,
+    OnlineProfiler,
+    choose_draft_length,
     expected_tokens_per_round,
     fit_decode_latency,
     picospec_expected_round_time,

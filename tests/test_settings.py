@@ -17,8 +17,8 @@ from app.settings import (
     load_settings,
     save_settings,
 )
-from collab import paths
-from collab.paths import config_path, conversations_path, describe_paths
+from collab.plumbing import paths
+from collab.plumbing.paths import config_path, conversations_path, describe_paths
 
 
 @pytest.fixture(autouse=True)

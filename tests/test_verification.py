@@ -10,15 +10,20 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from collab.dragon.aggregation import (
+    aggregate_sample,
+    local_mixture,
+    side_etas,
+    side_weight,
+    speculative_aggregation,
+)
 from collab.sampling import GREEDY, distribution, sample_from, softmax
 from collab.verification import (
     accept_probability,
-    aggregate_sample,
     dense_from_top_k,
     dsd_round,
     dssd_cloud_verify,
     dssd_device_resample,
-    local_mixture,
     picospec_residual_topk,
     picospec_topk_bias_tv,
     picospec_topk_output,
@@ -27,9 +32,6 @@ from collab.verification import (
     rapid_verify_one,
     residual,
     sample_draft_top_k,
-    side_etas,
-    side_weight,
-    speculative_aggregation,
     speculative_round,
     tkslt_cloud_verify,
     top_k_truncate,

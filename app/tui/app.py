@@ -30,7 +30,7 @@ from app.tui.chat_view import AnswerView, ConversationView, PromptInput
 from app.tui.plain import markup_escaped, plain
 from app.tui.sources import SourceScreen, SourcesPanel, by_number
 from app.tui.status import ModeBar, StatusBar, figures
-from collab.paths import config_path, describe_paths, export_dir
+from collab.plumbing.paths import config_path, describe_paths, export_dir
 
 if TYPE_CHECKING:
     from textual.timer import Timer
@@ -596,7 +596,7 @@ def run(app: TandemApp | None = None, *, headless: bool = False) -> int:
     """Run the TUI; its exit status. After an unhandled exception the terminal is back to
     normal (Textual restores it and prints the traceback), stderr names the log file that
     holds the traceback, and the status is non-zero."""
-    from collab.paths import log_path
+    from collab.plumbing.paths import log_path
 
     app = TandemApp() if app is None else app
     app.run(headless=headless)

@@ -1,5 +1,5 @@
 """DRAGON, cloud side: decode over the public documents, one sequence per document, and take
-part in Speculative Aggregation (`collab.dragon_peer`, the same loop as the device's).
+part in Speculative Aggregation (`collab.dragon.peer`, the same loop as the device's).
 
 device → Generate(question, history, sampling, retrieve) then DragonSetup(k, policy, …)
 cloud  → Citations (its public documents), then per-document prefill [d; question] ×k
@@ -22,8 +22,8 @@ import numpy as np
 
 from cloud_backend.modes.base import Request, Stop
 from cloud_backend.modes.dragon_sequence import answer_alone
-from collab.dragon import NO_DOCUMENT_COSINE, Ledger, Scheduler, relevance
-from collab.dragon_peer import DragonPeer, first_aggregator
+from collab.dragon.ledger import NO_DOCUMENT_COSINE, Ledger, Scheduler, relevance
+from collab.dragon.peer import DragonPeer, first_aggregator
 from collab.protocol import (
     AggregatorPolicy,
     Cancel,

@@ -10,7 +10,7 @@ cloud  → DragonSequence(those tokens, log p^cloud of each, scored) — teacher
 cloud  → Done
 
 The device scores the cloud's answer under its own mixture and keeps one of the two
-(`collab.dragon.sequence_choice`). Policy SCORE is the scoring alone (teacher forcing): the
+(`collab.dragon.ledger.sequence_choice`). Policy SCORE is the scoring alone (teacher forcing): the
 cloud's half of a perplexity measured across the network (DRAGON §7.3)."""
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cloud_backend.modes.base import Stop
-from collab.dragon_sequence import answer_alone as alone
-from collab.dragon_sequence import score
+from collab.dragon.aggregation import side_weight
+from collab.dragon.sequence import answer_alone as alone
+from collab.dragon.sequence import score
 from collab.protocol import (
     AggregatorPolicy,
     Cancel,
@@ -31,7 +32,6 @@ from collab.protocol import (
     ErrorCode,
     FinishReason,
 )
-from collab.verification import side_weight
 from model_runtime.tokenizer import IM_END_ID
 
 if TYPE_CHECKING:

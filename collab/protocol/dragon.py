@@ -73,9 +73,9 @@ class DragonSetup(Message):
     k: int = 2
     policy: AggregatorPolicy = AggregatorPolicy.AUTO
     first: Side = Side.DEVICE
-    top_p: float = 0.8  # collab.dragon.DRAGON_TOP_P
-    max_sparse: int = 32  # collab.dragon.DRAGON_MAX_SPARSE
-    lookahead: int = 4  # collab.dragon.DRAGON_LOOKAHEAD
+    top_p: float = 0.8  # collab.dragon.ledger.DRAGON_TOP_P
+    max_sparse: int = 32  # collab.dragon.ledger.DRAGON_MAX_SPARSE
+    lookahead: int = 4  # collab.dragon.ledger.DRAGON_LOOKAHEAD
     rerank_every: int = 0
 
     _ST = struct.Struct("<BBBfHBH")

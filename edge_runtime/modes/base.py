@@ -81,7 +81,7 @@ class ModeContext:
     device: DeviceModel | None = None
     index: Retriever | None = None
     cloud: CloudSettings | None = None
-    variant: str = "tk-slt"  # split: a name in collab.variants.VARIANTS
+    variant: str = "tk-slt"  # split: a name in collab.variants.variant_names()
     finish_locally: bool = True  # if the cloud drops mid-answer, the device finishes it
     retrieve_public: bool = True  # cloud mode grounds the cloud in its public corpus
     split_retrieve_public: bool = False  # split: the cloud verifies with the bare question

@@ -2,7 +2,7 @@
 
 The device decodes one sequence per private passage [d; question; answer so far], the cloud
 one per public passage; each side mixes its documents' next-token distributions into p^s with
-side weight h^s, and Speculative Aggregation (`collab.dragon_peer`, the same loop on both
+side weight h^s, and Speculative Aggregation (`collab.dragon.peer`, the same loop on both
 sides) draws every answer token from η^device p^device + η^cloud p^cloud. Only token ids,
 sparse p^s, h^s and timing cross the wire: the private passages, their embeddings and this
 cache never do.
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from collab.dragon import (
+from collab.dragon.ledger import (
     DRAGON_LOOKAHEAD,
     DRAGON_MAX_SPARSE,
     DRAGON_TOP_P,
@@ -40,7 +40,7 @@ from collab.dragon import (
     relevance,
     side_distribution,
 )
-from collab.dragon_peer import DragonPeer, first_aggregator
+from collab.dragon.peer import DragonPeer, first_aggregator
 from collab.protocol import (
     AggregatorPolicy,
     Citations,

@@ -13,7 +13,7 @@ from textual.widgets import Input, Static
 
 from app.conversations import ConversationStore
 from app.tui.conversations_screen import ConversationsScreen, ConversationTable, format_updated
-from collab.paths import conversations_path
+from collab.plumbing.paths import conversations_path
 
 
 class Host(App[None]):

@@ -15,7 +15,7 @@ from app.settings import Settings
 from app.tui.app import TandemApp
 from app.tui.chat_view import PromptInput
 from app.tui.status import ModeBar
-from collab.paths import conversations_path
+from collab.plumbing.paths import conversations_path
 
 ROOT = Path("/tmp/tandem-snapshots")  # fixed: the help and settings screens show paths
 SIZE = (110, 32)

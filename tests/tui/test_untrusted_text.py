@@ -28,7 +28,7 @@ from app.tui.help import HelpScreen
 from app.tui.plain import markup_escaped, plain, plain_text
 from app.tui.sources import SourceItem, SourceScreen, SourcesPanel
 from app.tui.status import StatusBar
-from collab.paths import log_path
+from collab.plumbing.paths import log_path
 from tests.tui.test_app import SIZE, ask, ready, until
 
 MARKUP = (

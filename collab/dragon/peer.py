@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from collab.dragon import Ledger, Scheduler, aggregate, make_draft
+from collab.dragon.ledger import Ledger, Scheduler, aggregate, make_draft
 from collab.protocol import AggregatorPolicy, DragonDraft, DragonSetup, DragonTarget, Message, Side
 from collab.sampling import SamplingParams
 

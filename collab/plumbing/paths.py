@@ -22,7 +22,7 @@ from pathlib import Path
 
 import platformdirs
 
-from collab.files import make_private_dir, tighten
+from collab.plumbing.files import make_private_dir, tighten
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@
 - `Scheduler`: the aggregator's choice of the next aggregator (DRAGON eq. 6–7) from what both
   sides see on the wire (decode times, acceptance) and the measured round trip.
 
-numpy only; the asyncio loop that drives this over a link is `collab.dragon_peer`."""
+numpy only; the asyncio loop that drives this over a link is `collab.dragon.peer`."""
 
 from __future__ import annotations
 
@@ -21,22 +21,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from collab.protocol import AggregatorPolicy, DragonDraft, DragonTarget, Side
-from collab.sampling import SamplingParams, sample_from, softmax, top_candidates
-from collab.scheduling import (
-    DecodeSlopeEstimator,
-    dragon_choose_aggregator,
-    ewma_update,
-    fit_decode_latency,
-)
-from collab.split import Transcript, wire_probs
-from collab.verification import (
+from collab.dragon.aggregation import (
     local_mixture,
     logsumexp,
     side_etas,
     side_weight,
     speculative_aggregation,
 )
+from collab.dragon.schedule import dragon_choose_aggregator
+from collab.protocol import AggregatorPolicy, DragonDraft, DragonTarget, Side
+from collab.sampling import SamplingParams, sample_from, softmax, top_candidates
+from collab.scheduling import DecodeSlopeEstimator, ewma_update, fit_decode_latency
+from collab.split import Transcript, wire_probs
 
 # Relevance R(d, x) = RELEVANCE_SCALE · cosine(d, query): the bi-encoder's cosines (≈ 0.1–0.7
 # for MiniLM) would give nearly uniform softmax weights; scaled by 1/τ with τ = 0.05 a document
@@ -106,7 +102,9 @@ def sequence_choice(
     device: tuple[float, float], cloud: tuple[float, float], h: tuple[float, float],
     greedy: bool, rng: np.random.Generator,
 ) -> Side:  # fmt: skip
-    """DRDG/SW's one aggregation (RAG-Sequence): each side's whole answer y^s is scored under
+    """Reference only (tests, benchmarks).
+
+    DRDG/SW's one aggregation (RAG-Sequence): each side's whole answer y^s is scored under
     both mixtures, P(y) = η^device P^device(y) + η^cloud P^cloud(y), with (η) = softmax(h); the
     answer is the likelier one (greedy; the device's on a tie) or drawn in proportion to P.
     `device` and `cloud` are (log P^device(y), log P^cloud(y)) of that side's answer."""
@@ -178,7 +176,9 @@ def dense_pair(
 
 
 def target_distribution(device: DragonDraft, cloud: DragonDraft) -> tuple[np.ndarray, np.ndarray]:
-    """(support, η^device p^device + η^cloud p^cloud): what the target token follows."""
+    """Reference only (tests, benchmarks).
+
+    (support, η^device p^device + η^cloud p^cloud): what the target token follows."""
     support, p_d, p_c = dense_pair(device, cloud)
     eta_d, eta_c = side_etas(device.h, cloud.h)
     return support, eta_d * p_d + eta_c * p_c

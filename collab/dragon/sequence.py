@@ -5,7 +5,7 @@ and score an answer (the other side's, or held-out text) under it.
 A side's answer is drawn exactly as its DRAGON drafts are (`side_distribution`: the mixture cut
 to top-p and rounded for the wire; greedy: its argmax); its score is the log-probability of each
 token under the whole mixture (`side_logprobs`), which is what sequence-level aggregation
-(`collab.dragon.sequence_choice`) and perplexity need."""
+(`collab.dragon.ledger.sequence_choice`) and perplexity need."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
-from collab.dragon import draft_token, side_distribution, side_logprobs
+from collab.dragon.ledger import draft_token, side_distribution, side_logprobs
 from collab.sampling import SamplingParams
 
 
