@@ -226,7 +226,14 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{name}: ×{fmt(r['vs_one_session'], '.2f')} of one session"
               + (f", ×{than_cloud:.2f} of cloud-only" if than_cloud else ""),
               file=sys.stderr)  # fmt: skip
-    summary = {"config": vars(args), "rows": rows, "ratios": measured}
+    from benchmarks.common import vllm_python
+    from benchmarks.provenance import command_line, record
+
+    pinning = {"cloud_core": args.cloud_core, "device_core": args.device_core, "taskset": True}
+    vllm = vllm_python() if args.engine == "vllm" else None
+    prov = record(command_line("benchmarks.capacity", argv), pinning, {"cloud": 1},
+                  [f"cloud {args.engine}"], vllm_python=vllm)  # fmt: skip
+    summary = {"provenance": prov, "config": vars(args), "rows": rows, "ratios": measured}
     name = args.name or ("quick" if args.quick else time.strftime("%Y%m%d-%H%M%S"))
     out = args.out or RESULTS / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,7 @@ import numpy as np
 import onnx
 import torch
 
+from benchmarks.provenance import command_line, record
 from model_runtime.ort_runtime import OrtCausalLM
 from model_runtime.runtime import CausalLM
 from model_runtime.tokenizer import load_tokenizer
@@ -265,6 +266,11 @@ def main() -> None:
         args.json.write_text(
             json.dumps(
                 {
+                    "provenance": record(
+                        command_line("benchmarks.device_runtime"),
+                        threads={"torch": os.cpu_count(), "onnxruntime": os.cpu_count()},
+                        engines=["torch", "onnxruntime"],
+                    ),
                     "rows": rows,
                     "io": io,
                     "spinning_two_sessions": {str(k): v for k, v in spin.items()},

@@ -653,7 +653,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     key = "trace" if args.trace else "rows"  # trace rows have no fixed latency: kept apart
-    out.write_text(json.dumps({"config": config, "seconds": time.time() - started,
+    from benchmarks.provenance import command_line, record
+
+    prov = record(command_line("benchmarks.dragon", argv),
+                  {"device_core": args.device_core, "cloud_core": args.cloud_core},
+                  {"device": 1, "cloud": 1}, [f"cloud {e}" for e in args.engines])  # fmt: skip
+    out.write_text(json.dumps({"provenance": prov, "config": config,
+                               "seconds": time.time() - started,
                                key: rows, "summary": summary}, indent=1))  # fmt: skip
     (print_trace if args.trace else print_summary)(summary)
     print(f"\n{time.time() - started:.0f} s; written to {out}")

@@ -1,6 +1,6 @@
 """The DRAGON study's figures (PNG, matplotlib) from saved results, after the paper's Figures 5–8.
 
-    python -m benchmarks.dragon_figures --grid benchmarks/results/dragon/issue13-*.json \\
+    python -m benchmarks.dragon_figures --grid benchmarks/results/dragon/latency-*.json \\
         --ppl benchmarks/results/dragon/ppl-*.json \\
         --schedule benchmarks/results/dragon/schedule-*.json
 

@@ -79,7 +79,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         for link, times in p["fetch_s"].items():
             print(f"  {link}: " + ", ".join(f"+{lat} ms {s:.2f} s" for lat, s in times.items()))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"k": args.k, "prompts": args.prompts, **out}, indent=1))
+    from benchmarks.provenance import command_line, record
+
+    prov = record(command_line("benchmarks.dragon_kv", argv))  # arithmetic: no timing
+    args.out.write_text(json.dumps({"provenance": prov, "k": args.k, "prompts": args.prompts,
+                                    **out}, indent=1))  # fmt: skip
 
 
 if __name__ == "__main__":

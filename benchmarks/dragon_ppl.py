@@ -396,7 +396,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     path = args.out or RESULTS / f"ppl-{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    path.write_text(json.dumps({"config": config, "seconds": time.time() - started,
+    from benchmarks.provenance import command_line, record
+
+    prov = record(command_line("benchmarks.dragon_ppl", argv), threads={"ort": args.threads},
+                  engines=["onnxruntime"])  # fmt: skip
+    path.write_text(json.dumps({"provenance": prov, "config": config,
+                                "seconds": time.time() - started,
                                 "relevance_scale": RELEVANCE_SCALE, **out}, indent=1))  # fmt: skip
     print(f"\n{time.time() - started:.0f} s; written to {path}")
 

@@ -68,7 +68,7 @@ class Costs:
 
 # Defaults from this machine (ORT int8 0.5B device, ORT int4 1.5B cloud, one thread each, two
 # ~350-token documents a side: `--measure` measures them again) and the acceptance of
-# benchmarks.dragon's greedy runs over the first 10 prompts (results/dragon/issue13-*).
+# benchmarks.dragon's greedy runs over the first 10 prompts (results/dragon/latency-*).
 MEASURED = Costs(device=(0.085, 0.0), cloud=(0.150, 0.0))
 MEASURED_ACCEPTANCE = (0.78, 0.96)
 
@@ -272,7 +272,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     config = {k: [str(p) for p in v] if k == "sources" and v else str(v) if isinstance(v, Path)
               else v for k, v in vars(args).items()}  # fmt: skip
-    out.write_text(json.dumps({"config": config, "costs": [costs.device, costs.cloud],
+    from benchmarks.provenance import command_line, record
+
+    prov = record(command_line("benchmarks.dragon_schedule", argv))
+    out.write_text(json.dumps({"provenance": prov, "config": config,
+                               "costs": [costs.device, costs.cloud],
                                "acceptance": alpha, "rows": rows}, indent=1))  # fmt: skip
     print(f"\n{time.time() - started:.1f} s; written to {out}")
 

@@ -661,7 +661,7 @@ def load_pair(args: argparse.Namespace) -> tuple[Any, Any, dict]:
 
 
 async def run(args: argparse.Namespace, command: str) -> dict:
-    from benchmarks.common import environment
+    from benchmarks.provenance import record
 
     device, where, pinning = load_pair(args)
     embedder_dir = args.embedder_dir
@@ -672,7 +672,8 @@ async def run(args: argparse.Namespace, command: str) -> dict:
     cases = make_cases(args.topics)
     started = time.perf_counter()
     result: dict[str, Any] = {
-        "environment": environment(command, pinning),
+        "provenance": record(command, pinning, {"device": 1, "cloud": 1},
+                             [f"cloud {args.engine}", "device onnxruntime"]),
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "injection": INJECTION, "cases": [asdict(c) for c in cases],
         "off_topic_retrieval": off_topic_retrieval(cases, embedder_dir),

@@ -287,6 +287,10 @@ def main(argv: list[str] | None = None) -> dict:
         quiet.setLevel(level)
     summary = summarise(outcomes, peak, budget, wall)
     summary["server_errors"] = [r.getMessage() for r in server.errors]
+    from benchmarks.provenance import command_line, record
+
+    summary["provenance"] = record(command_line("benchmarks.load", argv),
+                                   engines=["cloud torch (tiny model)"])  # fmt: skip
     summary["config"] = vars(args)
     summary["outcomes"] = [asdict(o) for o in outcomes]
     name = args.name or ("quick" if args.quick else time.strftime("%Y%m%d-%H%M%S"))

@@ -173,7 +173,13 @@ def print_summary(summary: dict) -> None:
 
 def result(args: argparse.Namespace, notes: Sequence[Note], rows: list[dict], seconds: float,
            ) -> dict:  # fmt: skip
-    return {"config": {k: v for k, v in vars(args).items() if k != "out"},
+    from benchmarks.provenance import command_line, record
+
+    prov = record(command_line("benchmarks.private_facts", getattr(args, "argv", None)),
+                  {"device_core": 0, "cloud_core": 1}, {"device": 1, "cloud": 1},
+                  [f"cloud {args.engine}", "device onnxruntime"])  # fmt: skip
+    return {"provenance": prov,
+            "config": {k: v for k, v in vars(args).items() if k not in ("out", "argv")},
             "notes": [asdict(n) for n in notes], "rows": rows, "summary": summarise(rows),
             "seconds": seconds}  # fmt: skip
 
@@ -244,6 +250,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="pool earlier runs' rows per engine and print them (run nothing)",
     )
     args = parser.parse_args(argv)
+    args.argv = argv  # the command the result records
     if args.report:
         report(args.report)
         return

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import environment
+from benchmarks.provenance import record
 from benchmarks.retrieval_docs import QUESTION_SET, Question, answers, load_questions
 from collab.sources import RELEVANCE_FLOOR
 
@@ -49,7 +49,6 @@ RESULTS = ROOT / "results" / "retrieval"
 CUTOFFS = (1, 5)
 CITED_K = 3  # passages an answer cites (the product's default k)
 FLOORS = tuple(round(f, 2) for f in np.arange(0.0, 1.0001, 0.05))
-PACKAGES = ("onnxruntime", "faiss-cpu", "numpy", "transformers", "tokenizers")
 
 
 # --------------------------------------------------------------------------- questions
@@ -532,7 +531,9 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         (r["at_product_floor"],) = floor_sweep(r["cited"], [RELEVANCE_FLOOR])
     return {
         "benchmark": "retrieval",
-        "environment": environment(command, {"taskset": args.pinning}, PACKAGES),
+        "provenance": record(
+            command, {"taskset": args.pinning}, {"threads": args.threads}, ["onnxruntime", "faiss"]
+        ),
         "documents": SOURCE,
         "questions": {"file": str(args.questions), **header, "count": len(questions)},
         "settings": {

@@ -157,7 +157,7 @@ async def run(args: argparse.Namespace) -> list[dict]:
                                 row = _assisted_row(engine, rtt, mbit, sampling, prompt.id,
                                                     n, wall)  # fmt: skip
                                 rows.append(row)
-                                save(args.out, rows)  # a stopped run keeps its rows
+                                save(args.out, rows, args)  # a stopped run keeps its rows
                                 print(_line(row), flush=True)
                             for m, mode in modes.items():
                                 pipelined = not m.endswith(STOP_AND_WAIT)
@@ -206,7 +206,7 @@ async def run(args: argparse.Namespace) -> list[dict]:
                                     "fast_verified": stats.fast_verified,
                                 }  # fmt: skip
                                 rows.append(row)
-                                save(args.out, rows)  # a stopped run keeps its rows
+                                save(args.out, rows, args)  # a stopped run keeps its rows
                                 print(_line(row), flush=True)
                     for mode in modes.values():
                         await mode.close()
@@ -241,8 +241,20 @@ def _cost_model(costs) -> dict | None:
     }  # fmt: skip
 
 
-def save(path: Path, rows: list[dict]) -> None:
-    path.write_text(json.dumps(rows, indent=1))
+def save(path: Path, rows: list[dict], args: argparse.Namespace | None = None) -> None:
+    from benchmarks.provenance import command_line, record
+
+    pinning = {} if args is None else {"device_core": args.device_core,
+                                        "cloud_core": args.cloud_core}  # fmt: skip
+    engines = [] if args is None else [f"cloud {e}" for e in args.engines]
+    prov = record(command_line("benchmarks.split"), pinning, {"device": 1, "cloud": 1}, engines)
+    path.write_text(json.dumps({"provenance": prov, "rows": rows}, indent=1))
+
+
+def load_rows(path: Path) -> list[dict]:
+    """The rows of a saved run (a plain list before results carried their provenance)."""
+    saved = json.loads(path.read_text())
+    return saved if isinstance(saved, list) else saved["rows"]
 
 
 def _line(r: dict) -> str:
@@ -343,12 +355,12 @@ def main() -> None:
     if args.report:  # each file on its own: a cell re-run in another file stays apart
         for path in args.report:
             print(f"\n=== {path}")
-            summarise(json.loads(path.read_text()))
+            summarise(load_rows(path))
         return
     logging.basicConfig(level=logging.WARNING)
     args.cloud_core = pin_device(args.device_core, args.cloud_core)
     rows = asyncio.run(run(args))
-    save(args.out, rows)
+    save(args.out, rows, args)
     summarise(rows)
 
 

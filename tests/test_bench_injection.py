@@ -147,7 +147,7 @@ def test_quick_run_on_the_tiny_pair_reads_the_drafts_off_the_wire(
     main(["--quick", "--tiny-root", str(tiny["tokenizer"].parent),
           "--embedder-dir", str(embedder_dir), "--out", str(out)])  # fmt: skip
     result = json.loads(out.read_text())
-    env = result["environment"]
+    env = result["provenance"]
     assert len(env["commit"]) == 40 and env["command"].startswith("python -m benchmarks.injection")
     assert "--quick" in env["command"] and env["cpu_count"] == os.cpu_count()
     assert env["packages"]["onnxruntime"] and env["date"]

@@ -56,7 +56,7 @@ def test_quick_run_writes_a_result_with_its_provenance(tmp_path: Path) -> None:
     out = tmp_path / "quick.json"
     main(["--quick", "--out", str(out)])
     result = json.loads(out.read_text())
-    env = result["environment"]
+    env = result["provenance"]
     assert env["commit"] and env["cpu_model"] and env["command"].endswith(f"--out {out}")
     for name in ("dense", "bm25", "hybrid-rrf", "hybrid-combo"):
         metrics = result["evaluation"][name]["metrics"]
