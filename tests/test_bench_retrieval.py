@@ -15,7 +15,6 @@ from benchmarks.retrieval import (
     margin_floor,
     ranking_metrics,
     relevant_chunk,
-    table,
     wilson,
 )
 from benchmarks.retrieval_docs import Answer, Question
@@ -68,14 +67,3 @@ def test_quick_run_writes_a_result_with_its_provenance(tmp_path: Path) -> None:
     (lat,) = result["latency"]
     assert lat["chunks"] == 2000 and lat["total"]["p99_ms"] > 0
     assert result["ingest"]["embedder_chunks_per_s"] > 0
-
-
-def test_the_readme_tables_are_the_result_files() -> None:
-    """The README's retrieval tables are printed from the committed result, never typed."""
-    root = Path(__file__).resolve().parents[1]
-    result = json.loads(
-        (root / "benchmarks/results/retrieval/python311-reference.json").read_text()
-    )
-    readme = (root / "README.md").read_text(encoding="utf-8")
-    block = readme.split("<!-- retrieval-table -->\n", 1)[1].split("<!-- /retrieval-table -->")[0]
-    assert block.strip() == table(result).strip()
