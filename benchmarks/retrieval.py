@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import environment
+from benchmarks.common import environment, repo_relative
 from benchmarks.retrieval_docs import QUESTION_SET, Question, answers, load_questions
 from collab.sources import RELEVANCE_FLOOR
 
@@ -534,7 +534,7 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         "benchmark": "retrieval",
         "environment": environment(command, {"taskset": args.pinning}, PACKAGES),
         "documents": SOURCE,
-        "questions": {"file": str(args.questions), **header, "count": len(questions)},
+        "questions": {"file": repo_relative(args.questions), **header, "count": len(questions)},
         "settings": {
             "candidates": args.candidates,
             "cited_k": CITED_K,
