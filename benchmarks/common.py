@@ -38,6 +38,14 @@ async def start_cloud(
     return cloud, cloud.url, cloud.token
 
 
+def repo_relative(path: Path | str) -> str:
+    """`path` as a result file records it: relative to the repository when inside it, so a
+    committed result names no machine's directories."""
+    resolved = Path(path).resolve()
+    root = Path(__file__).resolve().parents[1]
+    return str(resolved.relative_to(root)) if resolved.is_relative_to(root) else str(path)
+
+
 VLLM_INSTALL = "the vLLM environment is not installed: sh packaging/install_vllm_cloud.sh"
 
 

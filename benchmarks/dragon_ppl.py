@@ -21,6 +21,11 @@ cut to its first 64 tokens. Plain text, no chat template: [documents; window].
                   over all 2k documents, each scored alone by its own side's model
     dragon-rerank the same with dynamic re-ranking (§4.1): every 8 tokens R is recomputed from
                   the cosine of each document with the query plus the text scored so far
+    dragon-random the control for plain ensembling (`--random-control`): DRAGON's mixture,
+                  weighted the same way (relevance of each passage's cosine with the query),
+                  over the same number of RANDOM passages of the corpus per side, not
+                  retrieved for the window: what averaging several differently conditioned
+                  predictions gains without retrieval
 
 Settings: `same` (the device model on both sides, as the paper; the 0.5B for cost) and `pair`
 (Tandem's real pair). DRAGON and DRDG give the same teacher-forced outputs (§7.3), so DRDG is
@@ -63,6 +68,7 @@ DOC_TOKENS = 64
 COUNTS = (0, 1, 2, 4, 8)  # documents per side
 METHODS = ("no-retrieval", "cloud-alone", "crcg-device", "crcg-cloud", "drcg", "dragon",
            "dragon-rerank")  # fmt: skip
+CONTROL = "dragon-random"  # the plain-ensembling control's line (not in METHODS: an option)
 RERANK_EVERY = 8  # tokens between re-rankings (DRAGON §4.1), for the dragon-rerank line
 SEPARATOR = "\n\n"
 
@@ -144,6 +150,28 @@ def retrieve(corpus: Any, tokenizer: Any, window: Window, most: int) -> Document
                      hits[0::2], hits[1::2])  # fmt: skip
 
 
+def random_documents(
+    corpus: Any, tokenizer: Any, window: Window, most: int, rng: np.random.Generator
+) -> Documents:  # fmt: skip
+    """2·most passages drawn at random from the whole corpus (the window's own article left
+    out), split and cut as `retrieve` does, weighted by the relevance of their cosine with the
+    window's query as retrieved ones are: the plain-ensembling control."""
+    store = corpus.store
+    ids = [row[0] for row in store.db.execute("SELECT id FROM chunks ORDER BY id")]
+    own = window.title.strip().lower()
+    chosen: list[Any] = []
+    for i in rng.permutation(len(ids)):
+        chunk = store.get_chunks([ids[int(i)]])[0]
+        if (chunk.title or "").strip().lower() != own:
+            chosen.append(chunk)
+        if len(chosen) == 2 * most:
+            break
+    docs = [tokenizer.encode(c.text)[:DOC_TOKENS] for c in chosen]
+    cos = np.asarray(corpus.rescore(chosen, tokenizer.decode(window.context)), dtype=np.float64)
+    return Documents(docs[0::2], docs[1::2], relevance(cos[0::2]), relevance(cos[1::2]),
+                     chosen[0::2], chosen[1::2])  # fmt: skip
+
+
 def with_docs(docs: Sequence[list[int]], sep: list[int], context: list[int]) -> list[int]:
     return [t for d in docs for t in (*d, *sep)] + context
 
@@ -151,20 +179,37 @@ def with_docs(docs: Sequence[list[int]], sep: list[int], context: list[int]) -> 
 def score_window(
     window: Window, docs: Documents, counts: Sequence[int], device: CausalLM, cloud: CausalLM,
     sep: list[int], rerank: tuple[Rescore, Callable[[list[int]], str]] | None = None,
+    control: Documents | None = None,
 ) -> dict[str, dict[int, float]]:  # fmt: skip
     """Summed log-likelihood of the window's targets under every method at every count.
-    `rerank` (the hits' rescoring and the tokenizer's decode) adds dragon-rerank."""
+    `rerank` (the hits' rescoring and the tokenizer's decode) adds dragon-rerank; `control`
+    (random passages, `random_documents`) adds dragon-random."""
     ctx, tgt = window.context, window.targets
     bare_device = float(logprobs(device, ctx, tgt).sum())
     bare_cloud = float(logprobs(cloud, ctx, tgt).sum())
     out: dict[str, dict[int, float]] = {m: {} for m in METHODS}
     per_doc: dict[tuple[str, int], np.ndarray] = {}
 
-    def doc_lp(side: str, i: int) -> np.ndarray:
-        if (side, i) not in per_doc:
-            lm, d = (device, docs.device[i]) if side == "device" else (cloud, docs.cloud[i])
-            per_doc[(side, i)] = logprobs(lm, with_docs([d], sep, ctx), tgt)
-        return per_doc[(side, i)]
+    def doc_lp(side: str, i: int, of: Documents = docs) -> np.ndarray:
+        key = (side + ("" if of is docs else "-control"), i)
+        if key not in per_doc:
+            lm, d = (device, of.device[i]) if side == "device" else (cloud, of.cloud[i])
+            per_doc[key] = logprobs(lm, with_docs([d], sep, ctx), tgt)
+        return per_doc[key]
+
+    def mixture(of: Documents, k: int) -> float:
+        """DRAGON's output aggregation over k documents a side of `of`."""
+        kd, kc = min(k, len(of.device)), min(k, len(of.cloud))
+        if k == 0 or kd + kc == 0:
+            return bare_device
+        rows = [doc_lp("cloud", i, of) for i in range(kc)]
+        rows += [doc_lp("device", i, of) for i in range(kd)]
+        scores = np.concatenate([of.cloud_scores[:kc], of.device_scores[:kd]])
+        log_w = scores - logsumexp(scores)
+        return float(logsumexp(np.array(rows) + log_w[:, None], axis=0).sum())
+
+    if control is not None:
+        out[CONTROL] = {k: mixture(control, k) for k in counts}
 
     for k in counts:
         out["no-retrieval"][k], out["cloud-alone"][k] = bare_device, bare_cloud
@@ -181,11 +226,11 @@ def score_window(
         interleaved = [d for pair in zip(docs.cloud[:kc], docs.device[:kd], strict=False)
                        for d in pair] + docs.cloud[kd:kc] + docs.device[kc:kd]  # fmt: skip
         out["drcg"][k] = float(logprobs(device, with_docs(interleaved, sep, ctx), tgt).sum())
-        rows = [doc_lp("cloud", i) for i in range(kc)] + [doc_lp("device", i) for i in range(kd)]
-        scores = np.concatenate([docs.cloud_scores[:kc], docs.device_scores[:kd]])
-        log_w = scores - logsumexp(scores)
-        out["dragon"][k] = float(logsumexp(np.array(rows) + log_w[:, None], axis=0).sum())
+        out["dragon"][k] = mixture(docs, k)
         if rerank is not None:
+            rows = [doc_lp("cloud", i) for i in range(kc)]
+            rows += [doc_lp("device", i) for i in range(kd)]
+            scores = np.concatenate([docs.cloud_scores[:kc], docs.device_scores[:kd]])
             hits = docs.cloud_hits[:kc] + docs.device_hits[:kd]
             weights = reranked_weights(hits, scores, tgt, *rerank, query=window.context)
             out["dragon-rerank"][k] = float(logsumexp(np.array(rows) + weights, axis=0).sum())
@@ -323,13 +368,17 @@ def run(args: argparse.Namespace) -> dict:
     most = max(args.counts)
     out: dict[str, Any] = {"windows": len(windows), "tokens": sum(len(w.targets) for w in windows)}
     docs = [retrieve(corpus, tokenizer, w, most) for w in windows]
+    rng = np.random.default_rng(args.seed)
+    controls: list[Documents | None] = [
+        random_documents(corpus, tokenizer, w, most, rng) if args.random_control else None
+        for w in windows
+    ]
     for setting in args.settings:
         results = []
-        for i, (w, d) in enumerate(zip(windows, docs, strict=True)):
+        for i, (w, d, c) in enumerate(zip(windows, docs, controls, strict=True)):
             rerank = (corpus.rescore, tokenizer.decode)
-            results.append(
-                score_window(w, d, args.counts, models["device"], models[setting], sep, rerank)
-            )
+            results.append(score_window(w, d, args.counts, models["device"], models[setting],
+                                        sep, rerank, control=c))  # fmt: skip
             print(f"{setting}: window {i + 1}/{len(windows)} ({w.title})", file=sys.stderr)
         ppl = perplexities(results, out["tokens"])
         out[setting] = {"perplexity": ppl, "targets": check_targets(ppl)}
@@ -371,6 +420,23 @@ def print_table(setting: str, ppl: dict[str, dict[int, float]]) -> None:
             print(f"  FAIL dragon > {m} at {k} documents a side")
     if all(ok for _, _, ok in check_targets(ppl)):
         print("  PASS dragon ≤ every baseline at every count ≥ 2")
+    for k, share in retrieval_share(ppl).items():
+        print(f"  {k} a side: retrieval {share:.0%} of DRAGON's gain over no-retrieval "
+              "(the rest: plain ensembling of random passages)")  # fmt: skip
+
+
+def retrieval_share(ppl: dict[str, dict[int, float]]) -> dict[int, float]:
+    """Per count > 0 with the control: the part of DRAGON's drop in log-perplexity below
+    no-retrieval that random passages, aggregated the same way, do not also give."""
+    if CONTROL not in ppl:
+        return {}
+    out = {}
+    for k in sorted(ppl[CONTROL]):
+        base = math.log(ppl["no-retrieval"][k])
+        gain = base - math.log(ppl["dragon"][k])
+        if k > 0 and gain > 0:
+            out[k] = (math.log(ppl[CONTROL][k]) - math.log(ppl["dragon"][k])) / gain
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -381,6 +447,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                         choices=["same", "pair"])  # fmt: skip
     parser.add_argument("--check", type=int, default=2, help="windows checked over the network")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--random-control",
+        action="store_true",
+        help=f"add {CONTROL}: the mixture over random passages (a control)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the random passages' seed")
     parser.add_argument(
         "--quick", action="store_true",
         help="CI: 2 windows, 0–2 documents a side, same model, 1 network check",

@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.common import repo_relative
 from benchmarks.private_facts import make_notes
 
 log = logging.getLogger("tandem.bench.injection")
@@ -674,7 +675,9 @@ async def run(args: argparse.Namespace, command: str) -> dict:
     result: dict[str, Any] = {
         "provenance": record(command, pinning, {"device": 1, "cloud": 1},
                              [f"cloud {args.engine}", "device onnxruntime"]),
-        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "config": {
+            k: repo_relative(v) if isinstance(v, Path) else v for k, v in vars(args).items()
+        },
         "injection": INJECTION, "cases": [asdict(c) for c in cases],
         "off_topic_retrieval": off_topic_retrieval(cases, embedder_dir),
     }  # fmt: skip

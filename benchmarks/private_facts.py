@@ -155,6 +155,51 @@ def summarise(rows: Sequence[dict]) -> dict:
     return out
 
 
+def compare_right(first: Sequence[dict], second: Sequence[dict]) -> dict:
+    """Right answers of one method against another's on the same notes: the counts, Fisher's
+    exact p, and a 95 % interval of the difference in share right (bootstrap over notes,
+    paired), with a verdict that says "within noise" when the interval holds zero."""
+    from benchmarks.intervals import bootstrap_ci, fisher_exact, verdict
+
+    a = {r["note"]: bool(r["right"]) for r in first}
+    b = {r["note"]: bool(r["right"]) for r in second}
+    notes = sorted(a.keys() & b.keys())
+    if not notes:
+        raise ValueError("the two methods share no note")
+    pairs = [(a[n], b[n]) for n in notes]
+    right_a, right_b = sum(x for x, _ in pairs), sum(y for _, y in pairs)
+
+    def diff(sample: Sequence[tuple[bool, bool]]) -> float:
+        return sum(x - y for x, y in sample) / len(sample)
+
+    ci = bootstrap_ci(pairs, diff)
+    return {"right": [right_a, right_b], "notes": len(notes),
+            "fisher_p": fisher_exact(right_a, len(notes), right_b, len(notes)),
+            "difference": diff(pairs), "ci95": list(ci),
+            "verdict": verdict(ci[0], ci[1], up="PASS", down="FAIL")}  # fmt: skip
+
+
+def comparisons(rows: Sequence[dict], summary: dict) -> dict[str, dict]:
+    """dragon against the best split and the best split against local, where both ran."""
+    by: dict[str, list[dict]] = {}
+    for r in rows:
+        by.setdefault(r["method"], []).append(r)
+    best = summary.get("best_split")
+    out = {}
+    for x, y in (("dragon", best), (best, "local")):
+        if x in by and y in by and all("note" in r for r in by[x] + by[y]):
+            out[f"{x} vs {y}"] = compare_right(by[x], by[y])
+    return out
+
+
+def print_comparisons(found: dict[str, dict]) -> None:
+    for name, c in found.items():
+        lo, hi = c["ci95"]
+        print(f"  {c['verdict']}: {name}: {c['right'][0]}/{c['notes']} vs {c['right'][1]}/"
+              f"{c['notes']} right, difference {c['difference']:+.0%} (95 % CI {lo:+.0%} to "
+              f"{hi:+.0%}, bootstrap over notes; Fisher p = {c['fisher_p']:.2f})")  # fmt: skip
+
+
 def print_summary(summary: dict) -> None:
     print(f"\n  {'method':16}{'right':>8}{'acceptance':>12}{'tok/s':>8}")
     for name, s in summary["methods"].items():
@@ -181,6 +226,7 @@ def result(args: argparse.Namespace, notes: Sequence[Note], rows: list[dict], se
     return {"provenance": prov,
             "config": {k: v for k, v in vars(args).items() if k not in ("out", "argv")},
             "notes": [asdict(n) for n in notes], "rows": rows, "summary": summarise(rows),
+            "comparisons": comparisons(rows, summarise(rows)),
             "seconds": seconds}  # fmt: skip
 
 
@@ -228,7 +274,9 @@ def report(paths: Sequence[Path]) -> None:
         pools.setdefault((run["config"]["engine"], run["config"]["notes"]), []).extend(run["rows"])
     for (engine, notes), rows in pools.items():
         print(f"\n{engine} cloud, {notes} notes ({len(rows)} answers)")
-        print_summary(summarise(rows))
+        summary = summarise(rows)
+        print_summary(summary)
+        print_comparisons(comparisons(rows, summary))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -264,6 +312,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     measured = asyncio.run(run(args))  # saved after each answer
     print_summary(measured["summary"])
+    print_comparisons(measured.get("comparisons", {}))
     print(f"\n{measured['seconds']:.0f} s; written to {args.out}")
 
 

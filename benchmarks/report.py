@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from benchmarks.intervals import bootstrap_ratio, verdict
 from benchmarks.provenance import caption
 
 log = logging.getLogger("benchmarks.report")
@@ -39,33 +38,6 @@ NO_PER_PROMPT = "no per-prompt data saved"
 
 
 # --------------------------------------------------------------------------- statistics
-
-
-def bootstrap_ratio(
-    a: Mapping[str, float], b: Mapping[str, float], seed: int = 0, resamples: int = 10_000
-) -> tuple[float, float, float] | None:
-    """mean(a) / mean(b) over the prompts both have, with a 95 % paired bootstrap interval
-    (prompts resampled); None where no prompt is shared."""
-    ids = sorted(set(a) & set(b))
-    if not ids:
-        return None
-    x, y = np.array([a[i] for i in ids]), np.array([b[i] for i in ids])
-    pick = np.random.default_rng(seed).integers(0, len(ids), size=(resamples, len(ids)))
-    ratios = x[pick].mean(axis=1) / y[pick].mean(axis=1)
-    low, high = np.percentile(ratios, [2.5, 97.5])
-    return float(x.mean() / y.mean()), float(low), float(high)
-
-
-def verdict(low: float, high: float, null: float = 0.0, up: str = "higher",
-            down: str = "lower") -> str:  # fmt: skip
-    """The word for a difference from its 95 % interval: `up` or `down` only when the whole
-    interval lies on one side of `null` (0 for a difference, 1 for a ratio); otherwise
-    "within noise". Never a pass for a difference the interval cannot tell from none."""
-    if low > null:
-        return up
-    if high < null:
-        return down
-    return "within noise"
 
 
 def ratio_cell(r: tuple[float, float, float] | None, up: str = "faster", down: str = "slower"

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.common import repo_relative
 from benchmarks.provenance import record
 from benchmarks.retrieval_docs import QUESTION_SET, Question, answers, load_questions
 from collab.sources import RELEVANCE_FLOOR
@@ -535,7 +536,7 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
             command, {"taskset": args.pinning}, {"threads": args.threads}, ["onnxruntime", "faiss"]
         ),
         "documents": SOURCE,
-        "questions": {"file": str(args.questions), **header, "count": len(questions)},
+        "questions": {"file": repo_relative(args.questions), **header, "count": len(questions)},
         "settings": {
             "candidates": args.candidates,
             "cited_k": CITED_K,

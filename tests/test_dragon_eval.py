@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # above the study's own 1,500 s limit: it fails on that, with output
 def test_quick_study_with_the_real_models(tmp_path):
     command = [sys.executable, "-m", "benchmarks.dragon_eval", "--quick", "--name", "q",
                "--out-dir", str(tmp_path)]  # fmt: skip

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from benchmarks.dragon_ppl import (
+    CONTROL,
     DOC_TOKENS,
     METHODS,
     Documents,
@@ -17,6 +18,8 @@ from benchmarks.dragon_ppl import (
     logprobs,
     make_windows,
     perplexities,
+    random_documents,
+    retrieval_share,
     retrieve,
     score_window,
     with_docs,
@@ -165,3 +168,55 @@ def test_reranking_recomputes_the_weights_every_eight_tokens(lms, tiny_tokenizer
                                                           .sum()), abs=1e-3)  # fmt: skip
     assert len(seen) == (len(tgt) - 1) // 8
     assert seen[0] == tiny_tokenizer.decode(ctx) + " " + tiny_tokenizer.decode(tgt[:8])
+
+
+def test_the_random_control_is_dragons_mixture_over_other_documents(lms, tiny_tokenizer):
+    """dragon-random aggregates its documents exactly as dragon does: given the retrieved
+    documents it equals dragon; given others, the brute-force mixture over those."""
+    device, cloud = lms
+    enc = tiny_tokenizer.encode
+    window = Window("X", enc("Albedo is the fraction of sunlight that a surface reflects, "
+                             "measured on a scale from zero to one.")[:24])  # fmt: skip
+    docs = Documents([enc("Snow reflects most light.")], [enc("Charcoal is dark.")],
+                     relevance(np.array([0.6])), relevance(np.array([0.5])))  # fmt: skip
+    other = Documents([enc("Trains run on rails."), enc("Cats sleep a lot.")],
+                      [enc("Bread needs yeast.")], relevance(np.array([0.1, 0.05])),
+                      relevance(np.array([0.2])))  # fmt: skip
+    sep = enc("\n\n")
+    same = score_window(window, docs, [0, 1], device, cloud, sep, control=docs)
+    assert same[CONTROL] == pytest.approx(same["dragon"], abs=1e-9)
+    got = score_window(window, docs, [0, 2], device, cloud, sep, control=other)
+    ctx, tgt = window.context, window.targets
+    rows = [brute_logprob(cloud, with_docs([d], sep, ctx), tgt) for d in other.cloud]
+    rows.append(brute_logprob(device, with_docs(other.device, sep, ctx), tgt))
+    r = np.concatenate([other.cloud_scores, other.device_scores])
+    w = np.exp(r - r.max()) / np.exp(r - r.max()).sum()
+    assert got[CONTROL][2] == pytest.approx(float(np.log(w @ np.exp(np.array(rows))).sum()),
+                                            abs=1e-3)  # fmt: skip
+    assert got[CONTROL][0] == pytest.approx(got["no-retrieval"][0])
+    plain = score_window(window, docs, [0, 2], device, cloud, sep)
+    assert CONTROL not in plain and {m: v for m, v in got.items() if m != CONTROL} == plain
+
+
+def test_random_documents_are_drawn_from_the_corpus_not_retrieved(public_corpus, tiny_tokenizer):
+    first = public_corpus.search("history", 1)[0]
+    window = Window(first.title, tiny_tokenizer.encode(first.text)[:64])
+    control = random_documents(public_corpus, tiny_tokenizer, window, 3,
+                               np.random.default_rng(0))  # fmt: skip
+    again = random_documents(public_corpus, tiny_tokenizer, window, 3, np.random.default_rng(0))
+    assert len(control.cloud) == len(control.device) == 3 and control.cloud == again.cloud
+    hits = control.cloud_hits + control.device_hits
+    assert len({h.chunk_id for h in hits}) == 6 and first.title not in {h.title for h in hits}
+    assert all(len(d) <= DOC_TOKENS for d in control.cloud + control.device)
+    retrieved = retrieve(public_corpus, tiny_tokenizer, window, 3)
+    assert control.cloud + control.device != retrieved.cloud + retrieved.device
+    cos = public_corpus.rescore(control.cloud_hits, tiny_tokenizer.decode(window.context))
+    np.testing.assert_allclose(control.cloud_scores, relevance(np.asarray(cos, np.float64)),
+                               rtol=1e-5)  # fmt: skip
+
+
+def test_retrieval_share_of_the_gain():
+    ppl = {"no-retrieval": {0: 20.0, 2: 20.0}, "dragon": {0: 20.0, 2: 10.0},
+           CONTROL: {0: 20.0, 2: float(np.sqrt(200.0))}}  # fmt: skip
+    assert retrieval_share(ppl) == {2: pytest.approx(0.5)}  # half the log-gain is retrieval
+    assert retrieval_share({"dragon": {2: 1.0}}) == {}

@@ -61,20 +61,35 @@ async def rig(cloud_engine, near_drafter) -> AsyncIterator[Rig]:
 Fault = Callable[[LinkEmulator], Awaitable[None] | None]
 
 
+# A collapse to 64 bit/s (8 bytes a second, in 8-byte pieces): a piece of the answer takes up
+# to 1 s to cross, longer than a heartbeat's verdict (1.5 x BEAT = 0.45 s), and the pong to the
+# device's ping queues behind the answer's bytes, so the device gives up on the cloud in every
+# mode, wherever the answer stands. At 1.6 kbit/s in 64-byte pieces the answer's bytes came
+# often enough to reset aiohttp's heartbeat (any byte received does): the device never gave
+# up, and in cloud mode the outcome hung on whether the cloud had finished generating before
+# ITS heartbeat ended the session, a matter of CPU speed; the test had to accept either.
+COLLAPSED = LinkProfile(delay=0.01, bandwidth=8.0, burst=8)
+
+
 async def _collapse(link: LinkEmulator) -> None:
-    slow = LinkProfile(delay=0.01, bandwidth=200.0, burst=64)  # 1.6 kbit/s
-    link.retune(slow, slow)
+    link.retune(COLLAPSED, COLLAPSED)
 
 
-# each fault and what the answer must do: "fail" (reported, finished on the device), "survive"
-# (no failure at all), or "either" (a collapse to 1.6 kbit/s may or may not outlast the
-# heartbeat, depending on what is queued when it comes)
+def test_a_collapsed_link_is_slower_than_the_heartbeat_verdict() -> None:
+    """The collapse fault is deterministic only while one burst takes longer to cross the
+    link than the heartbeat takes to give up."""
+    assert COLLAPSED.bandwidth is not None
+    assert COLLAPSED.burst / COLLAPSED.bandwidth > 1.5 * BEAT
+
+
+# each fault and what the answer must do: "fail" (reported, finished on the device) or
+# "survive" (no failure at all)
 FAULTS: dict[str, tuple[Fault, str]] = {
     "reset": (LinkEmulator.reset, "fail"),
     "vanish": (LinkEmulator.vanish, "fail"),
     "partition 3 s": (lambda link: link.partition(3.0), "fail"),
     "partition 0.05 s": (lambda link: link.partition(0.05), "survive"),
-    "bandwidth collapse": (_collapse, "either"),
+    "bandwidth collapse": (_collapse, "fail"),
 }
 
 
@@ -117,7 +132,7 @@ async def test_a_fault_mid_answer_is_reported_the_device_finishes_and_the_cloud_
         assert stats.finish in ("stop", "length")  # the device finished the answer
         assert await rig.kv_freed(), "the cloud kept the session's KV cache"
     else:
-        assert len(failures) <= (outcome == "either") and all(f.recoverable for f in failures)
+        assert not failures, failures
     seen = f"{failures[0].message!r} after {took:.2f} s" if failures and took else "no failure"
     print(f"{name} / {fault}: {seen}; {stats.tokens} tokens, finish {stats.finish}")
     rig.link.retune(ONE_WAY, ONE_WAY)
@@ -168,7 +183,7 @@ async def test_chaos_a_conversation_through_faults_loses_nothing(rig, tmp_path, 
             rig.link.retune(ONE_WAY, ONE_WAY)
             assert text, f"turn {turn} ({mode}, {fault}): nothing reached the user"
             outcome = FAULTS[fault][1] if fault else "survive"
-            assert failures == (outcome == "fail") or outcome == "either", (turn, fault)
+            assert failures == (outcome == "fail"), (turn, fault)
             seen.append((question, text, mode))
         store = assistant.conversations
         messages = store.messages(conversation)

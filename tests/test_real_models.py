@@ -102,6 +102,7 @@ def test_second_prepare_does_nothing_and_says_so():
 
 
 @pytest.mark.parametrize("mode", ["cloud", "split"])
+@pytest.mark.timeout(1500)  # above the command's own 1,200 s limit (first start builds caches)
 def test_cli_ask_through_the_embedded_cloud(mode):
     """The real pair over the embedded backend (started on loopback by `tandem ask`); cloud
     mode answers from the public corpus and cites it as cloud."""

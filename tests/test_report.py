@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import report
+from benchmarks.intervals import verdict
 from benchmarks.provenance import FLAGS_OF_INTEREST, record
 
 RESULTS = Path(report.RESULTS)
@@ -46,11 +47,11 @@ def test_every_table_names_its_sources_and_machine(tables: dict[str, str]) -> No
 
 
 def test_a_difference_inside_its_interval_is_not_a_win() -> None:
-    assert report.verdict(-0.02, 0.05) == "within noise"
-    assert report.verdict(0.01, 0.05, up="faster") == "faster"
-    assert report.verdict(-0.05, -0.01, down="slower") == "slower"
-    assert report.verdict(0.97, 1.04, null=1.0, up="faster") == "within noise"
-    assert report.verdict(1.02, 1.20, null=1.0, up="faster") == "faster"
+    assert verdict(-0.02, 0.05) == "within noise"
+    assert verdict(0.01, 0.05, up="faster") == "faster"
+    assert verdict(-0.05, -0.01, down="slower") == "slower"
+    assert verdict(0.97, 1.04, null=1.0, up="faster") == "within noise"
+    assert verdict(1.02, 1.20, null=1.0, up="faster") == "faster"
     same = {str(i): 1.0 + 0.1 * (i % 3) for i in range(20)}
     noisy = {k: v + (0.05 if int(k) % 2 else -0.05) for k, v in same.items()}
     assert "within noise" in report.ratio_cell(report.bootstrap_ratio(noisy, same))
