@@ -1,6 +1,6 @@
 """collab math and wire cost at Qwen's vocabulary (|V| = 151,936), measured in one run.
 
-    python benchmarks/collab_math.py [--quick] [--out FILE]
+    python -m benchmarks.collab_math [--quick] [--out FILE]
 
 Prints µs per position for each verify / aggregate operation (target: ≤ 1 ms, ≤ 5% of a
 device decode step) and a table of bytes per round, uplink and downlink, for DSD, DSSD,

@@ -1,6 +1,6 @@
 """The private index, measured in one run.
 
-    python benchmarks/index.py [--chunks 256] [--threads 2] [--model-dir DIR] [--quick] [--out F]
+    python -m benchmarks.index [--chunks 256] [--threads 2] [--model-dir DIR] [--quick] [--out F]
 
 1. Embedding: sentence-transformers (torch) vs our ONNX embedder on the same 256-token chunks
    (cut with the MiniLM tokenizer from this repository's Markdown and Python files, so prose
