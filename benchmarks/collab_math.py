@@ -1,22 +1,28 @@
 """collab math and wire cost at Qwen's vocabulary (|V| = 151,936), measured in one run.
 
-    python benchmarks/collab_math.py
+    python -m benchmarks.collab_math [--quick] [--out FILE]
 
 Prints µs per position for each verify / aggregate operation (target: ≤ 1 ms, ≤ 5% of a
 device decode step) and a table of bytes per round, uplink and downlink, for DSD, DSSD,
 TK-SLT (K = 8, 32, 320) and a DRAGON draft (top-p 0.8), γ = 4, as encoded by
 collab.protocol (header included). Distributions are synthetic but shaped like an LLM's:
 Zipf-like logits over a random permutation of the vocabulary, draft and target correlated.
+Writes both tables with provenance to `--out` (default `results/collab-math/ops.json`);
+`--quick` times 3 calls instead of 30 (a smoke run, written to `ops-quick.json`).
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from benchmarks.provenance import command_line, default_out, record, write_result
 from collab import protocol as wire
 from collab.dragon.aggregation import local_mixture, side_etas, side_weight, speculative_aggregation
 from collab.sampling import SamplingParams, distribution, sample_from, softmax
@@ -59,7 +65,14 @@ def per_call_us(fn: Callable[[], object], repeats: int = 30) -> float:
     return statistics.median(samples)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="3 timed calls per rule, not 30")
+    parser.add_argument("--out", type=Path, help="the result file (default results/collab-math/)")
+    args = parser.parse_args(argv)
+    repeats = 3 if args.quick else 30
+    prov = record(command_line("benchmarks.collab_math", argv), threads={"numpy": "default"},
+                  engines=["numpy"])  # fmt: skip
     rng = np.random.default_rng(0)
     zp = llm_like_logits(rng, GAMMA + 1)
     zq = zp[:GAMMA] + rng.normal(0.0, 1.5, (GAMMA, V))
@@ -123,13 +136,16 @@ def main() -> None:
         ),
     ]
     print(
-        f"|V| = {V:,}; µs per position (median of 30); target ≤ 1,000 µs"
+        f"|V| = {V:,}; µs per position (median of {repeats}); target ≤ 1,000 µs"
         f" (≤ 5% of a {DECODE_STEP_MS} ms device decode step)\n"
     )
     worst = 0.0
+    timings: list[dict[str, Any]] = []
     for name, fn, positions in ops:
-        us = per_call_us(fn) / positions
+        us = per_call_us(fn, repeats) / positions
         worst = max(worst, us)
+        timings.append({"rule": name, "us_per_position": us,
+                        "share_of_step": us / 1000 / DECODE_STEP_MS})  # fmt: skip
         print(f"  {name:55} {us:9.1f} µs  {100 * us / 1000 / DECODE_STEP_MS:5.2f}% of a step")
     print(f"\n  slowest: {worst:.0f} µs per position → {'MET' if worst <= 1000 else 'NOT MET'}")
 
@@ -194,6 +210,16 @@ def main() -> None:
         f"\n  DSSD uplink body: {dssd_body / GAMMA:.1f} B per drafted token (target ≤ 6)"
         f" → {'MET' if dssd_body / GAMMA <= 6 else 'NOT MET'}"
     )
+    result = {
+        "config": {"vocabulary": V, "gamma": GAMMA, "repeats": repeats,
+                   "decode_step_ms": DECODE_STEP_MS, "quick": args.quick},
+        "ops": timings,
+        "bytes_per_round": [{"round": n, "uplink": up, "downlink": down} for n, up, down in rows],
+        "dssd_uplink_bytes_per_token": dssd_body / GAMMA,
+    }  # fmt: skip
+    out = write_result(args.out or default_out("collab-math", "ops", args.quick), prov, result)
+    print(f"\nwritten to {out}")
+    return result
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Device runtime benchmark: every backend of the device model, measured in one run.
 
-    python benchmarks/device_runtime.py [--decode 32] [--json out.json]
+    python -m benchmarks.device_runtime [--decode 32] [--quick] [--models DIR] [--out FILE]
 
 For torch fp32, torch bf16, ORT fp32 and each weight-only quantisation scheme (the device's
 default marked *; the others are quantised into a temporary folder) it prints: prefill of 256
@@ -9,25 +9,30 @@ decode step, mean KL to torch fp32 and top-1 agreement (teacher-forced on prose 
 decode time as a multiple of the memory-bandwidth floor (weight bytes read per token ÷
 measured copy bandwidth, one copying thread per core). Then, for the default: IO binding vs
 plain `session.run`, and two ORT sessions decoding at once with intra-op spinning on and off.
-Needs `tandem models prepare`.
+Needs `tandem models prepare` (or `--models DIR`: a folder holding `hf/`, `onnx-fp32/` and
+`onnx-quant/`, like the tiny test model's). Writes every figure with provenance to `--out`
+(`--json` is the old name; default `results/device/runtime.json`). `--quick` decodes 4 tokens
+after 64 of context with 2 repeats per timing (a smoke run of seconds on a tiny model,
+`runtime-quick.json`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 import torch
 
-from benchmarks.provenance import command_line, record
+from benchmarks.provenance import command_line, default_out, record, write_result
 from model_runtime.ort_runtime import OrtCausalLM
 from model_runtime.runtime import CausalLM
 from model_runtime.tokenizer import load_tokenizer
@@ -102,29 +107,32 @@ def torch_weight_bytes(lm: TorchCausalLM) -> int:
     )
 
 
-def measure(lm: CausalLM, ids: list[int], decode_tokens: int) -> dict:
-    prompt = ids[:256]
+def measure(
+    lm: CausalLM, ids: list[int], decode_tokens: int, context: int = 256, repeats: int = 5
+) -> dict:
+    prompt = ids[:context]
     lm.prefill([prompt[:8]])  # warm-up
-    prefill = timed(lambda: lm.prefill([prompt]), 2)
+    prefill = timed(lambda: lm.prefill([prompt]), min(2, repeats))
     lm.prefill([prompt])
     steps = []
-    for t in ids[256 : 256 + decode_tokens]:
+    for t in ids[context : context + decode_tokens]:
         s = time.perf_counter()
         lm.decode([t])
         steps.append((time.perf_counter() - s) * 1000)
-    out = {"prefill_256_ms": prefill, "decode_ms": statistics.median(steps)}
+    out = {"prefill_ms": prefill, "decode_ms": statistics.median(steps)}
     for n in (5, 9):
 
         def fwd(n=n):
-            lm.forward([ids[256 : 256 + n]])
-            lm.rollback(256)
+            lm.forward([ids[context : context + n]])
+            lm.rollback(context)
 
-        lm.rollback(256)
-        out[f"forward_{n}_ms"] = timed(fwd, 5)
-    lm.prefill([prompt[:200], prompt[:230], prompt[:256], prompt[:180]])
+        lm.rollback(context)
+        out[f"forward_{n}_ms"] = timed(fwd, repeats)
+    lengths = [context * 25 // 32, context * 29 // 32, context, context * 23 // 32]
+    lm.prefill([prompt[:n] for n in lengths])  # 200, 230, 256, 180 at 256 of context
     out["batch4_step_ms"] = timed(  # a tuple: both calls in one lambda
-        lambda: (lm.decode([ids[300]] * 4), lm.rollback([200, 230, 256, 180])),  # type: ignore[func-returns-value]
-        5,
+        lambda: (lm.decode([ids[context + 44]] * 4), lm.rollback(lengths)),  # type: ignore[func-returns-value]
+        repeats,
     )
     return out
 
@@ -136,6 +144,7 @@ def teacher_forced_logprobs(lm: CausalLM, ids: list[int]) -> np.ndarray:
 
 
 def two_sessions(path: Path, spinning: bool, ids: list[int], tokens: int = 24) -> float:
+    # 64 tokens of context, then `tokens` decoded by each session
     """Median ms/token of two sessions decoding at the same time, each on all cores."""
     lms = [OrtCausalLM(path, allow_spinning=spinning) for _ in range(2)]
     for lm in lms:
@@ -156,23 +165,38 @@ def two_sessions(path: Path, spinning: bool, ids: list[int], tokens: int = 24) -
     return statistics.median(results[0] + results[1])
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--decode", type=int, default=32, help="tokens decoded per backend")
-    parser.add_argument("--json", type=Path, help="also write the results here")
-    args = parser.parse_args()
+    parser.add_argument("--context", type=int, default=256, help="tokens before decoding")
+    parser.add_argument("--quick", action="store_true", help="4 tokens after 64, 2 repeats")
+    parser.add_argument("--models", type=Path, help="folder of hf/, onnx-fp32/, onnx-quant/")
+    parser.add_argument("--out", "--json", dest="out", type=Path, help="the result file")
+    args = parser.parse_args(argv)
+    repeats, io_repeats, two_tokens = 5, 15, 24
+    if args.quick:
+        args.decode, args.context = 4, 64
+        repeats, io_repeats, two_tokens = 2, 2, 4
+    prov = record(command_line("benchmarks.device_runtime", argv),
+                  threads={"torch": os.cpu_count(), "onnxruntime": os.cpu_count()},
+                  engines=["torch", "onnxruntime"])  # fmt: skip
+    started = time.perf_counter()
 
-    hf, fp32, chosen = (
-        model_path("device", "hf"),
-        model_path("device", "onnx-fp32"),
-        model_path("device", "onnx-quant"),
-    )
+    if args.models:
+        hf, fp32, chosen = (args.models / v for v in ("hf", "onnx-fp32", "onnx-quant"))
+    else:
+        hf, fp32, chosen = (
+            model_path("device", "hf"),
+            model_path("device", "onnx-fp32"),
+            model_path("device", "onnx-quant"),
+        )
     default_scheme = plans_for()[0].quantization
+    context = args.context
     tokenizer = load_tokenizer(hf)
     ids = tokenizer.encode(TEXT * 4)
-    assert len(ids) >= 256 + args.decode + 9, len(ids)
+    assert len(ids) >= max(context + args.decode + 9, context + 45, 64 + two_tokens), len(ids)
     kl_ids = tokenizer.encode(TEXT)
     bandwidth = copy_bandwidth()
     print(f"device model: {hf.parent.name}; {os.cpu_count()} threads (torch and ORT)")
@@ -197,7 +221,7 @@ def main() -> None:
     reference = None
     for name, make, onnx_dir in backends:
         lm = make()
-        row = measure(lm, ids, args.decode)
+        row = measure(lm, ids, args.decode, context, repeats)
         logprobs = teacher_forced_logprobs(lm, kl_ids)
         if reference is None:
             reference = logprobs
@@ -209,17 +233,18 @@ def main() -> None:
         row["floor_ms"] = weight_bytes / bandwidth * 1000
         row["x_floor"] = row["decode_ms"] / row["floor_ms"]
         rows[name] = row
+        print(f"  {name}: measured ({time.perf_counter() - started:.0f} s so far)")
         del lm
     scratch.cleanup()
 
     header = (
-        f"{'backend':16} {'prefill256':>10} {'decode':>8} {'fwd5':>7} {'fwd9':>7} {'batch4':>7}"
-        f" {'KL':>7} {'top1':>6} {'MB/tok':>7} {'×floor':>7}"
+        f"{'backend':16} {'prefill' + str(context):>10} {'decode':>8} {'fwd5':>7} {'fwd9':>7}"
+        f" {'batch4':>7} {'KL':>7} {'top1':>6} {'MB/tok':>7} {'×floor':>7}"
     )
     print("\n" + header + "\n" + "-" * len(header))
     for name, r in rows.items():
         print(
-            f"{name:16} {r['prefill_256_ms']:9.0f}m {r['decode_ms']:7.1f}m"
+            f"{name:16} {r['prefill_ms']:9.0f}m {r['decode_ms']:7.1f}m"
             f" {r['forward_5_ms']:6.1f}m"
             f" {r['forward_9_ms']:6.1f}m {r['batch4_step_ms']:6.1f}m {r['kl_to_fp32']:7.4f}"
             f" {r['top1_agreement']:6.3f} {r['weight_mb_per_token']:7.0f} {r['x_floor']:7.2f}"
@@ -233,20 +258,22 @@ def main() -> None:
     bound = OrtCausalLM(chosen)
     io = {}
     for label, lm in (("io_binding", bound), ("plain_run", plain)):
-        lm.prefill([ids[:256]])
-        io[label] = timed(lambda lm=lm: (lm.decode([ids[256]]), lm.rollback(256)), 15)
-    spin = {s: two_sessions(chosen, s, ids) for s in (True, False)}
+        lm.prefill([ids[:context]])
+        io[label] = timed(
+            lambda lm=lm: (lm.decode([ids[context]]), lm.rollback(context)), io_repeats
+        )
+    spin = {s: two_sessions(chosen, s, ids, two_tokens) for s in (True, False)}
     alone = {}
     for s in (True, False):
         lm = OrtCausalLM(chosen, allow_spinning=s)
         lm.prefill([ids[:64]])
-        alone[s] = timed(lambda lm=lm: (lm.decode([ids[64]]), lm.rollback(64)), 15)
+        alone[s] = timed(lambda lm=lm: (lm.decode([ids[64]]), lm.rollback(64)), io_repeats)
 
     best = rows[f"ORT {default_scheme}*"]
     speedup = rows["torch bf16"]["decode_ms"] / best["decode_ms"]
     kl = best["kl_to_fp32"]
     print(
-        f"\nORT {default_scheme} decode at 256 context: IO binding {io['io_binding']:.1f} ms,"
+        f"\nORT {default_scheme} decode at {context} context: IO binding {io['io_binding']:.1f} ms,"
         f" plain run {io['plain_run']:.1f} ms"
     )
     print(
@@ -262,25 +289,21 @@ def main() -> None:
         f"\nTarget (decode ≥ 2.5× torch bf16, KL ≤ 0.05): ORT {default_scheme} is"
         f" {speedup:.2f}× torch bf16 with KL {kl:.4f} → {verdict}"
     )
-    if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "provenance": record(
-                        command_line("benchmarks.device_runtime"),
-                        threads={"torch": os.cpu_count(), "onnxruntime": os.cpu_count()},
-                        engines=["torch", "onnxruntime"],
-                    ),
-                    "rows": rows,
-                    "io": io,
-                    "spinning_two_sessions": {str(k): v for k, v in spin.items()},
-                    "spinning_alone": {str(k): v for k, v in alone.items()},
-                    "speedup_vs_bf16": speedup,
-                    "copy_bandwidth": bandwidth,
-                },
-                indent=2,
-            )
-        )
+    result = {
+        "config": {"model": hf.parent.name if not args.models else str(args.models.name),
+                   "decode_tokens": args.decode, "context": context, "repeats": repeats,
+                   "kl_positions": len(kl_ids) - 1, "default_scheme": default_scheme,
+                   "quick": args.quick},
+        "rows": rows,
+        "io": io,
+        "spinning_two_sessions": {str(k): v for k, v in spin.items()},
+        "spinning_alone": {str(k): v for k, v in alone.items()},
+        "speedup_vs_bf16": speedup,
+        "copy_bandwidth": bandwidth,
+    }  # fmt: skip
+    out = write_result(args.out or default_out("device", "runtime", args.quick), prov, result)
+    print(f"{time.perf_counter() - started:.0f} s; written to {out}")
+    return result
 
 
 if __name__ == "__main__":

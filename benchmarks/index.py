@@ -1,6 +1,6 @@
 """The private index, measured in one run.
 
-    python benchmarks/index.py [--chunks 256] [--threads 2] [--model-dir DIR]
+    python -m benchmarks.index [--chunks 256] [--threads 2] [--model-dir DIR] [--quick] [--out F]
 
 1. Embedding: sentence-transformers (torch) vs our ONNX embedder on the same 256-token chunks
    (cut with the MiniLM tokenizer from this repository's Markdown and Python files, so prose
@@ -10,6 +10,9 @@
    text files vs the embedder alone on the same chunk texts (target: overhead ≤ 15%).
 3. Search latency p50/p99 (query embedding excluded) at 10k and 100k chunks (target: p50 ≤ 20
    ms at 100k), and the process's peak RSS.
+
+Writes every figure with provenance to `--out` (default `results/index/index.json`). `--quick`
+embeds 16 chunks and searches 1,000 chunks (a smoke run of seconds, `index-quick.json`).
 """
 
 from __future__ import annotations
@@ -19,13 +22,17 @@ import os
 import resource
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
+SEARCH_SIZES = (10_000, 100_000)
+QUICK_SEARCH_SIZES = (1_000,)
 
 
 def build_chunks(tokenizer, n: int, tokens: int = 256) -> list[str]:
@@ -51,12 +58,21 @@ def timed(embed, chunks: list[str]) -> tuple[np.ndarray, float]:
     return vectors, len(chunks) / (time.perf_counter() - start)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--chunks", type=int, default=256)
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--chunks", type=int, help="chunks embedded (default 256, quick 16)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model-dir", type=Path, help="prepared ONNX embedder (else a temp dir)")
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="16 chunks, search at 1,000")
+    parser.add_argument("--out", type=Path, help="the result file (default results/index/)")
+    args = parser.parse_args(argv)
+    if args.chunks is None:
+        args.chunks = 16 if args.quick else 256
+    from benchmarks.provenance import command_line, default_out, record, write_result
+
+    prov = record(command_line("benchmarks.index", argv),
+                  threads={"torch": args.threads, "onnxruntime": args.threads},
+                  engines=["sentence-transformers (torch)", "onnxruntime", "faiss"])  # fmt: skip
 
     import torch
     from transformers.utils import logging as hf_logging
@@ -108,13 +124,29 @@ def main() -> None:
     verdict = "met" if onnx_best >= 3 * torch_best and cos.mean() >= 0.99 else "NOT met"
     print(f"speed ratio: {onnx_best / torch_best:.2f}x (target ≥ 3x at cosine ≥ 0.99: {verdict})")
 
-    pipeline(args, chunks)
-    search_latency()
+    ingest = pipeline(args, chunks)
+    search = search_latency(QUICK_SEARCH_SIZES if args.quick else SEARCH_SIZES)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"\npeak RSS of this process: {rss:.0f} MB")
+    result = {
+        "config": {"chunks": len(chunks), "threads": args.threads, "quick": args.quick,
+                   "model_file": onnx.model_file.name,
+                   "scheme": onnx.info["int8"]["scheme"] or "fp32"},
+        "embedder": {"torch_chunks_per_s": torch_best, "onnx_chunks_per_s": onnx_best,
+                     "cosine_mean": float(cos.mean()), "cosine_min": float(cos.min()),
+                     "onnx_fp32_chunks_per_s": fp32_speed,
+                     "fp32_cosine_mean": float(fp32_cos.mean()),
+                     "fp32_cosine_min": float(fp32_cos.min())},
+        "pipeline": ingest,
+        "search": search,
+        "peak_rss_mb": rss,
+    }  # fmt: skip
+    out = write_result(args.out or default_out("index", "index", args.quick), prov, result)
+    print(f"written to {out}")
+    return result
 
 
-def pipeline(args: argparse.Namespace, chunks: list[str]) -> None:
+def pipeline(args: argparse.Namespace, chunks: list[str]) -> dict[str, Any]:
     """Ingest a folder whose files hold these chunks, vs embedding the stored chunk texts."""
     from personal_index.index import PersonalIndex
 
@@ -139,17 +171,21 @@ def pipeline(args: argparse.Namespace, chunks: list[str]) -> None:
         f"chunks/s; embedder alone on the same chunks {n / embed_s:.1f} chunks/s; overhead "
         f"{100 * (ingest_s / embed_s - 1):.0f}% (target ≤ 15%)"
     )
+    return {"files": len(results), "chunks": n, "ingest_s": ingest_s,
+            "chunks_per_s": n / ingest_s, "embed_only_chunks_per_s": n / embed_s,
+            "overhead": ingest_s / embed_s - 1}  # fmt: skip
 
 
-def search_latency() -> None:
+def search_latency(sizes: Sequence[int] = SEARCH_SIZES) -> list[dict[str, Any]]:
     from retrieval.store import ChunkRecord, DocumentMeta, IndexStore
 
+    out: list[dict[str, Any]] = []
     rng = np.random.default_rng(0)
     print()
     with tempfile.TemporaryDirectory() as tmp:
         store = IndexStore(Path(tmp), 384)
         total = 0
-        for target in (10_000, 100_000):
+        for target in sizes:
             while total < target:  # documents of 100 chunks with random unit vectors
                 vectors = rng.normal(size=(100, 384)).astype(np.float32)
                 records = [ChunkRecord(i, f"chunk {total + i}") for i in range(100)]
@@ -165,7 +201,9 @@ def search_latency() -> None:
                 samples.append((time.perf_counter() - t) * 1000)
             p50, p99 = np.percentile(samples, [50, 99])
             print(f"search at {total:>7,} chunks: p50 {p50:.1f} ms, p99 {p99:.1f} ms (k = 5)")
+            out.append({"chunks": total, "p50_ms": float(p50), "p99_ms": float(p99), "k": 5})
         store.close()
+    return out
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ given a backfilled one (`backfilled`): the commit and date that added the file, 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import subprocess
@@ -181,3 +182,19 @@ def caption(sources: Sequence[tuple[str, Mapping[str, Any] | None]]) -> str:
         dirty = ", uncommitted changes" if prov.get("dirty") else ""
         parts.append(f"`{name}`: commit {commit}{dirty}, {date}, {machine(prov)}{how}")
     return "; ".join(parts)
+
+
+def default_out(family: str, name: str, quick: bool = False) -> Path:
+    """benchmarks/results/<family>/<name>.json, or <name>-quick.json for a smoke run (never
+    read by `benchmarks.report`, so a smoke run cannot pass for a measurement)."""
+    return ROOT / "benchmarks" / "results" / family / f"{name}{'-quick' if quick else ''}.json"
+
+
+def write_result(out: Path, prov: Mapping[str, Any], data: Mapping[str, Any]) -> Path:
+    """Write `{"provenance": prov, **data}` to `out` as JSON (folders made, atomically: a run
+    killed mid-write leaves the previous result, never half of one)."""
+    from collab.plumbing.files import atomic_write
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(out, json.dumps({"provenance": dict(prov), **data}, indent=1) + "\n")
+    return out

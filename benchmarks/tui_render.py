@@ -1,6 +1,6 @@
 """Rendering cost of a streamed answer in the TUI, per token.
 
-    python -m benchmarks.tui_render [--tokens 1000] [--runs 3]
+    python -m benchmarks.tui_render [--tokens 1000] [--runs 3] [--quick] [--out FILE]
 
 A minimal headless App (100x40) holds a `ConversationView`; an answer is fed a fake, fast token
 source: realistic Markdown (paragraphs, bold/italic/inline code, a bullet list, a fenced code
@@ -11,6 +11,8 @@ the layout reflowed, and every frame turned into the escape sequences a terminal
 write (the headless driver skips that step, so the benchmark does it itself and counts frames).
 So the figure includes Textual's parse, layout and paint work caused by the tokens, not only the
 cost of queueing them. Target: < 2 ms per token at 1,000-token answers, flat in the length.
+Writes every figure with provenance to `--out` (default `results/tui-render/stream.json`);
+`--quick` streams 200 tokens once and 20 paced at 200 tokens/s (a smoke run, `stream-quick.json`).
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ import asyncio
 import random
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from textual.app import App, ComposeResult
 
 from app.tui.chat_view import AnswerView, ConversationView
+from benchmarks.provenance import command_line, default_out, record, write_result
 
 TARGET_MS_PER_TOKEN = 2.0
 
@@ -205,8 +209,8 @@ def _report(m: dict[str, Any]) -> str:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--tokens", type=int, default=1000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
@@ -224,7 +228,14 @@ def main() -> None:
         help="override AnswerView.STREAM_INTERVAL, seconds between writes to the body "
         "(0: every event-loop tick, MarkdownStream's own batching only)",
     )
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="a smoke run of seconds")
+    parser.add_argument("--out", type=Path, help="the result file (default results/tui-render/)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.tokens, args.runs, args.paced_tokens = 200, 1, 20
+        args.paced = args.paced and 200.0
+    prov = record(command_line("benchmarks.tui_render", argv), engines=["textual"],
+                  packages=("textual", "rich", "tandem-assistant"))  # fmt: skip
     if args.interval is not None:
         AnswerView.STREAM_INTERVAL = args.interval
     print(f"AnswerView.STREAM_INTERVAL = {AnswerView.STREAM_INTERVAL} s")
@@ -241,12 +252,25 @@ def main() -> None:
         f"{verdict}: {long['ms_per_token']:.3f} ms/token at {args.tokens} tokens "
         f"(target < {TARGET_MS_PER_TOKEN} ms)"
     )
+    paced = None
     if args.paced:
         paced = measure(args.paced_tokens, 1, args.seed, rate=args.paced)
         core = paced["cpu_ms_per_token"] * args.paced / 10
+        paced["core_percent"] = core
         print(f"paced at {args.paced:g} tokens/s (what a model does; wall time is the pacing):")
         print(_report(paced))
         print(f"  the TUI keeps {core:.0f}% of one core busy while an answer streams at that rate")
+    result = {
+        "config": {"stream_interval_s": AnswerView.STREAM_INTERVAL, "size": [100, 40],
+                   **{k: v for k, v in vars(args).items() if k != "out"}},
+        "as_fast_as_possible": [short, long],
+        "paced": paced,
+        "growth": ratio,
+        "target_ms_per_token": TARGET_MS_PER_TOKEN,
+    }  # fmt: skip
+    out = write_result(args.out or default_out("tui-render", "stream", args.quick), prov, result)
+    print(f"written to {out}")
+    return result
 
 
 if __name__ == "__main__":

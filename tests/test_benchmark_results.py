@@ -1,0 +1,135 @@
+"""Each benchmark that used to only print writes its figures with provenance, and
+`python -m benchmarks.report` renders that file in place of "unmeasured". Every benchmark runs
+for real in its `--quick` size, on the tiny test models where it needs a language model."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from benchmarks import report
+
+
+def _rendered(monkeypatch: pytest.MonkeyPatch, results: Path, build: Callable[[], report.Built]
+              ) -> str:  # fmt: skip
+    monkeypatch.setattr(report, "RESULTS", results)
+    return report.render("t", build())
+
+
+def _check(out: Path, module: str, argv: list[str]) -> dict:
+    data = json.loads(out.read_text(encoding="utf-8"))
+    prov = data["provenance"]
+    assert prov["command"] == " ".join([f"python -m benchmarks.{module}", *argv])
+    assert prov["commit"] and prov["cpu_model"] and isinstance(prov["affinity"], list)
+    return data
+
+
+def test_an_absent_result_is_unmeasured_with_the_command_that_measures_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    builders = (report.device_runtime, report.device_quantisation, report.tui_render,
+                report.index, report.collab_math, report.batched_decode)  # fmt: skip
+    for build in builders:
+        text = _rendered(monkeypatch, tmp_path, build)
+        assert report.UNMEASURED in text and "no saved result" in text
+        assert "taskset -c" in text and "python -m benchmarks." in text
+    monkeypatch.setattr(report, "load", _load_from(tmp_path))  # the README's other sources
+    assert "| device decode, 0.5B int8 (ms per token) | unmeasured |" in report.readme_speed().body
+
+
+def test_collab_math_result_renders(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from benchmarks import collab_math
+
+    out = tmp_path / report.COLLAB_MATH
+    argv = ["--quick", "--out", str(out)]
+    collab_math.main(argv)
+    data = _check(out, "collab_math", argv)
+    assert len(data["ops"]) == 12 and data["config"]["repeats"] == 3
+    text = _rendered(monkeypatch, tmp_path, report.collab_math)
+    assert report.UNMEASURED not in text and "results/collab-math/ops.json" in text
+    assert f"| {data['ops'][0]['rule']} | {data['ops'][0]['us_per_position']:.1f} |" in text
+    assert "| TK-SLT K=32: tokens + top-K (id, prob) |" in text
+
+
+def test_tui_render_result_renders(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from benchmarks import tui_render
+
+    out = tmp_path / report.TUI_RENDER
+    argv = ["--quick", "--out", str(out)]
+    tui_render.main(argv)
+    data = _check(out, "tui_render", argv)
+    assert [m["tokens"] for m in data["as_fast_as_possible"]] == [100, 200]
+    assert data["paced"]["tokens"] == 20 and data["paced"]["cpu_ms_per_token"] > 0
+    text = _rendered(monkeypatch, tmp_path, report.tui_render)
+    assert report.UNMEASURED not in text and "| 200 tokens, as fast as it can |" in text
+    assert "| 20 tokens at 200 tokens/s |" in text
+
+
+def test_batched_decode_result_renders(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny: dict[str, Path]
+) -> None:
+    from benchmarks import batched_decode
+
+    out = tmp_path / report.BATCHED_DECODE
+    argv = ["--quick", "--model", str(tiny["onnx-quant"]), "--out", str(out)]
+    batched_decode.main(argv)
+    data = _check(out, "batched_decode", argv)
+    assert [r["batch"] for r in data["rows"]] == [1, 2, 4]
+    text = _rendered(monkeypatch, tmp_path, report.batched_decode)
+    assert report.UNMEASURED not in text and "| 1 |" in text and "×1.00 |" in text
+
+
+def test_device_runtime_result_renders_and_fills_the_readme(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny: dict[str, Path]
+) -> None:
+    from benchmarks import device_runtime
+
+    out = tmp_path / report.DEVICE_RUNTIME
+    models = tiny["hf"].parent
+    argv = ["--quick", "--models", str(models), "--out", str(out)]
+    device_runtime.main(argv)
+    data = _check(out, "device_runtime", argv)
+    assert list(data["rows"]) == list(report.DEVICE_BACKENDS)
+    assert data["rows"]["ORT fp32"]["kl_to_fp32"] < 1e-3  # the same weights as torch fp32
+    text = _rendered(monkeypatch, tmp_path, report.device_runtime)
+    assert report.UNMEASURED not in text and "| ORT int8-head4 (device default) |" in text
+    quant = _rendered(monkeypatch, tmp_path, report.device_quantisation)
+    kl = data["rows"]["ORT int4"]["kl_to_fp32"]
+    assert f"| int4 everywhere | {kl:.4f} |" in quant
+    monkeypatch.setattr(report, "load", _load_from(tmp_path))  # the README's other sources
+    speed = report.readme_speed()
+    decode = data["rows"]["ORT int8-head4*"]["decode_ms"]
+    assert f"| device decode, 0.5B int8 (ms per token) | {decode:.1f} |" in speed.body
+    assert report.DEVICE_RUNTIME in speed.sources
+
+
+def _load_from(tmp: Path) -> Callable[[str], dict]:
+    """`report.load` reading the fresh result from `tmp` and every other from the repository."""
+    committed = report.ROOT / "benchmarks" / "results"
+
+    def load(rel: str) -> dict:
+        path = tmp / rel if (tmp / rel).exists() else committed / rel
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else {"rows": data}
+
+    return load
+
+
+def test_index_result_renders(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, embedder_dir: Path
+) -> None:
+    from benchmarks import index
+
+    out = tmp_path / report.INDEX
+    argv = ["--quick", "--chunks", "4", "--model-dir", str(embedder_dir), "--out", str(out)]
+    index.main(argv)
+    data = _check(out, "index", argv)
+    assert data["config"]["chunks"] == 4 and [s["chunks"] for s in data["search"]] == [1000]
+    assert data["embedder"]["cosine_mean"] > 0.99
+    text = _rendered(monkeypatch, tmp_path, report.index)
+    assert (
+        report.UNMEASURED not in text and "| search p50/p99 at 1,000 chunks (ms, k = 5) |" in text
+    )
