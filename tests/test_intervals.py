@@ -58,7 +58,7 @@ def test_the_saved_private_facts_comparison_is_within_noise() -> None:
 
 def test_the_saved_scheduler_trace_is_within_noise() -> None:
     """The live scheduler's −1.3 % over the whole trace (20 prompts): an interval over zero."""
-    rows = json.loads((RESULTS / "dragon" / "issue14-ort-trace-20.json").read_text())["trace"]
+    rows = json.loads((RESULTS / "dragon" / "trace-ort-20prompts.json").read_text())["trace"]
     summary = trace_summary(rows)
     assert summary["whole_vs_better_pinned"] == pytest.approx(-0.0133, abs=5e-4)
     lo, hi = summary["whole_vs_better_pinned_ci"]
