@@ -13,7 +13,7 @@ import dataclasses
 import sys
 from typing import Any
 
-from app.figures import dragon_parts, pipeline_parts, rapid_parts
+from app.figures import mode_parts
 from app.plain import safe_json, strip_controls
 
 
@@ -39,10 +39,8 @@ def _format_stats(s: dict[str, Any], device: str) -> str:
     if s.get("tokens_per_s"):
         parts.append(f"{s['tokens_per_s']:.1f} tok/s")
     if s.get("acceptance") is not None:
-        parts.append(f"acceptance {s['acceptance']:.2f} · γ {s['gamma']} · {s['rounds']} rounds")
-    parts += dragon_parts(s) + pipeline_parts(s) + rapid_parts(s)
-    if s.get("cloud_only"):
-        parts.append(f"AS²: {s['cloud_tokens']} tokens decoded in the cloud")
+        parts.append(f"acceptance {s['acceptance']:.2f} · {s['rounds']} rounds")
+    parts += mode_parts(s)  # γ, AS², dragon's, the pipeline's, RAPID, …
     if s["bytes_up"] or s["bytes_down"]:
         parts.append(f"↑ {s['bytes_up']:,} B ↓ {s['bytes_down']:,} B")
     return "[" + " · ".join(parts) + "]"

@@ -310,7 +310,8 @@ class Assistant:
 
             self._ctx = ModeContext(variant=self.settings.variant,
                                     aggregator=self.settings.aggregator,
-                                    finish_locally=self.finish_locally)  # fmt: skip
+                                    finish_locally=self.finish_locally,
+                                    settings=dict(self.settings.modes))  # fmt: skip
         self._ctx.device = self.device
         self._ctx.index = self.index if self.index_has_documents() else None
         return self._ctx
@@ -409,6 +410,7 @@ class Assistant:
         if self._ctx is not None:
             self._ctx.variant = settings.variant
             self._ctx.aggregator = settings.aggregator  # dragon reads it per answer
+            self._ctx.settings = dict(settings.modes)  # every mode's own, read per answer
         self._modes.pop("split", None)
         relink = (effective_cloud(old) != effective_cloud(settings)
                   or old.cloud_engine != settings.cloud_engine

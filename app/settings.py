@@ -18,8 +18,9 @@ import tomli_w
 from collab.plumbing.files import atomic_write
 from collab.plumbing.paths import config_path
 from collab.sources import RELEVANCE_FLOOR
-from collab.temperature import eta_problem, temperature_problem
-from collab.variants import DEFAULT_VARIANT, variant_names
+from collab.temperature import temperature_problem
+from edge_runtime.declared import settings as declared_settings
+from edge_runtime.modes import dragon_declared as _dragon_declared
 from edge_runtime.options import DEFAULTS
 from personal_index.safe_read import DEFAULT_MAX_FILE_MB
 
@@ -29,9 +30,7 @@ CLOUD_URL_ENV = "TANDEM_CLOUD_URL"
 CLOUD_TOKEN_ENV = "TANDEM_CLOUD_TOKEN"
 
 CLOUD_ENGINES = ("ort", "torch")
-AGGREGATORS = ("auto", "device", "cloud")
-"""dragon: where each token is aggregated; auto = the scheduler picks before every token
-(the names of edge_runtime.modes.dragon.POLICIES, kept here so start-up loads no numpy)."""
+AGGREGATORS = _dragon_declared.AGGREGATORS  # dragon's own setting; named here for the CLI
 
 _HEADER = (
     "# Tandem settings. Edit here or in the TUI's settings screen.\n"
@@ -45,9 +44,14 @@ class SettingsError(ValueError):
     """Settings that cannot be used: a corrupt file, a wrong type or an out-of-range value."""
 
 
-@dataclass
+@dataclass(init=False)
 class Settings:
-    """What the user can set; the defaults are what a missing file means."""
+    """What the user can set; the defaults are what a missing file means.
+
+    The fields are Tandem's own; each mode's settings (split's variant, eta and pipeline,
+    dragon's aggregator, a mode added later) are declared by the mode (`edge_runtime.declared`)
+    and kept in `modes`, read, written and passed to the constructor as if they were fields.
+    In the file they are top-level keys like the rest."""
 
     cloud_url: str = ""  # "" = start the embedded backend on loopback
     cloud_token: str = ""  # for a remote cloud; also $TANDEM_CLOUD_TOKEN
@@ -57,20 +61,57 @@ class Settings:
     device_model: str = ""  # "" = the prepared default; else a folder with an ONNX model
     cloud_model: str = ""  # "" = the prepared default; else a folder (embedded backend)
     default_mode: str = "local"
-    variant: str = DEFAULT_VARIANT  # split variant: a name in collab.variants
-    aggregator: str = "auto"  # dragon: a name in AGGREGATORS
     k: int = DEFAULTS.k  # private passages retrieved
     relevance_floor: float = RELEVANCE_FLOOR  # a less relevant passage is neither used nor cited
     max_tokens: int = DEFAULTS.max_new_tokens
     temperature: float = DEFAULTS.temperature
-    eta: float = DEFAULTS.eta  # split: RAPID's η (0 = exact; DESIGN §5.4)
-    pipeline: bool = DEFAULTS.pipeline  # split: PicoSpec's pipeline (DESIGN §5.3)
     theme: str = "textual-dark"
     ingest_max_mb: int = DEFAULT_MAX_FILE_MB  # ingest: a larger file is not read ("too large")
     keymap: dict[str, str] = field(default_factory=dict)  # binding id -> keys
+    modes: dict[str, Any] = field(default_factory=dict)  # the modes' declared settings by name
+
+    def __init__(self, modes: dict[str, Any] | None = None, **values: Any) -> None:
+        declared = declared_settings()
+        given = dict(modes or {})
+        for name, f in _CORE.items():
+            if name in values:
+                value = values.pop(name)
+            elif f.default_factory is not dataclasses.MISSING:
+                value = f.default_factory()
+            else:
+                value = f.default
+            object.__setattr__(self, name, value)
+        for name, value in values.items():
+            if name not in declared:
+                raise TypeError(
+                    f"Settings has no setting {name!r} (no registered mode declares it)"
+                )
+            given[name] = value
+        mode_values = {name: s.default for name, s in declared.items()}
+        object.__setattr__(self, "modes", mode_values | given)
+
+    def __getattr__(self, name: str) -> Any:
+        """A mode's declared setting: its value, or its default."""
+        if name.startswith("__") or name == "modes":
+            raise AttributeError(name)
+        if name in self.modes:
+            return self.modes[name]
+        setting = declared_settings().get(name)
+        if setting is None:
+            raise AttributeError(f"Settings has no setting {name!r}")
+        return setting.default
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _CORE or name == "modes":
+            object.__setattr__(self, name, value)
+        elif name in self.modes or name in declared_settings():
+            self.modes[name] = value
+        else:
+            raise AttributeError(f"Settings has no setting {name!r}")
 
 
-_FIELD_TYPES: dict[str, type] = {
+_CORE = {f.name: f for f in dataclasses.fields(Settings) if f.name != "modes"}
+_CORE_TYPES: dict[str, type] = {
     "cloud_url": str,
     "cloud_token": str,
     "cloud_ca": str,
@@ -79,21 +120,23 @@ _FIELD_TYPES: dict[str, type] = {
     "device_model": str,
     "cloud_model": str,
     "default_mode": str,
-    "variant": str,
-    "aggregator": str,
     "k": int,
     "relevance_floor": float,
     "max_tokens": int,
     "temperature": float,
-    "eta": float,
-    "pipeline": bool,
     "theme": str,
     "ingest_max_mb": int,
     "keymap": dict,
 }
-assert set(_FIELD_TYPES) == {f.name for f in dataclasses.fields(Settings)}
+assert set(_CORE_TYPES) == set(_CORE)
 
-_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", dict: "a table"}
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", dict: "a table",
+               bool: "true or false"}  # fmt: skip
+
+
+def field_types() -> dict[str, type]:
+    """Every key the file may hold and its type: Tandem's own, then each mode's."""
+    return _CORE_TYPES | {name: s.kind for name, s in declared_settings().items()}
 
 
 def settings_problems(settings: Settings) -> list[str]:
@@ -112,21 +155,14 @@ def settings_problems(settings: Settings) -> list[str]:
     problem = temperature_problem(settings.temperature)
     if problem:
         problems.append(problem)
-    if problem := eta_problem(settings.eta):
-        problems.append(problem)
     if settings.cloud_engine not in CLOUD_ENGINES:
         problems.append(
             f"cloud_engine must be one of {', '.join(CLOUD_ENGINES)} "
             f"(got {settings.cloud_engine!r})"
         )
-    if settings.variant not in variant_names():
-        problems.append(
-            f"variant must be one of {', '.join(variant_names())} (got {settings.variant!r})"
-        )
-    if settings.aggregator not in AGGREGATORS:
-        problems.append(
-            f"aggregator must be one of {', '.join(AGGREGATORS)} (got {settings.aggregator!r})"
-        )
+    for name, setting in declared_settings().items():  # each mode checks its own
+        if problem := setting.problem(getattr(settings, name)):
+            problems.append(problem)
     if settings.cloud_url and not settings.cloud_url.startswith(("ws://", "wss://")):
         problems.append(
             f"cloud_url must start with ws:// or wss:// (got {settings.cloud_url!r}); "
@@ -147,7 +183,7 @@ def validate_settings(settings: Settings) -> None:
 
 def _coerce(path: Path, key: str, value: Any) -> Any:
     """The TOML value as the field's type, or SettingsError naming the file and the key."""
-    expected = _FIELD_TYPES[key]
+    expected = field_types()[key]
     ok: bool
     if expected is int:
         ok = isinstance(value, int) and not isinstance(value, bool)
@@ -203,8 +239,9 @@ def load_settings(path: Path | None = None) -> Settings:
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError(f"{path}: not valid TOML: {exc}") from exc
     values: dict[str, Any] = {}
+    types = field_types()
     for key, value in data.items():
-        if key not in _FIELD_TYPES:
+        if key not in types:
             logger.warning("%s: ignoring unknown setting %r", path, key)
             continue
         values[key] = _coerce(path, key, value)
@@ -224,7 +261,7 @@ def save_settings(settings: Settings, path: Path | None = None) -> Path:
     validate_settings(settings)
     path = path if path is not None else config_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = dataclasses.asdict(settings)
+    data = {name: getattr(settings, name) for name in _CORE} | settings.modes
     data["keymap"] = dict(sorted(settings.keymap.items()))
     text = _HEADER + tomli_w.dumps(data)
     atomic_write(path, text, mode=0o600)

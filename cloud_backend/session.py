@@ -32,14 +32,7 @@ from cloud_backend.modes import REQUESTS, serve_request
 from collab.protocol import (
     PROTOCOL_VERSION,
     Cancel,
-    CloudDecode,
     Done,
-    DragonDraft,
-    DragonScore,
-    DragonSetup,
-    DragonTarget,
-    DsdDraft,
-    DssdDraft,
     Error,
     ErrorCode,
     FinishReason,
@@ -52,22 +45,16 @@ from collab.protocol import (
     Ping,
     Pong,
     ProtocolError,
-    TokenChunk,
-    TopKDraft,
     decode,
     encode,
     peek_header,
     peek_version,
+    request_frames,
 )
 from collab.variants import DEFAULT_VARIANT, variant_names
 
 log = logging.getLogger("tandem.cloud")
 
-# Frames that belong to the running request and go to its inbox.
-_REQUEST_FRAMES = (
-    Cancel, DsdDraft, DssdDraft, TopKDraft, CloudDecode, TokenChunk, DragonSetup, DragonDraft,
-    DragonTarget, DragonScore,
-)  # fmt: skip
 RTT_ALPHA = 0.2  # EWMA weight of a new round-trip sample (the device's client uses the same)
 # A request's frames waiting to be read: far above what any mode keeps in flight (a pipelined
 # split batch streams at most 2 × max_draft_tokens drafts, DRAGON a lookahead of drafts), so
@@ -389,7 +376,7 @@ class Session:
             )  # fmt: skip
         if isinstance(msg, Generate):
             return await self._start_request(msg, len(frame))
-        if isinstance(msg, _REQUEST_FRAMES):
+        if isinstance(msg, request_frames()):  # as each mode declares (collab.protocol.modes)
             return await self._route(msg, len(frame))
         if isinstance(msg, Error):
             log.info(

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from collab.sources import Source
+from edge_runtime import declared
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,12 @@ class Failure:
 
 @dataclass
 class Stats:
-    """Live and final figures of one answer. Byte counts are what crossed the network."""
+    """Live and final figures of one answer. Byte counts are what crossed the network.
+
+    The fields are what every answer measures; each mode's own figures (split's γ and
+    pipeline counts, dragon's aggregator, …) are declared by the mode (`edge_runtime.declared`)
+    and kept in `figures`, read and written as attributes all the same (`stats.switches += 1`):
+    a name no mode declares is an AttributeError, so a typo cannot pass for a figure."""
 
     mode: str
     variant: str = ""
@@ -58,42 +66,41 @@ class Stats:
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
-    gamma: int | None = None
-    cloud_only: bool = False  # AS² chose cloud decoding for (part of) this answer
-    cloud_tokens: int = 0  # tokens the cloud decoded alone (AS² fallback)
     bytes_up: int = 0
     bytes_down: int = 0
-    draft_bytes_up: int = 0  # the draft frames alone (split): uplink per drafted token
     finish: str | None = None
-    aggregator: str | None = None  # dragon: the side aggregating now (device or cloud)
-    switches: int = 0  # dragon: times the aggregator moved
-    rapid_eta: float = 0.0  # split: RAPID's η this answer was verified with (0 = exact)
-    pipeline: bool = False  # split: PicoSpec's pipeline drafted on while the cloud verified
-    pipeline_depth: int = 0  # split, pipelined: most batches in flight at once
-    truncations: int = 0  # split, pipelined: batches sent short because the cloud was idle
-    waits: int = 0  # split, pipelined: batches the cost model sent stop-and-wait
-    fast_verified: int = 0  # split, pipelined: batches the cloud began before they were whole
-    rollbacks: int = 0  # split, pipelined: rejections that threw away drafting past them
-    device_drafted: int = 0  # dragon: each side's drafts judged by a target, and the accepted
-    device_accepted: int = 0
-    cloud_drafted: int = 0
-    cloud_accepted: int = 0
-    device_decode_s: float | None = None  # dragon: each side's decode time per token (EWMA of
-    cloud_decode_s: float | None = None  # its drafts' decode times: the scheduler's profile)
     per_round: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted)
     token_ids: list[int] = field(default_factory=list)  # the answer's ids (tests, benchmarks)
+    figures: dict[str, Any] = field(default_factory=dict)  # the modes' declared figures set
+
+    def __getattr__(self, name: str) -> Any:
+        """A mode's declared figure: its value, its default until set, or computed."""
+        if name.startswith("__") or name == "figures":
+            raise AttributeError(name)
+        figure = declared.figures().get(name)
+        if figure is None:
+            raise AttributeError(f"Stats has no figure {name!r} (no registered mode declares it)")
+        if figure.compute is not None:
+            return figure.compute(self._stored())
+        return self.figures.get(name, figure.default)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _FIELDS:
+            object.__setattr__(self, name, value)
+            return
+        figure = declared.figures().get(name)
+        if figure is None or figure.compute is not None:
+            raise AttributeError(f"Stats has no settable figure {name!r}")
+        self.figures[name] = value
+
+    def __copy__(self) -> Stats:
+        """A snapshot: its figures no longer change with the answer's."""
+        return replace(self, per_round=list(self.per_round), token_ids=list(self.token_ids),
+                       figures=dict(self.figures))  # fmt: skip
 
     @property
     def acceptance(self) -> float | None:
         return self.accepted / self.drafted if self.drafted else None
-
-    @property
-    def device_acceptance(self) -> float | None:
-        return self.device_accepted / self.device_drafted if self.device_drafted else None
-
-    @property
-    def cloud_acceptance(self) -> float | None:
-        return self.cloud_accepted / self.cloud_drafted if self.cloud_drafted else None
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -102,13 +109,41 @@ class Stats:
             return None
         return (self.tokens - 1) / (self.elapsed_s - self.ttft_s)
 
-    def as_dict(self) -> dict:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("per_round", "token_ids")}
+    def _stored(self) -> dict[str, Any]:
+        """Every stored figure: the fields, then each declared figure (its default if unset),
+        then any figure kept that no registered mode declares (a stored row's)."""
+        out = {k: getattr(self, k) for k in _FIELDS if k not in _NOT_FIGURES}
+        table = declared.figures()
+        for name, figure in table.items():
+            if figure.compute is None:
+                out[name] = self.figures.get(name, figure.default)
+        out.update((k, v) for k, v in self.figures.items() if k not in table)
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        """The figures as `tandem ask --json` prints them and the conversation history stores
+        them: the stored ones, the rates, and each mode's computed figures."""
+        out = self._stored()
         out["acceptance"] = self.acceptance
         out["tokens_per_s"] = self.tokens_per_s
-        out["device_acceptance"] = self.device_acceptance
-        out["cloud_acceptance"] = self.cloud_acceptance
+        for name, figure in declared.figures().items():
+            if figure.compute is not None:
+                out[name] = figure.compute(out)
         return out
+
+    @classmethod
+    def from_dict(cls, row: Mapping[str, Any]) -> Stats:
+        """Figures as `as_dict` wrote them (a stored row, `--json`): the fields to fields, the
+        rest (declared or not) to `figures`; what is computed is computed again."""
+        computed = {n for n, f in declared.figures().items() if f.compute is not None}
+        computed |= {"acceptance", "tokens_per_s"}
+        fields_ = {k: v for k, v in row.items() if k in _FIELDS and k not in _NOT_FIGURES}
+        rest = {k: v for k, v in row.items() if k not in _FIELDS and k not in computed}
+        return cls(**{"mode": "", **fields_}, figures=rest)
+
+
+_FIELDS = tuple(f.name for f in fields(Stats))
+_NOT_FIGURES = frozenset({"per_round", "token_ids", "figures"})
 
 
 Event = TextDelta | Citation | Notice | Failure | Provenance | Stats

@@ -11,7 +11,7 @@ import dataclasses
 import logging
 from collections.abc import Iterable
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar, Literal
 
 from textual import on
 from textual.app import ComposeResult
@@ -21,7 +21,6 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Footer, Input, Label, Select, Static
 
 from app.settings import (
-    AGGREGATORS,
     CLOUD_ENGINES,
     Settings,
     SettingsError,
@@ -29,7 +28,8 @@ from app.settings import (
     settings_problems,
 )
 from app.tui.plain import plain
-from collab.variants import variant_names
+from edge_runtime.declared import Setting
+from edge_runtime.declared import settings as declared_settings
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +41,30 @@ def _options(values: Iterable[str], current: str) -> list[tuple[str, str]]:
     if current and current not in names:
         names.append(current)
     return [(name, name) for name in names]
+
+
+def numeric_settings() -> list[Setting]:
+    """The declared settings typed in as numbers (checked on Save)."""
+    return [s for s in declared_settings().values() if s.choices is None and s.kind in (int, float)]
+
+
+def _setting_field(setting: Setting, value: Any) -> ComposeResult:
+    """A declared setting's label and field: a choice, a checkbox, or a text field."""
+    yield Label(setting.label)
+    widget: Select[str] | Checkbox | Input
+    if setting.choices is not None:
+        widget = _select(setting.choices(), value, setting.name)
+    elif setting.kind is bool:
+        widget = Checkbox(setting.caption, bool(value), id=setting.name, compact=True)
+    else:
+        kind: Literal["integer", "number", "text"] = (
+            "integer" if setting.kind is int else "number" if setting.kind is float else "text"
+        )
+        widget = Input(str(value), type=kind, placeholder=setting.caption, id=setting.name,
+                       compact=True)  # fmt: skip
+    if setting.help:
+        widget.tooltip = setting.help
+    yield widget
 
 
 def _select(values: Iterable[str], current: str, field: str) -> Select[str]:
@@ -121,23 +145,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 )
                 yield Label("Default mode")
                 yield _select(self.modes, s.default_mode, "default_mode")
-                yield Label("Split variant")
-                yield _select(variant_names(), s.variant, "variant")
-                yield Label("Split pipeline")
-                pipeline = Checkbox("draft on while the cloud verifies", s.pipeline,
-                                    id="pipeline", compact=True)  # fmt: skip
-                pipeline.tooltip = (
-                    "split: the device drafts on while the cloud verifies (PicoSpec); "
-                    "off = wait for each verdict. The answers are the same either way"
-                )
-                yield pipeline
-                yield Label("Aggregator")
-                aggregator = _select(AGGREGATORS, s.aggregator, "aggregator")
-                aggregator.tooltip = (
-                    "dragon: the side that aggregates each token "
-                    "(auto: the scheduler picks before every token)"
-                )
-                yield aggregator
+                yield from self._mode_fields("default_mode")
                 yield Label("Retrieval k")
                 yield Input(str(s.k), type="integer", id="k", compact=True)
                 yield Label("Relevance floor")
@@ -152,17 +160,36 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 yield Input(str(s.max_tokens), type="integer", id="max_tokens", compact=True)
                 yield Label("Temperature")
                 yield Input(str(s.temperature), type="number", id="temperature", compact=True)
-                yield Label("RAPID η")
-                eta = Input(str(s.eta), type="number", id="eta", compact=True)
-                eta.tooltip = (
-                    "split, when sampling: how far the device's drafts pull the cloud's answer "
-                    "toward your documents (0 = exactly the cloud model; about 20 lets facts "
-                    "from your documents through, 2 or less does not)"
-                )
-                yield eta
+                yield from self._mode_fields("temperature")
+                yield from self._mode_fields(None)
                 yield Label("Theme")
                 yield _select(self.themes, s.theme, "theme")
         yield Footer()
+
+    def _mode_fields(self, after: str | None) -> ComposeResult:
+        """The modes' declared settings placed after `after` on the form (each one's own
+        `after`, followed in chain: split's pipeline after its variant); None: those whose
+        anchor is no field of the form, at the end."""
+        declared = declared_settings()
+        core = {
+            "cloud_url",
+            "cloud_token",
+            "cloud_engine",
+            "device_model",
+            "cloud_model",
+            "default_mode",
+            "k",
+            "relevance_floor",
+            "max_tokens",
+            "temperature",
+            "theme",
+        }
+        placed = core | set(declared)
+        for setting in declared.values():
+            anchored = setting.after if setting.after in placed else None
+            if anchored == after:
+                yield from _setting_field(setting, getattr(self.settings, setting.name))
+                yield from self._mode_fields(setting.name)
 
     def on_mount(self) -> None:
         self.query_one("#cloud_url", Input).focus()
@@ -183,7 +210,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
             ("relevance_floor", "Relevance floor", float),
             ("max_tokens", "Max tokens", int),
             ("temperature", "Temperature", float),
-            ("eta", "RAPID η", float),
+            *((s.name, s.label, s.kind) for s in numeric_settings()),
         ):
             raw = self._text(field_id)
             try:
@@ -201,19 +228,30 @@ class SettingsScreen(ModalScreen[Settings | None]):
             device_model=self._text("device_model"),
             cloud_model=self._text("cloud_model"),
             default_mode=self._choice("default_mode"),
-            variant=self._choice("variant"),
-            pipeline=self.query_one("#pipeline", Checkbox).value,
-            aggregator=self._choice("aggregator"),
             k=int(numbers["k"]),
             relevance_floor=float(numbers["relevance_floor"]),
             max_tokens=int(numbers["max_tokens"]),
             temperature=float(numbers["temperature"]),
-            eta=float(numbers["eta"]),
             theme=self._choice("theme"),
             keymap=dict(self.settings.keymap),
+            **self._mode_values(numbers),
         )
         problems = settings_problems(settings)
         return (None, problems) if problems else (settings, [])
+
+    def _mode_values(self, numbers: dict[str, int | float]) -> dict[str, Any]:
+        """Each declared setting as the form has it."""
+        values: dict[str, Any] = {}
+        for name, setting in declared_settings().items():
+            if setting.choices is not None:
+                values[name] = self._choice(name)
+            elif setting.kind is bool:
+                values[name] = self.query_one(f"#{name}", Checkbox).value
+            elif setting.kind in (int, float):
+                values[name] = setting.kind(numbers[name])
+            else:
+                values[name] = self._text(name)
+        return values
 
     def show_error(self, text: str) -> None:
         error = self.query_one("#error", Static)

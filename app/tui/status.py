@@ -9,7 +9,7 @@ from textual.containers import Horizontal
 from textual.message import Message
 from textual.widgets import Label, Static
 
-from app.figures import dragon_parts, pipeline_parts, rapid_parts
+from app.figures import mode_parts
 from app.tui.plain import plain, plain_text
 
 if TYPE_CHECKING:
@@ -86,13 +86,7 @@ def figures(stats: Stats) -> str:
         parts.append(f"{tps:.1f} tok/s")
     if stats.acceptance is not None:
         parts.append(f"accept {stats.acceptance:.2f}")
-    if stats.gamma is not None:
-        parts.append(f"γ {stats.gamma}")
-    if stats.cloud_only:
-        parts.append(f"AS² cloud {stats.cloud_tokens} tok")
-    if stats.aggregator:
-        parts += dragon_parts(stats.as_dict())
-    parts += pipeline_parts(stats.as_dict()) + rapid_parts(stats.as_dict())
+    parts += mode_parts(stats.as_dict())  # γ, AS², dragon's, the pipeline's, RAPID, …
     if stats.bytes_up or stats.bytes_down:
         parts.append(f"↑ {human_bytes(stats.bytes_up)} ↓ {human_bytes(stats.bytes_down)}")
     return " · ".join(parts)

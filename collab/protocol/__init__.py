@@ -3,13 +3,16 @@
 - `codec`: header, limits, `ProtocolError`, the message base and registry, encode/decode;
 - `session`: handshake, requests, streamed tokens, pings, errors, Done, citations;
 - `split`: split speculation's drafts, Verdict and CloudDecode;
-- `dragon`: DRAGON's setup, drafts and targets.
+- `dragon`: DRAGON's setup, drafts and targets;
+- `modes`: what each mode declares of the wire (its messages, those sent inside a request),
+  from which the cloud session's routing table is assembled.
 
 Importing the package imports every family, so `decode` knows every message type.
 """
 
 from collab.protocol.codec import (
     DEFAULT_LIMITS,
+    EXTENSION_CODES,
     FLAG_F32,
     HEADER_SIZE,
     MAGIC,
@@ -24,6 +27,7 @@ from collab.protocol.codec import (
     decode,
     decode_header,
     encode,
+    message,
     peek_header,
     peek_version,
 )
@@ -36,6 +40,7 @@ from collab.protocol.dragon import (
     DragonTarget,
     Side,
 )
+from collab.protocol.modes import ModeMessages, declare, request_frames, withdraw
 from collab.protocol.session import (
     Cancel,
     Citations,
@@ -64,6 +69,7 @@ from collab.sources import Source
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "EXTENSION_CODES",
     "FLAG_AHEAD",
     "FLAG_F32",
     "HEADER_SIZE",
@@ -93,6 +99,7 @@ __all__ = [
     "Limits",
     "Message",
     "Mode",
+    "ModeMessages",
     "MsgType",
     "Ping",
     "Pong",
@@ -103,9 +110,13 @@ __all__ = [
     "TokenChunk",
     "TopKDraft",
     "Verdict",
+    "declare",
     "decode",
     "decode_header",
     "encode",
+    "message",
     "peek_header",
     "peek_version",
+    "request_frames",
+    "withdraw",
 ]

@@ -13,6 +13,8 @@ frame that decodes re-encodes to the same bytes.
 The message families (`session`, `split`, `dragon`) import this module and register their
 classes here with `@_message`; this module never imports them, so there is no import circle.
 The package's `__init__` imports every family, so the registry is complete before any decode.
+A mode added outside Tandem declares its own messages (`collab.protocol.modes`) with codes in
+`EXTENSION_CODES`; `decode` knows them once they are declared, and refuses them after.
 """
 
 from __future__ import annotations
@@ -81,6 +83,11 @@ class MsgType(IntEnum):
     DRAGON_SETUP = 18
     DRAGON_SCORE = 19
     DRAGON_SEQUENCE = 20
+
+
+EXTENSION_CODES = range(64, 256)
+"""Message type codes for modes added outside Tandem (`collab.protocol.modes.declare`); Tandem's
+own stay below (`MsgType`). The header's type is one byte."""
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -225,7 +232,7 @@ _U32 = struct.Struct("<I")
 class Message:
     """Common base: every frame carries (request_id, epoch, step) so stale frames can be dropped."""
 
-    TYPE: ClassVar[MsgType]
+    TYPE: ClassVar[int]  # a MsgType, or a code in EXTENSION_CODES
     HAS_PROBS: ClassVar[bool] = False
 
     request_id: int = 0
@@ -286,20 +293,35 @@ class Message:
         on the wire or acts on one."""
 
 
-MESSAGE_TYPES: dict[MsgType, type[Message]] = {}
+MESSAGE_TYPES: dict[int, type[Message]] = {}
 M = TypeVar("M", bound=Message)
+
+
+@dataclass_transform(frozen_default=True, eq_default=False)
+def message(cls: type[M]) -> type[M]:
+    """Make a message class a frozen dataclass (the way a mode outside Tandem writes one; it is
+    known to `decode` once its mode declares it, `collab.protocol.modes.declare`)."""
+    return dataclass(frozen=True, eq=False)(cls)
+
+
+def register_message(cls: type[Message]) -> None:
+    """Make `decode` know `cls` under its TYPE; a code already taken by another class is
+    refused (TypeError), the same class again is a no-op."""
+    known = MESSAGE_TYPES.get(cls.TYPE)
+    if known is not None and known is not cls:
+        raise TypeError(f"message type {int(cls.TYPE)} is already {known.__name__}")
+    if not 0 < int(cls.TYPE) < 256:
+        raise TypeError(f"message type {int(cls.TYPE)} is not a one-byte code")
+    MESSAGE_TYPES[cls.TYPE] = cls
 
 
 @dataclass_transform(frozen_default=True, eq_default=False)
 def _message(cls: type[M]) -> type[M]:
     """Make a message class a frozen dataclass and register it under its own TYPE (a base such
     as Draft has none and is not registered)."""
-    cls = dataclass(frozen=True, eq=False)(cls)
-    msg_type = cls.__dict__.get("TYPE")
-    if msg_type is not None:
-        if msg_type in MESSAGE_TYPES:
-            raise TypeError(f"{msg_type.name} is already {MESSAGE_TYPES[msg_type].__name__}")
-        MESSAGE_TYPES[msg_type] = cls
+    cls = message(cls)
+    if "TYPE" in cls.__dict__:
+        register_message(cls)
     return cls
 
 
@@ -340,7 +362,7 @@ def peek_header(data: bytes | memoryview) -> RawHeader | None:
 class Header:
     """A vetted header (`decode_header`)."""
 
-    msg_type: MsgType
+    msg_type: int  # a MsgType, or a declared extension's code
     flags: int
     request_id: int
     epoch: int
@@ -358,9 +380,12 @@ def decode_header(data: bytes | memoryview, limits: Limits = DEFAULT_LIMITS) -> 
         raise ProtocolError("bad magic")
     if raw.version != PROTOCOL_VERSION:
         raise ProtocolError(f"unsupported protocol version {raw.version}")
-    msg_type = _enum(MsgType, raw.msg_type, "message type")
+    cls = MESSAGE_TYPES.get(raw.msg_type)
+    if cls is None:
+        raise ProtocolError(f"unknown message type {raw.msg_type}")
+    msg_type = cls.TYPE
     flags = raw.flags
-    if flags & ~MESSAGE_TYPES[msg_type].allowed_flags():
+    if flags & ~cls.allowed_flags():
         raise ProtocolError(f"bad flags {flags:#x}")
     if raw.body_length > limits.max_frame_bytes - HEADER_SIZE:
         raise ProtocolError(f"body length {raw.body_length} exceeds max_frame_bytes")

@@ -32,6 +32,8 @@ from collab.protocol.codec import (
     _Reader,
     _uint,
 )
+from collab.protocol.modes import ModeMessages, declare
+from collab.protocol.session import Mode
 
 
 class Side(IntEnum):
@@ -284,3 +286,14 @@ class DragonSequence(Message):
         _check_finite(self.h, "h", minus_inf=True)
         _check_finite(self.decode_time, "decode_time")
         _check_finite_array(self.logprobs, "logprobs", minus_inf=True)
+
+
+DRAGON_MESSAGES = declare(
+    ModeMessages(
+        Mode.DRAGON,
+        messages=(DragonSetup, DragonDraft, DragonTarget, DragonScore, DragonSequence),
+        to_cloud=(DragonSetup, DragonDraft, DragonTarget, DragonScore),
+    )
+)
+"""DRAGON's messages: setup, both sides' drafts and targets, the scored tokens (perplexity),
+the sequence-wise baseline's whole answer."""

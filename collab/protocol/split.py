@@ -29,6 +29,8 @@ from collab.protocol.codec import (
     _Reader,
     _uint,
 )
+from collab.protocol.modes import ModeMessages, declare
+from collab.protocol.session import Mode
 
 FLAG_AHEAD = 0x0002  # a draft frame's batch is followed by drafts made from its tail
 MORE_SHIFT = 8  # flag bits 8-15: drafts of the frame's batch still to come
@@ -311,3 +313,13 @@ class CloudDecode(Message):
     @classmethod
     def parse(cls, r: _Reader, f32: bool, hdr: dict[str, int]) -> Message:
         return cls(r.u32(), **hdr)
+
+
+SPLIT_MESSAGES = declare(
+    ModeMessages(
+        Mode.SPLIT,
+        messages=(DsdDraft, DssdDraft, TopKDraft, Verdict, CloudDecode),
+        to_cloud=(DsdDraft, DssdDraft, TopKDraft, CloudDecode),
+    )
+)
+"""split's messages: the device's drafts and its AS² hand-over; the cloud's verdicts."""

@@ -4,13 +4,17 @@ One module per mode (`local`, `cloud`, `split`, `dragon`), the parts they share 
 `base` (types, the history policy, the answer skeleton) and `cloud_link` (the cloud session),
 and the registry below: every mode the user can pick (CLI `--mode`, the TUI's mode bar and
 palette) comes from it, so a new mode is one module and one line in `_BUILT_IN` (or
-`register_mode` from outside). The table names classes rather than importing them, so the CLI
-can list the modes without loading the model code."""
+`register_mode` from outside). A mode's figures and settings are its class's `declared`
+(`edge_runtime.declared`); `register_mode` adds them where the answer's figures, the status
+bar, `tandem ask` and the settings are assembled. The table names classes rather than
+importing them, so the CLI can list the modes without loading the model code."""
 
 from __future__ import annotations
 
 from importlib import import_module
 from typing import TYPE_CHECKING
+
+from edge_runtime import declared
 
 if TYPE_CHECKING:
     from edge_runtime.modes.base import ModeContext, Orchestrator
@@ -45,7 +49,8 @@ def modes() -> dict[str, type[Orchestrator]]:
 
 
 def register_mode(mode: type[Orchestrator]) -> type[Orchestrator]:
-    """Add a mode; usable as a class decorator."""
+    """Add a mode and its declared figures and settings; usable as a class decorator."""
+    declared.declare(mode.name, mode.declared)
     _registered[mode.name] = mode
     return mode
 
@@ -54,6 +59,7 @@ def unregister_mode(name: str) -> None:
     """Forget a mode added with `register_mode` (tests)."""
     if name not in _BUILT_IN:
         _registered.pop(name, None)
+        declared.withdraw(name)
 
 
 def build_mode(name: str, ctx: ModeContext) -> Orchestrator:

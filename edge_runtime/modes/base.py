@@ -14,7 +14,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -23,6 +23,8 @@ from collab.sampling import sample
 from collab.sources import Source
 from collab.split import Transcript
 from edge_runtime.client import HEARTBEAT_S
+from edge_runtime.declared import Declaration
+from edge_runtime.declared import settings as declared_settings
 from edge_runtime.device import (
     NOTHING_PRIVATE,
     DeviceModel,
@@ -89,6 +91,16 @@ class ModeContext:
     rerank_every: int = 0  # dragon: re-score documents every n tokens (0 = static weights)
     dragon_lookahead: int | None = None  # dragon: drafts ahead (None = default; 0 = DRDG/TW)
     clients: dict[tuple[Any, str], CloudClient] = field(default_factory=dict)
+    # every mode's declared settings by name (edge_runtime.declared), as the user set them;
+    # a mode reads its own with `setting`
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def setting(self, name: str) -> Any:
+        """A declared setting's value: as set, else its declared default (KeyError: no mode
+        declares it)."""
+        if name in self.settings:
+            return self.settings[name]
+        return declared_settings()[name].default
 
 
 def need_device(ctx: ModeContext) -> DeviceModel:
@@ -187,12 +199,14 @@ async def device_generate(
 
 
 class Orchestrator(ABC):
-    """One answer mode. Subclasses say what they are (name, description, needs_cloud) and
-    implement `generate`; `answer` wraps it in what every mode does (figures, live stats)."""
+    """One answer mode. Subclasses say what they are (name, description, needs_cloud, the
+    figures and settings they add: `declared`) and implement `generate`; `answer` wraps it in
+    what every mode does (figures, live stats)."""
 
     name: str = ""
     needs_cloud: bool = False
     description: str = ""
+    declared: ClassVar[Declaration] = Declaration()  # its own figures and settings
 
     def __init__(self, ctx: ModeContext) -> None:
         self.ctx = ctx

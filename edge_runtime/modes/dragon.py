@@ -67,6 +67,7 @@ from edge_runtime.modes.base import (
     need_device,
 )
 from edge_runtime.modes.cloud_link import CloudBacked, refusal
+from edge_runtime.modes.dragon_declared import DECLARED
 from model_runtime.async_model import DocumentBatch
 from model_runtime.prompting import document_prompt, prompt_budget
 
@@ -88,6 +89,7 @@ class _Documents:
 
 class DragonMode(CloudBacked):
     name = "dragon"
+    declared = DECLARED  # its figures and settings
     description = "device and cloud each read their own documents; every token mixes both"
     protocol_mode = Mode.DRAGON
 

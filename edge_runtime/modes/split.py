@@ -20,6 +20,7 @@ from edge_runtime.client import CloudClient
 from edge_runtime.events import Event, Failure, Notice
 from edge_runtime.modes.base import Answer, AnswerOptions, ModeContext, Turn
 from edge_runtime.modes.cloud_link import CloudBacked
+from edge_runtime.modes.split_declared import DECLARED
 from edge_runtime.modes.split_pipeline import PipelinedRun
 from edge_runtime.modes.split_run import SplitRun
 from edge_runtime.split_costs import SplitCosts
@@ -27,6 +28,7 @@ from edge_runtime.split_costs import SplitCosts
 
 class SplitMode(CloudBacked):
     name = "split"
+    declared = DECLARED  # its figures and settings
     description = "device drafts (with private documents), cloud verifies"
     protocol_mode = Mode.SPLIT
 
