@@ -28,20 +28,18 @@ from collab.dragon.ledger import DRAGON_MAX_SPARSE, DRAGON_TOP_P, sequence_choic
 from collab.dragon.sequence import answer_alone, score
 from collab.protocol import (
     AggregatorPolicy,
-    Citations,
     Done,
     DragonScore,
     DragonSequence,
     DragonSetup,
-    Error,
     Generate,
     Mode,
     Side,
 )
 from collab.sources import Source
-from edge_runtime.client import CloudClient, CloudError
+from edge_runtime.client import CloudError
 from edge_runtime.device import retrieve_private
-from edge_runtime.events import Event, Failure
+from edge_runtime.events import Event
 from edge_runtime.modes.base import (
     STOP_IDS,
     Answer,
@@ -53,8 +51,9 @@ from edge_runtime.modes.base import (
     left_out_notice,
     need_device,
 )
-from edge_runtime.modes.cloud_link import CloudBacked, citations_from
+from edge_runtime.modes.cloud_link import CloudBacked
 from edge_runtime.modes.dragon import DragonMode
+from edge_runtime.modes.link import RequestLink
 from model_runtime.prompting import clipped_prompt, prompt_budget
 
 
@@ -89,18 +88,13 @@ class DrcgTextMode(CloudBacked):
                        max_new_tokens=0, retrieve=True)  # fmt: skip
 
     async def converse(
-        self, client: CloudClient, rid: int, options: AnswerOptions, answer: Answer
+        self, link: RequestLink, options: AnswerOptions, answer: Answer
     ) -> AsyncIterator[Event]:
-        public: list[Source] = []
-        while True:
-            msg = await self.recv(client, rid)
-            if isinstance(msg, Citations):
-                public = citations_from(msg)
-            elif isinstance(msg, Error):
-                yield Failure(f"the cloud refused: {msg.message}")
-            elif isinstance(msg, Done):
-                answer.finished = True
-                break
+        # a retrieval: its Done ends the request, not the answer, which the device writes
+        while not isinstance(await link.recv(), Done):
+            pass
+        answer.finished = True
+        public = [e for e in link.take_events() if isinstance(e, Source)]
         private = [replace(s, number=len(public) + n) for n, s in enumerate(self._private, 1)]
         for source in [*public, *private]:
             yield source
@@ -127,13 +121,14 @@ class DrdgSwMode(DragonMode):
         self.decode_span_s: float | None = None  # the last answer's decoding, prefills excluded
 
     async def converse(
-        self, client: CloudClient, rid: int, options: AnswerOptions, answer: Answer
+        self, link: RequestLink, options: AnswerOptions, answer: Answer
     ) -> AsyncIterator[Event]:
+        rid = link.rid
         docs = self._docs
         assert docs is not None  # prepare ran
         setup = DragonSetup(options.k, AggregatorPolicy.SEQUENCE, Side.DEVICE, DRAGON_TOP_P,
                             DRAGON_MAX_SPARSE, 0, request_id=rid)  # fmt: skip
-        await client.send(setup)
+        await link.send(setup)
         first = await docs.batch.start(docs.prompts)
         ready = time.perf_counter()
         seed = options.seed
@@ -142,22 +137,19 @@ class DrdgSwMode(DragonMode):
             docs.batch, first, docs.scores, options.sampling, DRAGON_TOP_P, DRAGON_MAX_SPARSE,
             options.max_new_tokens, STOP_IDS, rng,
         )  # fmt: skip
-        await client.send(DragonScore(np.asarray(mine), request_id=rid))
+        await link.send(DragonScore(np.asarray(mine), request_id=rid))
         theirs = scored = None
         while not answer.finished:
-            msg = await self.recv(client, rid)
-            if isinstance(msg, Citations):
-                for c in citations_from(msg):
-                    yield c
-            elif isinstance(msg, DragonSequence) and msg.scored:
+            msg = await link.recv(DragonSequence)
+            if isinstance(msg, Done):
+                answer.finished = True  # the request, not the answer: the device commits it
+            elif msg.scored:
                 scored = msg
-            elif isinstance(msg, DragonSequence):
+            else:
                 theirs = msg
                 cloud_ready = time.perf_counter() - msg.decode_time  # its prefill's end, here
-            elif isinstance(msg, Done):
-                answer.finished = True
-            elif isinstance(msg, Error):
-                raise CloudError(f"the cloud refused: {msg.message}")
+        for event in link.take_events():
+            yield event
         if theirs is None or scored is None:
             raise CloudError("the cloud ended the answer without its half of DRDG/SW")
         their_tokens = [int(t) for t in theirs.tokens]

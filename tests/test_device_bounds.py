@@ -43,7 +43,7 @@ from edge_runtime.client import CloudProtocolError
 from edge_runtime.events import Citation, Failure, Notice, Stats
 from edge_runtime.modes import build_mode
 from edge_runtime.modes.base import AnswerOptions
-from edge_runtime.modes.cloud_link import MAX_CITATIONS
+from edge_runtime.modes.link import MAX_CITATIONS
 from tests import test_modes
 from tests.test_hostile_cloud import ACK, client  # its handshake and client
 from tests.test_modes import QUESTIONS, context

@@ -82,8 +82,11 @@ class TimedLink:
             self.targets.append(msg)
         self.out.wire.put_nowait((asyncio.get_running_loop().time(), encode_frame(msg)))
 
-    async def recv(self):
+    async def recv(self, *kinds: type[Message]) -> Message:
         return await self.into.inbox.get()
+
+    def ended(self, msg: Message) -> bool:
+        return False
 
     def rtt(self) -> float:
         return 2 * self.out.one_way

@@ -7,10 +7,11 @@ imports: top-level ones, the lazy ones inside functions, and those under `if TYP
   tier, never one in its own tier or above. Type-only imports count here: a lower layer that
   names a higher layer's type depends on it just the same.
 - Cycles: no strongly connected component of more than one module (or a module importing
-  itself), within a package too. Lazy imports count: moving an import into a function hides a
-  circle from Python, not from the design. Type-only imports do not count: they never run, and
-  an annotation naming the caller's type (`if TYPE_CHECKING: from .app import TandemApp`) is
-  the standard way to type a back-reference without an import circle.
+  itself), within a package too, and no circle at all: lazy imports count (moving an import
+  into a function hides a circle from Python, not from the design) and so do type-only ones
+  (a loop that names its caller's type under `if TYPE_CHECKING:` is tied to that caller just
+  the same). A lower module that needs a back-reference names what it needs as a Protocol of
+  its own; a loop takes a narrow object (the request's link), never the mode that runs it.
 """
 
 from __future__ import annotations
@@ -97,8 +98,7 @@ def test_packages_import_only_lower_tiers() -> None:
 def test_no_module_imports_itself_back() -> None:
     graph: dict[str, set[str]] = {name: set() for name in modules()}
     for i in all_imports():
-        if not i.type_only:
-            graph[i.source].add(i.target)
+        graph[i.source].add(i.target)  # type-only imports included
     circles = describe_cycles(graph)
     assert not circles, "import circles:\n" + "\n".join(circles)
 

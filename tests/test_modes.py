@@ -452,14 +452,15 @@ async def test_an_off_topic_question_cites_nothing_and_says_so(near_drafter, pri
     assert Notice(NOTHING_PRIVATE) not in events
 
 
-def test_an_empty_citations_frame_says_nothing_public_was_relevant(near_drafter):
+def test_an_empty_citations_frame_says_nothing_public_was_relevant():
     from collab.protocol import Citations
     from collab.sources import Source
     from edge_runtime.device import NOTHING_PUBLIC
+    from edge_runtime.modes.link import CitationCount
 
-    cloud = build_mode("cloud", ModeContext(near_drafter, None, CloudSettings("ws://x/y", TOKEN)))
-    assert cloud.cite(Citations((), request_id=1)) == [Notice(NOTHING_PUBLIC)]
-    (event,) = cloud.cite(Citations((Source("Lima", score=0.7, found_by="both"),), request_id=1))
+    count = CitationCount()  # one request's (its link's)
+    assert count.cite(Citations((), request_id=1)) == [Notice(NOTHING_PUBLIC)]
+    (event,) = count.cite(Citations((Source("Lima", score=0.7, found_by="both"),), request_id=1))
     assert isinstance(event, Citation) and event.found_by == "both" and event.side == "cloud"
 
 

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cloud_backend.engine import Evicted
+from cloud_backend.modes.link import RequestLink, Stop
 from collab.protocol import (
     Citations,
     Done,
-    Error,
     ErrorCode,
     FinishReason,
     Generate,
@@ -46,13 +46,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("tandem.cloud")
 
 
-class Stop(Exception):
-    """Ends a request early with this reason (a cancel, an error already reported)."""
-
-    def __init__(self, reason: FinishReason) -> None:
-        self.reason = reason
-
-
 async def serve(req: Request) -> Done:
     """Run one request to its end; send every frame (Done included) and return the Done."""
     gen, ctx, start = req.gen, req.ctx, req.start
@@ -62,11 +55,11 @@ async def serve(req: Request) -> Done:
     except Stop as stop:
         reason = stop.reason
     except Evicted as exc:
-        await ctx.send(Error(ErrorCode.EVICTED, str(exc), request_id=gen.request_id))
+        await req.link.error(ErrorCode.EVICTED, str(exc))
         reason = FinishReason.ERROR
     except Cancelled:
         reason = FinishReason.CANCELLED
-    up, down = ctx.traffic()
+    up, down = req.link.traffic()
     done = Done(
         reason,
         tokens=len(req.transcript.tokens),
@@ -81,15 +74,19 @@ async def serve(req: Request) -> Done:
         step=len(req.transcript.tokens),
     )
     ctx.session.release()
-    await ctx.send(done)
+    await req.link.send(done)
     return done
 
 
 class Request(ABC):
-    """One Generate being served. Subclasses implement `decode_answer` (after the prefill)."""
+    """One Generate being served. Subclasses implement `decode_answer` (after the prefill);
+    their frames go through `link`, the request's one link."""
+
+    ping_every_s: float | None = None  # re-measure the round trip as frames come (DRAGON)
 
     def __init__(self, gen: Generate, ctx: RequestContext, start: float) -> None:
         self.gen, self.ctx, self.start = gen, ctx, start
+        self.link = RequestLink(ctx, gen.request_id, self.ping_every_s)
         self.params = SamplingParams(gen.temperature, gen.top_k, gen.top_p)
         self.rng = np.random.default_rng(gen.seed)
         self.transcript = Transcript(gen.max_new_tokens, frozenset({IM_END_ID}))
@@ -107,7 +104,7 @@ class Request(ABC):
         lm = self.ctx.engine.lm
         room = lm.max_context - len(ids)
         if room <= 0:
-            await self.error(ErrorCode.LIMIT, f"prompt of {len(ids)} tokens fills the context")
+            await self.link.error(ErrorCode.LIMIT, f"prompt of {len(ids)} tokens fills the context")
             raise Stop(FinishReason.ERROR)
         self.transcript.max_new_tokens = min(self.transcript.max_new_tokens, room)
         self.next_logits = await self.ctx.session.prefill(ids)
@@ -125,7 +122,7 @@ class Request(ABC):
                 corpus.search, self.gen.question, self.ctx.corpus_k, self.ctx.corpus_floor
             )
             sources = tuple(p.clipped(SOURCE_CHARS) for p in passages)
-            await self.ctx.send(Citations(sources, request_id=self.gen.request_id))
+            await self.link.send(Citations(sources, request_id=self.gen.request_id))
         budget = prompt_budget(self.ctx.engine.lm.max_context, self.gen.max_new_tokens)
         ids, dropped = clipped_prompt(  # passages too long for the model's context are clipped
             self.ctx.engine.tokenizer, self.gen.question, self.gen.history, passages, budget
@@ -135,21 +132,15 @@ class Request(ABC):
         return ids
 
     def commit(self, tokens: list[int]) -> list[int]:
-        kept = self.transcript.commit(tokens)
+        return self.counted(self.transcript.commit(tokens))
+
+    def counted(self, kept: list[int]) -> list[int]:
+        """Report tokens just committed to the answer (the first one: the time to it)."""
         if kept and not self.first_token_seen:
             self.first_token_seen = True
             self.ctx.metrics.ttft(time.perf_counter() - self.start)
         self.ctx.metrics.tokens(len(kept))
         return kept
-
-    async def error(self, code: ErrorCode, message: str) -> None:
-        await self.ctx.send(Error(code, message, request_id=self.gen.request_id))
-
-    def check_cancel(self) -> None:
-        """Stop on a Cancel; every other frame stays queued, in order, for after this decoding
-        (a device under AS² asks for its next tokens before the first one arrives)."""
-        if self.ctx.inbox.cancelled:
-            raise Stop(FinishReason.CANCELLED)
 
     async def current_logits(self) -> np.ndarray:
         """Logits for the next token: the pending token goes through the model first."""
@@ -173,12 +164,12 @@ class Request(ABC):
                     await self.stream_token(token)
                     if self.transcript.finish is not None:
                         return
-                    self.check_cancel()
+                    self.link.check_cancel()
             return
         for _ in range(n):
             if self.transcript.finish is not None:
                 return
-            self.check_cancel()
+            self.link.check_cancel()
             logits = await self.current_logits()
             token, _ = sample(logits, self.rng, self.params)
             self.pending = token
@@ -191,4 +182,4 @@ class Request(ABC):
         if kept:
             chunk = TokenChunk(np.asarray(kept), request_id=self.gen.request_id,
                                epoch=self.epoch, step=step)  # fmt: skip
-            await self.ctx.send(chunk)
+            await self.link.send(chunk)

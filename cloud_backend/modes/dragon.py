@@ -20,21 +20,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cloud_backend.modes.base import Request, Stop
-from cloud_backend.modes.dragon_sequence import answer_alone
+from cloud_backend.modes.base import Request
+from cloud_backend.modes.dragon_sequence import PublicSide, answer_alone
+from cloud_backend.modes.link import Stop
 from collab.dragon.ledger import NO_DOCUMENT_COSINE, Ledger, Scheduler, relevance
 from collab.dragon.peer import DragonPeer, first_aggregator
 from collab.protocol import (
     AggregatorPolicy,
-    Cancel,
     Citations,
-    DragonDraft,
     DragonSetup,
-    DragonTarget,
     ErrorCode,
     FinishReason,
     Generate,
-    Message,
     Side,
 )
 from collab.sources import SOURCE_CHARS, Source
@@ -50,6 +47,8 @@ PING_EVERY_S = 1.0  # how often the cloud re-measures the round trip while it an
 
 
 class DragonRequest(Request):
+    ping_every_s = PING_EVERY_S
+
     def __init__(self, gen: Generate, ctx: RequestContext, start: float) -> None:
         super().__init__(gen, ctx, start)
         self.passages: list[Source] = []
@@ -58,25 +57,28 @@ class DragonRequest(Request):
         self.scores = np.zeros(1)
         self.first_logits = np.zeros((1, 1))
         self.prefill_s = 0.0
-        self._last_ping = 0.0
 
     async def run(self) -> None:
         """DragonSetup, the public documents, one prefill of every document's prompt, then
         the aggregation loop (`decode_answer`)."""
-        self.setup = await self._setup()
-        await self._ping()
+        self.setup = await self.link.recv(DragonSetup)  # it follows the Generate
         prompts, cosines = await self._documents(self.setup.k)
         self.scores = relevance(cosines)
         room = self.ctx.engine.lm.max_context - max(map(len, prompts))
         if room <= 0:
-            await self.error(ErrorCode.LIMIT, "the documents and question fill the context")
+            await self.link.error(ErrorCode.LIMIT, "the documents and question fill the context")
             raise Stop(FinishReason.ERROR)
         self.transcript.max_new_tokens = min(self.transcript.max_new_tokens, room)
         t0 = time.perf_counter()
         self.first_logits = await self.batch.start(prompts)
         self.prefill_s = time.perf_counter() - t0
         if self.setup.policy in (AggregatorPolicy.SEQUENCE, AggregatorPolicy.SCORE):
-            await answer_alone(self)
+            side = PublicSide(self.batch, self.first_logits, self.scores)
+            room = self.ctx.engine.lm.max_context - max(self.batch.prompt_lengths)
+            await answer_alone(
+                self.link, side, self.setup, self.params, self.transcript.max_new_tokens, room,
+                self.rng, self.commit,
+            )  # fmt: skip
             return
         if self.transcript.max_new_tokens == 0:
             self.transcript.commit([])
@@ -87,33 +89,21 @@ class DragonRequest(Request):
         setup, seed = self.setup, self.gen.seed
         ledger = Ledger(Side.CLOUD, self.transcript, aggregator=first_aggregator(setup))
         peer = DragonPeer(
-            ledger, self.batch, _CloudLink(self), setup, self.params, self.scores,
+            ledger, self.batch, self.link, setup, self.params, self.scores,
             request_id=self.gen.request_id, rng=self.rng,
             coin=np.random.default_rng(None if seed is None else [seed, 1]),
             scheduler=Scheduler(setup.policy),
             rescore=self._rescore if self.passages else None,
-            on_error=lambda text: self.error(ErrorCode.MALFORMED, text),
+            on_error=lambda text: self.link.error(ErrorCode.MALFORMED, text),
         )  # fmt: skip
         try:
             async for kept in peer.run(self.first_logits, self.prefill_s):
-                self._committed(kept)
+                self.counted(kept)
         finally:
             self.epoch = ledger.epochs[Side.CLOUD]
             self.rounds = ledger.step
             self.drafted = ledger.drafted[Side.CLOUD]
             self.accepted = ledger.accepted[Side.CLOUD]
-
-    async def _setup(self) -> DragonSetup:
-        """The device's DragonSetup, which follows its Generate."""
-        while True:
-            msg = await self.ctx.inbox.get()
-            if isinstance(msg, Cancel):
-                raise Stop(FinishReason.CANCELLED)
-            if isinstance(msg, DragonSetup):
-                return msg
-            await self.error(
-                ErrorCode.MALFORMED, f"expected DragonSetup, got {type(msg).__name__}; ignored"
-            )
 
     async def _documents(self, k: int) -> tuple[list[list[int]], np.ndarray]:
         """One prompt per public document [d; history; question] and the documents' cosines;
@@ -124,7 +114,7 @@ class DragonRequest(Request):
                 corpus.search, self.gen.question, k, self.ctx.corpus_floor
             )
             sources = tuple(p.clipped(SOURCE_CHARS) for p in self.passages)
-            await self.ctx.send(Citations(sources, request_id=self.gen.request_id))
+            await self.link.send(Citations(sources, request_id=self.gen.request_id))
         tokenizer = self.ctx.engine.tokenizer
         budget = prompt_budget(self.ctx.engine.lm.max_context, self.gen.max_new_tokens)
         docs: list[Source | None] = [replace(p, number=n) for n, p in enumerate(self.passages, 1)]
@@ -144,39 +134,3 @@ class DragonRequest(Request):
         text = self.gen.question + " " + self.ctx.engine.tokenizer.decode(tokens)
         cosines = await asyncio.to_thread(corpus.rescore, self.passages, text)
         return relevance(cosines)
-
-    async def _ping(self) -> None:
-        if self.ctx.ping is not None and time.perf_counter() - self._last_ping > PING_EVERY_S:
-            self._last_ping = time.perf_counter()
-            await self.ctx.ping()
-
-    def _committed(self, kept: list[int]) -> None:
-        if kept and not self.first_token_seen:
-            self.first_token_seen = True
-            self.ctx.metrics.ttft(time.perf_counter() - self.start)
-        self.ctx.metrics.tokens(len(kept))
-
-
-class _CloudLink:
-    """The request's inbox and the session's sender, as the DRAGON loop needs them."""
-
-    def __init__(self, req: DragonRequest) -> None:
-        self.req = req
-
-    async def send(self, msg: Message) -> None:
-        await self.req.ctx.send(msg)
-
-    async def recv(self) -> DragonDraft | DragonTarget:
-        while True:
-            msg = await self.req.ctx.inbox.get()
-            if isinstance(msg, Cancel):
-                raise Stop(FinishReason.CANCELLED)
-            if isinstance(msg, DragonDraft | DragonTarget):
-                await self.req._ping()
-                return msg
-            await self.req.error(
-                ErrorCode.MALFORMED, f"{type(msg).__name__} is not a DRAGON frame; ignored"
-            )
-
-    def rtt(self) -> float | None:
-        return self.req.ctx.rtt()

@@ -16,63 +16,69 @@ cloud's half of a perplexity measured across the network (DRAGON §7.3)."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
-from cloud_backend.modes.base import Stop
+from cloud_backend.modes.link import RequestLink, Stop
 from collab.dragon.aggregation import side_weight
+from collab.dragon.sequence import Teacher, score
 from collab.dragon.sequence import answer_alone as alone
-from collab.dragon.sequence import score
 from collab.protocol import (
     AggregatorPolicy,
-    Cancel,
     DragonScore,
     DragonSequence,
+    DragonSetup,
     ErrorCode,
     FinishReason,
 )
+from collab.sampling import SamplingParams
 from model_runtime.tokenizer import IM_END_ID
 
-if TYPE_CHECKING:
-    from cloud_backend.modes.dragon import DragonRequest
+
+@dataclass
+class PublicSide:
+    """The cloud's side of a DRAGON answer once its documents are prefilled: the documents'
+    sequences, the prefill's logits [D, V] and the documents' relevance."""
+
+    batch: Teacher
+    first_logits: np.ndarray
+    scores: np.ndarray
 
 
-async def answer_alone(req: DragonRequest) -> None:
-    """DRDG/SW: the cloud's answer from p^cloud alone, then one scoring of the device's
-    answer. SCORE (teacher forcing): the scoring alone."""
-    rid, h, setup, params = req.gen.request_id, side_weight(req.scores), req.setup, req.params
+async def answer_alone(
+    link: RequestLink, side: PublicSide, setup: DragonSetup, params: SamplingParams,
+    max_new_tokens: int, room: int, rng: np.random.Generator,
+    commit: Callable[[list[int]], object],
+) -> None:  # fmt: skip
+    """DRDG/SW: the cloud's answer from p^cloud alone (committed with `commit`), then one
+    scoring of the device's answer (at most `room` tokens: what the context leaves). SCORE
+    (teacher forcing): the scoring alone."""
+    h = side_weight(side.scores)
     if setup.policy == AggregatorPolicy.SEQUENCE:
         t0 = time.perf_counter()
         tokens, logprobs = await alone(
-            req.batch, req.first_logits, req.scores, params, setup.top_p, setup.max_sparse,
-            req.transcript.max_new_tokens, {IM_END_ID}, req.rng, check=req.check_cancel,
+            side.batch, side.first_logits, side.scores, params, setup.top_p, setup.max_sparse,
+            max_new_tokens, {IM_END_ID}, rng, check=link.check_cancel,
         )  # fmt: skip
-        req.commit(list(tokens))
+        commit(list(tokens))
         decode_s = time.perf_counter() - t0
-        await req.ctx.send(
-            DragonSequence(np.asarray(tokens), logprobs, h, decode_s, request_id=rid)
+        await link.send(
+            DragonSequence(np.asarray(tokens), logprobs, h, decode_s, request_id=link.rid)
         )
-    theirs = await _score_request(req)
-    scored = await score(req.batch, req.first_logits, req.scores, theirs, params.temperature)
-    await req.ctx.send(
-        DragonSequence(np.asarray(theirs), scored, h, 0.0, scored=True, request_id=rid)
+    theirs = await _score_request(link, room)
+    scored = await score(side.batch, side.first_logits, side.scores, theirs, params.temperature)
+    await link.send(
+        DragonSequence(np.asarray(theirs), scored, h, 0.0, scored=True, request_id=link.rid)
     )
 
 
-async def _score_request(req: DragonRequest) -> list[int]:
+async def _score_request(link: RequestLink, room: int) -> list[int]:
     """The device's DragonScore (its answer), which it sends once its own answer is done."""
-    while True:
-        msg = await req.ctx.inbox.get()
-        if isinstance(msg, Cancel):
-            raise Stop(FinishReason.CANCELLED)
-        if isinstance(msg, DragonScore):
-            room = req.ctx.engine.lm.max_context - max(req.batch.prompt_lengths)
-            if msg.tokens.size > room:
-                await req.error(ErrorCode.LIMIT, f"{msg.tokens.size} tokens to score: over "
-                                f"the {room} left in the context")  # fmt: skip
-                raise Stop(FinishReason.ERROR)
-            return [int(t) for t in msg.tokens]
-        await req.error(
-            ErrorCode.MALFORMED, f"expected DragonScore, got {type(msg).__name__}; ignored"
-        )
+    msg = await link.recv(DragonScore)
+    if msg.tokens.size > room:
+        await link.error(ErrorCode.LIMIT, f"{msg.tokens.size} tokens to score: over "
+                         f"the {room} left in the context")  # fmt: skip
+        raise Stop(FinishReason.ERROR)
+    return [int(t) for t in msg.tokens]

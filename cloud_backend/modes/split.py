@@ -26,23 +26,14 @@ fed in front of the next draft: one forward pass scores it and the γ drafts (γ
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cloud_backend.modes.base import Request, Stop
-from collab.protocol import (
-    Cancel,
-    CloudDecode,
-    Draft,
-    ErrorCode,
-    FinishReason,
-    Generate,
-    TokenChunk,
-)
+from cloud_backend.modes.base import Request
+from collab.protocol import CloudDecode, Draft, ErrorCode, Generate, Message, TokenChunk
 from collab.sampling import distribution
 from collab.scheduling import ewma_update, verify_line
 from collab.variants import get_variant
@@ -50,8 +41,6 @@ from collab.variants.base import Judgement
 
 if TYPE_CHECKING:
     from cloud_backend.context import RequestContext
-
-log = logging.getLogger("tandem.cloud")
 
 
 class SplitRequest(Request):
@@ -72,32 +61,26 @@ class SplitRequest(Request):
         # device meanwhile prefills its own prompt and drafts from that token on.
         await self.decode(1)
         while self.transcript.finish is None:
-            idle = self.ctx.inbox.empty()
-            msg = await self.ctx.inbox.get()
-            if isinstance(msg, Cancel):
-                raise Stop(FinishReason.CANCELLED)
-            if msg.epoch != self.epoch or msg.step != self.expected_step():
-                log.info(
-                    "request=%d stale frame %s epoch=%d step=%d (now %d/%d) dropped",
-                    self.gen.request_id, type(msg).__name__, msg.epoch, msg.step,
-                    self.epoch, self.expected_step(),
-                )  # fmt: skip
-                continue
-            if isinstance(msg, TokenChunk) and self.awaiting_correction:
-                await self.correction(msg)
-            elif isinstance(msg, CloudDecode) and not self.awaiting_correction and not self.parts:
-                await self.decode(msg.n_tokens or self.transcript.remaining)
-            elif isinstance(msg, expected) and not self.awaiting_correction:
-                await self.receive(msg, idle)
+            idle = self.link.empty()
+            if self.awaiting_correction:
+                kinds: tuple[type[Message], ...] = (TokenChunk,)
             else:
-                what = "a correction token" if self.awaiting_correction else expected.__name__
-                await self.error(
-                    ErrorCode.MALFORMED, f"expected {what}, got {type(msg).__name__}; ignored"
-                )
+                kinds = (expected,) if self.parts else (CloudDecode, expected)
+            msg = await self.link.recv(
+                *kinds, at=(self.epoch, self.expected_step()),
+                what="a correction token" if self.awaiting_correction else expected.__name__,
+            )  # fmt: skip
+            if isinstance(msg, TokenChunk):
+                await self.correction(msg)
+            elif isinstance(msg, CloudDecode):
+                await self.decode(msg.n_tokens or self.transcript.remaining)
+            else:
+                assert isinstance(msg, expected)
+                await self.receive(msg, idle)
 
     async def correction(self, msg: TokenChunk) -> None:
         if msg.token_ids.size != 1:
-            await self.error(ErrorCode.MALFORMED, "a correction is exactly one token")
+            await self.link.error(ErrorCode.MALFORMED, "a correction is exactly one token")
             return
         token = int(msg.token_ids[0])
         self.awaiting_correction = False
@@ -110,10 +93,10 @@ class SplitRequest(Request):
         now = time.perf_counter()
         size, room = (
             frame.token_ids.size,
-            (self.ctx.limits.max_draft_tokens if self.batch is None else self.batch.more),
+            (self.link.limits.max_draft_tokens if self.batch is None else self.batch.more),
         )
         if size + frame.more > room:  # announced counts only fall within a batch
-            await self.error(
+            await self.link.error(
                 ErrorCode.MALFORMED,
                 f"a batch part of {size} drafts with {frame.more} more to come, where at most "
                 f"{room} drafts were left in the batch; ignored",
@@ -126,7 +109,7 @@ class SplitRequest(Request):
             self.ctx.pace.gap = ewma_update(self.ctx.pace.gap, gap, 0.3)
         self.batch.last, self.batch.more = now, frame.more
         self.parts.append(frame)
-        if frame.more == 0 or (self.ctx.inbox.empty() and self.verify_first(frame.more)):
+        if frame.more == 0 or (self.link.empty() and self.verify_first(frame.more)):
             await self.verify()
 
     def verify_first(self, more: int) -> bool:
@@ -171,7 +154,7 @@ class SplitRequest(Request):
             except ValueError as exc:  # a draft that cannot have been sampled as announced
                 await self.ctx.session.rollback(base)  # forget the scored drafts, keep the state
                 self.batch = None
-                await self.error(ErrorCode.MALFORMED, f"draft refused: {exc}")
+                await self.link.error(ErrorCode.MALFORMED, f"draft refused: {exc}")
                 return
             n, at = n + judgement.accepted, at + size
             if judgement.accepted < size:
@@ -212,7 +195,7 @@ class SplitRequest(Request):
             seconds, scored=drafts.size, request_id=self.gen.request_id, epoch=self.epoch,
             step=batch.step,
         )  # fmt: skip
-        await self.ctx.send(verdict)
+        await self.link.send(verdict)
         if n < drafts.size:
             self.epoch += 1
         self.batch = None

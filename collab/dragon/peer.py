@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 import numpy as np
 
 from collab.dragon.ledger import Ledger, Scheduler, aggregate, make_draft
+from collab.model_step import ModelStep
 from collab.protocol import AggregatorPolicy, DragonDraft, DragonSetup, DragonTarget, Message, Side
 from collab.sampling import SamplingParams
 
@@ -45,12 +45,16 @@ class Decoder(Protocol):
 
 
 class PeerLink(Protocol):
-    """The request's frames to and from the other side."""
+    """The request's frames to and from the other side (each side's one link per request)."""
 
-    async def send(self, msg: Message) -> None: ...
+    async def send(self, msg: Message) -> object: ...
 
-    async def recv(self) -> DragonDraft | DragonTarget:
-        """The other side's next DRAGON frame; raises when the request ends otherwise."""
+    async def recv(self, *kinds: type[Message]) -> Message:
+        """The other side's next frame of these kinds, or the frame that ends the request
+        (`ended`); raises when the request cannot go on."""
+
+    def ended(self, msg: Message) -> bool:
+        """Whether `msg` ends the request (the side's own bookkeeping done)."""
 
     def rtt(self) -> float | None:
         """The measured round trip in seconds, if any."""
@@ -90,7 +94,7 @@ class DragonPeer:
         self.me = ledger.me
         self.greedy = params.temperature == 0.0
         self._logits: tuple[np.ndarray, float] | None = None  # next draft's logits, decode time
-        self._step: asyncio.Future[tuple[np.ndarray, float]] | None = None  # model step running
+        self._step: ModelStep[np.ndarray] = ModelStep(decoder.cancel)  # decoding ahead
         self._commits: list[int] = []
         self.rollbacks = 0
 
@@ -99,7 +103,7 @@ class DragonPeer:
         `logits` [D, V] are the prefill's, for the answer's first position."""
         ledger = self.ledger
         self._logits = (logits, decode_time)
-        recv: asyncio.Future[DragonDraft | DragonTarget] = asyncio.ensure_future(self.link.recv())
+        recv = asyncio.ensure_future(self.link.recv(DragonDraft, DragonTarget))
         try:
             while not ledger.finished:
                 while self._logits is not None and self._can_draft() and not ledger.finished:
@@ -110,14 +114,16 @@ class DragonPeer:
                 if ledger.finished:
                     break
                 waiting: set[asyncio.Future[Any]] = {recv}
-                if self._step is not None:
-                    waiting.add(self._step)
+                if self._step.future is not None:
+                    waiting.add(self._step.future)
                 done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                if self._step is not None and self._step in done:
-                    self._logits, self._step = self._step.result(), None
+                if self._step.future in done:
+                    self._logits = self._step.take()
                 if recv in done:
                     msg = recv.result()
-                    recv = asyncio.ensure_future(self.link.recv())
+                    if self.link.ended(msg):
+                        break
+                    recv = asyncio.ensure_future(self.link.recv(DragonDraft, DragonTarget))
                     await self._on_frame(msg)
                 await self._aggregate()
                 if self._commits:
@@ -151,39 +157,25 @@ class DragonPeer:
             self._start_step(draft.token)
 
     def _start_step(self, token: int) -> None:
-        async def timed() -> tuple[np.ndarray, float]:
-            t0 = time.perf_counter()
-            logits = await self.decoder.advance(token)
-            return logits, time.perf_counter() - t0
-
-        self._step = asyncio.ensure_future(timed())
+        self._step.start(lambda: self.decoder.advance(token))
 
     async def _stop_step(self) -> None:
-        """Preempt the model step in flight (its result, if it finished anyway, is dropped).
-        A step only scheduled is cancelled before it starts: the runtimes' cancel reaches
-        only a running step, and the step a side starts right after drafting is still queued
+        """Drop the model step in flight (its result, if it finished anyway, too). A step only
+        scheduled never starts: the step a side starts right after drafting is still queued
         when the target that rejects that draft comes at once (the aggregator's own draft
-        completing the pair): it would otherwise cost a whole decode."""
-        step, self._step = self._step, None
+        completing the pair), and would otherwise cost a whole decode."""
         self._logits = None
-        if step is None:
-            return
-        if not step.done():
-            self.decoder.cancel()  # stops a step the model is running
-            step.cancel()  # and one not started yet never starts
-        await asyncio.wait([step])
-        if not step.cancelled():
-            step.exception()  # retrieved: a cancelled model step raises, and that is expected
+        await self._step.stop()
 
     # ---- frames and targets ----------------------------------------------------------------
-    async def _on_frame(self, msg: DragonDraft | DragonTarget) -> None:
+    async def _on_frame(self, msg: Message) -> None:
         try:
             if isinstance(msg, DragonDraft):
                 if self.ledger.receive(msg, limit=max(self.setup.lookahead, 1)):
                     self.scheduler.observe_draft(self.me.other, msg)
             elif self.ledger.aggregating:
                 raise PeerError(f"a target for step {msg.step} from the side not aggregating")
-            else:
+            elif isinstance(msg, DragonTarget):
                 await self._apply(msg)
         except (PeerError, ValueError) as exc:
             if self.on_error is None:

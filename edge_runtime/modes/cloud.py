@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from collab.protocol import Citations, Done, Error, Mode, TokenChunk
-from edge_runtime.client import CloudClient
+from collab.protocol import Mode, TokenChunk
 from edge_runtime.events import Event
 from edge_runtime.modes.base import Answer, AnswerOptions
-from edge_runtime.modes.cloud_link import CloudBacked, refusal
+from edge_runtime.modes.cloud_link import CloudBacked
+from edge_runtime.modes.link import RequestLink
 
 
 class CloudMode(CloudBacked):
@@ -18,19 +18,13 @@ class CloudMode(CloudBacked):
     protocol_mode = Mode.CLOUD
 
     async def converse(
-        self, client: CloudClient, rid: int, options: AnswerOptions, answer: Answer
+        self, link: RequestLink, options: AnswerOptions, answer: Answer
     ) -> AsyncIterator[Event]:
         while True:
-            msg = await self.recv(client, rid)
-            if isinstance(msg, Citations):
-                for event in self.cite(msg):
-                    yield event
-            elif isinstance(msg, TokenChunk):
-                for event in answer.emit(answer.transcript.commit(msg.token_ids.tolist())):
-                    yield event
-            elif isinstance(msg, Error):
-                raise refusal(msg)
-            elif isinstance(msg, Done):
-                answer.stats.finish = msg.reason.name.lower()
-                answer.finished = True
+            msg = await link.recv(TokenChunk)
+            for event in link.take_events():
+                yield event
+            if link.ended(msg):
                 return
+            for event in answer.emit(answer.transcript.commit(msg.token_ids.tolist())):
+                yield event

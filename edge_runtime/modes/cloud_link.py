@@ -1,10 +1,9 @@
 """What the modes that talk to the cloud share: one session (websocket) per mode and variant,
-opened on first use and reopened after a drop; one request per answer, cancelled if the
-answer stops early; and, if the link breaks mid-answer, the device finishing the answer.
-
-What a cloud may hold the device to is bounded per answer: the stall bound is time waited
-without the answer advancing (frames of older requests, stale epochs or that change nothing
-do not restart it), and at most MAX_CITATIONS of its sources are shown."""
+opened on first use and reopened after a drop; one request per answer, with its own link
+(`edge_runtime.modes.link.RequestLink`: the mode's loop gets that, never the mode), cancelled
+if the answer stops early; and, if the link breaks mid-answer, the device finishing the answer.
+What a cloud may hold the device to per answer (the stall bound, the sources shown) is the
+link's."""
 
 from __future__ import annotations
 
@@ -12,20 +11,11 @@ import itertools
 import logging
 import time
 from abc import abstractmethod
-from collections.abc import AsyncIterator, Callable, Hashable, Sequence
-from dataclasses import replace
+from collections.abc import AsyncIterator, Sequence
 
-from collab.protocol import Cancel, Citations, Done, Error, ErrorCode, Generate, Message, Mode
-from edge_runtime.client import (
-    CloudBusy,
-    CloudClient,
-    CloudError,
-    CloudTimeout,
-    CloudUnavailable,
-    ConnectionLost,
-)
-from edge_runtime.device import NOTHING_PUBLIC
-from edge_runtime.events import Citation, Event, Failure, Notice, Provenance
+from collab.protocol import Done, Generate, Mode
+from edge_runtime.client import CloudClient, CloudError, CloudUnavailable, ConnectionLost
+from edge_runtime.events import Event, Failure, Notice, Provenance
 from edge_runtime.modes.base import (
     Answer,
     AnswerOptions,
@@ -37,36 +27,9 @@ from edge_runtime.modes.base import (
     device_prompt,
     need_device,
 )
+from edge_runtime.modes.link import RequestLink
 
 log = logging.getLogger("tandem.edge.modes")
-
-MAX_CITATIONS = Citations.MAX_SOURCES  # per answer: what one frame may carry, never more
-
-
-class StallClock:
-    """One answer's stall bound: seconds spent waiting on the cloud since the answer last
-    advanced (`progress()` changed: a token committed, the end). Frames that do not advance
-    it (an older request's, a stale epoch's, a repeated citation) do not restart it; the
-    device's own work between waits does not count."""
-
-    def __init__(self, bound_s: float | None, progress: Callable[[], Hashable]) -> None:
-        self.bound_s, self.progress = bound_s, progress
-        self.mark = progress()
-        self.waited_s = 0.0
-        self.frames = 0  # received since the answer last advanced
-
-    def left(self) -> float | None:
-        """Seconds the cloud has left to advance the answer (None: no bound)."""
-        now = self.progress()
-        if now != self.mark:
-            self.mark, self.waited_s, self.frames = now, 0.0, 0
-        return None if self.bound_s is None else self.bound_s - self.waited_s
-
-    def expired(self) -> CloudTimeout:
-        extra = (
-            f" (it sent {self.frames} frames meanwhile, none advancing it)" if self.frames else ""
-        )
-        return CloudTimeout(f"no answer from the cloud within {self.bound_s:g} s{extra}")
 
 
 class CloudBacked(Orchestrator):
@@ -80,9 +43,6 @@ class CloudBacked(Orchestrator):
     def __init__(self, ctx: ModeContext) -> None:
         super().__init__(ctx)
         self._cancelled: int | None = None  # a request we cancelled whose Done is pending
-        self._clock: tuple[int, StallClock] | None = None  # the running request's
-        self._cited = 0  # cloud sources shown for the running request
-        self._cut = False  # and whether some were left out
 
     @property
     def retrieve_public(self) -> bool:
@@ -93,23 +53,21 @@ class CloudBacked(Orchestrator):
         self, question: str, history: Sequence[Turn], options: AnswerOptions, answer: Answer
     ) -> AsyncIterator[Event]:
         device = self.ctx.device
-        stats = answer.stats
-        client: CloudClient | None = None
-        up0 = down0 = 0
+        link: RequestLink | None = None
         rid = next(self._request_ids)
         try:
             async for event in self.prepare(question, history, options, answer):
                 yield event
             for last_try in (False, True):
                 reused = self._open_client() is not None
-                client = await self.client()
-                up0, down0 = client.bytes_up, client.bytes_down
-                self._live_bytes = (client, up0, down0)
-                self._start_request(rid, answer)
+                link = self.link(await self.client(), rid, answer)
+                self._live_bytes = (link.client, link.up0, link.down0)
                 try:
-                    await client.send(self.generate_message(rid, question, history, options))
+                    await link.send(self.generate_message(rid, question, history, options))
                     yield Provenance(True, len(answer.transcript.tokens))
-                    async for event in self.converse(client, rid, options, answer):
+                    async for event in self.converse(link, options, answer):
+                        yield event
+                    for event in link.take_events():
                         yield event
                     break
                 except ConnectionLost as exc:
@@ -121,6 +79,8 @@ class CloudBacked(Orchestrator):
                     log.info("the cloud session had dropped (%s); reconnecting", exc)
         except CloudError as exc:
             answer.broken = True
+            for event in link.take_events() if link is not None else []:
+                yield event  # what came before the break (the cloud's sources)
             yield Provenance(False, len(answer.transcript.tokens))  # the rest the cloud never sees
             can_finish = self.ctx.finish_locally and device is not None
             yield Failure(
@@ -130,11 +90,16 @@ class CloudBacked(Orchestrator):
                 async for event in self.finish_on_device(question, history, options, answer):
                     yield event
         finally:
-            if client is not None and not (answer.finished or answer.broken) and client.connected:
-                await self.cancel(client, rid)
-        if client is not None:
-            stats.bytes_up = client.bytes_up - up0
-            stats.bytes_down = client.bytes_down - down0
+            live = link is not None and not (answer.finished or answer.broken)
+            if live and link is not None and link.client.connected:
+                self._cancelled = rid if await link.cancel() else None
+        if link is not None:
+            answer.stats.bytes_up, answer.stats.bytes_down = link.bytes_up, link.bytes_down
+
+    def link(self, client: CloudClient, rid: int, answer: Answer) -> RequestLink:
+        """The link of request `rid` (one per request sent): per-request bounds start here."""
+        stall = self.ctx.cloud.stall_timeout_s if self.ctx.cloud is not None else None
+        return RequestLink(client, rid, answer, stall)
 
     async def prepare(
         self, question: str, history: Sequence[Turn], options: AnswerOptions, answer: Answer
@@ -145,9 +110,10 @@ class CloudBacked(Orchestrator):
 
     @abstractmethod
     def converse(
-        self, client: CloudClient, rid: int, options: AnswerOptions, answer: Answer
+        self, link: RequestLink, options: AnswerOptions, answer: Answer
     ) -> AsyncIterator[Event]:
-        """Exchange the frames of request `rid` until its Done (set `answer.finished`)."""
+        """Exchange the request's frames over `link` until its Done (`link.ended`); the
+        link's events are yielded after each frame or, at the latest, when this returns."""
 
     # ---- the session ---------------------------------------------------------------------
 
@@ -196,64 +162,6 @@ class CloudBacked(Orchestrator):
             if isinstance(msg, Done) and msg.request_id == rid:
                 return
 
-    def _start_request(self, rid: int, answer: Answer) -> None:
-        """Per-request bounds: a fresh stall clock (progress: the answer's tokens, its end),
-        no citations shown yet."""
-        stall = self.ctx.cloud.stall_timeout_s if self.ctx.cloud is not None else None
-
-        def progress() -> Hashable:
-            return len(answer.transcript.tokens), answer.transcript.finish, answer.finished
-
-        self._clock = (rid, StallClock(stall, progress))
-        self._cited, self._cut = 0, False
-
-    async def recv(self, client: CloudClient, rid: int) -> Message:
-        """The next frame of request `rid` (frames of older requests are dropped); CloudTimeout
-        once the cloud has been waited on for the stall bound without the answer advancing."""
-        if self._clock is not None and self._clock[0] == rid:
-            clock = self._clock[1]
-        else:  # outside `generate`: the bound restarts with each call
-            stall = self.ctx.cloud.stall_timeout_s if self.ctx.cloud is not None else None
-            clock = StallClock(stall, lambda: None)
-        while True:
-            left = clock.left()
-            if left is not None and left <= 0:
-                raise clock.expired()
-            t0 = time.perf_counter()
-            try:
-                msg = await client.recv(timeout=left)
-            except CloudTimeout:
-                continue  # the answer may have advanced meanwhile (the pipeline's drafting)
-            finally:
-                clock.waited_s += time.perf_counter() - t0
-            clock.frames += 1
-            if msg.request_id == rid or (isinstance(msg, Error) and msg.request_id == 0):
-                return msg
-
-    def cite(self, msg: Citations) -> list[Event]:
-        """The cloud's public sources, numbered on from those already shown for this answer;
-        past MAX_CITATIONS the rest are left out, with one notice."""
-        shown = msg.sources[: max(0, MAX_CITATIONS - self._cited)]
-        events: list[Event] = [
-            replace(s, number=self._cited + n, side="cloud") for n, s in enumerate(shown, 1)
-        ]
-        self._cited += len(shown)
-        if not msg.sources:  # the cloud searched its corpus and nothing passed its floor
-            events.append(Notice(NOTHING_PUBLIC))
-        if len(shown) < len(msg.sources) and not self._cut:
-            self._cut = True
-            events.append(Notice(f"the cloud sent more than {MAX_CITATIONS} sources for this "
-                                 f"answer; only the first {MAX_CITATIONS} are shown"))  # fmt: skip
-        return events
-
-    async def cancel(self, client: CloudClient, rid: int) -> None:
-        """Best effort: tell the cloud to stop; its Done is awaited before the next request."""
-        try:
-            await client.send(Cancel(request_id=rid))
-            self._cancelled = rid
-        except Exception:  # the link is gone: nothing to cancel
-            self._cancelled = None
-
     def generate_message(
         self, rid: int, question: str, history: Sequence[Turn], options: AnswerOptions
     ) -> Generate:
@@ -285,18 +193,3 @@ class CloudBacked(Orchestrator):
         ids += answer.transcript.tokens
         async for event in device_generate(device, ids, answer, options):
             yield event
-
-
-def refusal(msg: Error) -> CloudError:
-    """What an Error frame for the running request means to the user; the answer cannot go on
-    in the cloud, so the device may finish it."""
-    if msg.code == ErrorCode.EVICTED:
-        return CloudError(f"the cloud dropped this answer's cache: {msg.message}")
-    if msg.code in (ErrorCode.BUSY, ErrorCode.RATE_LIMITED):
-        return CloudBusy(f"the cloud turned the question down: {msg.message}", None)
-    return CloudError(f"the cloud refused: {msg.message}")
-
-
-def citations_from(msg: Citations) -> list[Citation]:
-    """The cloud's public sources, numbered in the order sent."""
-    return [replace(s, number=n, side="cloud") for n, s in enumerate(msg.sources, 1)]

@@ -41,18 +41,7 @@ from collab.dragon.ledger import (
     side_distribution,
 )
 from collab.dragon.peer import DragonPeer, first_aggregator
-from collab.protocol import (
-    AggregatorPolicy,
-    Citations,
-    Done,
-    DragonDraft,
-    DragonSetup,
-    DragonTarget,
-    Error,
-    Message,
-    Mode,
-    Side,
-)
+from collab.protocol import AggregatorPolicy, DragonDraft, DragonSetup, DragonTarget, Mode, Side
 from collab.sources import Source
 from edge_runtime.client import CloudClient, CloudError, CloudProtocolError
 from edge_runtime.device import NOTHING_PRIVATE, nothing_relevant, search_private
@@ -66,8 +55,9 @@ from edge_runtime.modes.base import (
     left_out_notice,
     need_device,
 )
-from edge_runtime.modes.cloud_link import CloudBacked, refusal
+from edge_runtime.modes.cloud_link import CloudBacked
 from edge_runtime.modes.dragon_declared import DECLARED
+from edge_runtime.modes.link import RequestLink
 from model_runtime.async_model import DocumentBatch
 from model_runtime.prompting import document_prompt, prompt_budget
 
@@ -135,7 +125,7 @@ class DragonMode(CloudBacked):
         )
 
     async def converse(
-        self, client: CloudClient, rid: int, options: AnswerOptions, answer: Answer
+        self, link: RequestLink, options: AnswerOptions, answer: Answer
     ) -> AsyncIterator[Event]:
         docs = self._docs
         assert docs is not None  # prepare ran
@@ -143,11 +133,10 @@ class DragonMode(CloudBacked):
         setup = DragonSetup(
             options.k, self.policy, Side.DEVICE, DRAGON_TOP_P, DRAGON_MAX_SPARSE,
             DRAGON_LOOKAHEAD if lookahead is None else lookahead, self.ctx.rerank_every,
-            request_id=rid,
+            request_id=link.rid,
         )  # fmt: skip
-        await client.send(setup)
-        pinger = asyncio.ensure_future(_ping(client))
-        link = _DeviceLink(self, client, rid, answer)
+        await link.send(setup)
+        pinger = asyncio.ensure_future(_ping(link.client))
         try:
             t0 = time.perf_counter()
             docs.first_logits = await docs.batch.start(docs.prompts)
@@ -157,7 +146,7 @@ class DragonMode(CloudBacked):
             scheduler = Scheduler(setup.policy)
             peer = DragonPeer(
                 ledger, docs.batch, link, setup, options.sampling, docs.scores,
-                request_id=rid,
+                request_id=link.rid,
                 rng=np.random.default_rng(None if seed is None else [seed, 0xD2]),
                 coin=np.random.default_rng(None if seed is None else [seed, 0xC0]),
                 scheduler=scheduler,
@@ -168,15 +157,12 @@ class DragonMode(CloudBacked):
                 _figures(answer, ledger, scheduler)
                 for event in [*link.take_events(), *answer.emit(kept)]:
                     yield event
-            _figures(answer, ledger, scheduler)
-            while not answer.finished:
-                await link.recv()  # drafts after the end are dropped; Done ends it
-        except _Finished:
-            pass
+            if not answer.finished:
+                _figures(answer, ledger, scheduler)
+            while not answer.finished:  # drafts after the end are dropped; Done ends it
+                link.ended(await link.recv(DragonDraft, DragonTarget))
         finally:
             pinger.cancel()
-        for event in link.take_events():
-            yield event
 
     async def _rescore(self, tokens: list[int]) -> np.ndarray | None:
         """DRAGON §4.1 dynamic weights: the passages' cosines with question + answer so far,
@@ -219,47 +205,6 @@ class DragonMode(CloudBacked):
                 if max(batch.prompt_lengths) + batch.answer_tokens + 1 > device.lm.max_context:
                     break
                 logits = await batch.advance(kept[-1])
-
-
-class _Finished(Exception):
-    """The cloud's Done arrived: the request is over."""
-
-
-class _DeviceLink:
-    """The request's frames as the DRAGON loop sees them: Citations become events, Done ends
-    the request, Error frames about a frame of ours are errors."""
-
-    def __init__(self, mode: DragonMode, client: CloudClient, rid: int, answer: Answer) -> None:
-        self.mode, self.client, self.rid, self.answer = mode, client, rid, answer
-        self.events: list[Event] = []
-
-    async def send(self, msg: Message) -> None:
-        await self.client.send(msg)
-
-    async def recv(self) -> DragonDraft | DragonTarget:
-        while True:
-            msg = await self.mode.recv(self.client, self.rid)
-            if isinstance(msg, DragonDraft | DragonTarget):
-                return msg
-            if isinstance(msg, Citations):
-                self.events.extend(self.mode.cite(msg))
-            elif isinstance(msg, Done):
-                self.answer.finished = True
-                self.answer.stats.finish = msg.reason.name.lower()
-                if self.answer.transcript.finish is None:  # the cloud ended it early
-                    self.answer.transcript.finish = msg.reason
-                raise _Finished
-            elif isinstance(msg, Error):
-                raise refusal(msg)
-            else:
-                raise CloudError(f"unexpected {type(msg).__name__} from the cloud")
-
-    def rtt(self) -> float | None:
-        return self.client.rtt_s
-
-    def take_events(self) -> list[Event]:
-        out, self.events = self.events, []
-        return out
 
 
 async def _cloud_broke_protocol(text: str) -> None:

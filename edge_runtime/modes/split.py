@@ -16,10 +16,10 @@ from collections.abc import AsyncIterator, Sequence
 from collab.protocol import Generate, Mode
 from collab.variants import get_variant, rapid_variants
 from collab.variants.base import SplitVariant
-from edge_runtime.client import CloudClient
 from edge_runtime.events import Event, Failure, Notice
-from edge_runtime.modes.base import Answer, AnswerOptions, ModeContext, Turn
+from edge_runtime.modes.base import Answer, AnswerOptions, ModeContext, Turn, need_device
 from edge_runtime.modes.cloud_link import CloudBacked
+from edge_runtime.modes.link import RequestLink
 from edge_runtime.modes.split_declared import DECLARED
 from edge_runtime.modes.split_pipeline import PipelinedRun
 from edge_runtime.modes.split_run import SplitRun
@@ -76,9 +76,9 @@ class SplitMode(CloudBacked):
             yield event
 
     async def converse(
-        self, client: CloudClient, rid: int, options: AnswerOptions, answer: Answer
+        self, link: RequestLink, options: AnswerOptions, answer: Answer
     ) -> AsyncIterator[Event]:
         loop = PipelinedRun if options.pipeline else SplitRun
-        run = loop(self, client, rid, options, answer)
+        run = loop(link, self.scheme, self.costs, need_device(self.ctx), options, answer)
         async for event in run.decode(answer.prompt):
             yield event

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from collab.model_step import ModelStep
 from collab.protocol import Done, Verdict
 from collab.sampling import distribution
 from collab.scheduling import GammaChoice
@@ -79,7 +80,7 @@ class PipelinedRun(SplitRun):
         super().__init__(*args, **kwargs)
         self.batches: deque[Batch] = deque()  # not judged yet; the newest may be drafting
         self.logits: np.ndarray | None = None  # for the next draft, once the cache has caught up
-        self._step: asyncio.Future[tuple[np.ndarray, float]] | None = None
+        self._step: ModelStep[np.ndarray] = ModelStep(self.device.cancel)
         self._step_catches_up = False  # the step in flight feeds `unfed` (else: a draft)
         self._step_owner: Batch | None = None  # the batch whose drafting the step is part of
         self._unowned_s = 0.0  # catching up after a rejection: drafting time of the next batch
@@ -114,7 +115,8 @@ class PipelinedRun(SplitRun):
             self._start_step(self.unfed, catch_up=True)
         else:
             self.logits = logits
-        recv = asyncio.ensure_future(self._recv())
+        recv = asyncio.ensure_future(self.link.recv(Verdict))
+        late: BaseException | None = None  # what the last receive raised, after the loop ended
         try:
             while self.transcript.finish is None:
                 while self.logits is not None and self._may_draft():
@@ -122,25 +124,30 @@ class PipelinedRun(SplitRun):
                 if self.stopping and not self.batches:
                     break
                 waiting: set[asyncio.Future[Any]] = {recv}
-                if self._step is not None:
-                    waiting.add(self._step)
+                if self._step.future is not None:
+                    waiting.add(self._step.future)
                 done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                if self._step is not None and self._step in done:
+                if self._step.future in done:
                     self._take_step()
                 if recv in done:
                     msg = recv.result()
-                    recv = asyncio.ensure_future(self._recv())
+                    recv = asyncio.ensure_future(self.link.recv(Verdict))
                     async for event in self._on_message(msg):
                         yield event
-                while self.pending_events:
-                    yield self.pending_events.pop(0)
+                for event in self.link.take_events():
+                    yield event
         finally:
-            if recv.done() and not recv.cancelled() and recv.exception() is None:
-                self.held.append(recv.result())  # came with the last one: Done, say
-            recv.cancel()  # a queue read still waiting: cancelling it loses no frame
-            with contextlib.suppress(asyncio.CancelledError):
-                await recv
+            if not recv.done():
+                recv.cancel()  # a queue read still waiting: cancelling it loses no frame
+                with contextlib.suppress(asyncio.CancelledError):
+                    await recv
+            elif not recv.cancelled():  # it came with the last one: Done, say, or an Error
+                late = recv.exception()
+                if late is None:
+                    self.link.unread(recv.result())
             await self._stop_step()
+        if late is not None:
+            raise late
         if self.transcript.finish is None:
             await self._settle()
 
@@ -198,27 +205,22 @@ class PipelinedRun(SplitRun):
         )  # fmt: skip
         batch.alone = not any(b.closed for b in self.batches if b is not batch)
         batch.sent, batch.sent_n, batch.closed = time.perf_counter(), len(batch.drafts), last
-        up0 = self.client.bytes_up
-        await self.client.send(frame)
-        self.stats.draft_bytes_up += self.client.bytes_up - up0
+        self.stats.draft_bytes_up += await self.link.send(frame)
         depth = sum(b.sent_n > 0 for b in self.batches)  # batches with drafts at the cloud
         self.stats.pipeline_depth = max(self.stats.pipeline_depth, depth)
 
     def _start_step(self, tokens: list[int], catch_up: bool = False) -> None:
         fed = list(tokens)
 
-        async def timed() -> tuple[np.ndarray, float]:
-            t0 = time.perf_counter()
-            logits = (await self.device.forward(fed))[-1]
-            return logits, time.perf_counter() - t0
+        async def forward() -> np.ndarray:
+            logits: np.ndarray = (await self.device.forward(fed))[-1]
+            return logits
 
-        self._step, self._step_catches_up = asyncio.ensure_future(timed()), catch_up
-        self._step_owner = self.current
+        self._step.start(forward)
+        self._step_catches_up, self._step_owner = catch_up, self.current
 
     def _take_step(self) -> None:
-        step, self._step = self._step, None
-        assert step is not None
-        self.logits, seconds = step.result()
+        self.logits, seconds = self._step.take()
         if self._step_catches_up:
             self.unfed = []
         if self._step_owner is not None:
@@ -229,24 +231,12 @@ class PipelinedRun(SplitRun):
     async def _stop_step(self, finish: bool = False) -> None:
         """Preempt the model step in flight (or, `finish`, let it end: it feeds an accepted
         draft); a step not started yet never starts."""
-        step, self._step = self._step, None
         self.logits = None
-        if step is None:
-            return
-        if not step.done() and not finish:
-            self.device.cancel()
-            step.cancel()
-        await asyncio.wait([step])
-        if not step.cancelled():
-            step.exception()  # retrieved: a preempted model step raises, and that is expected
+        await self._step.stop(finish)
 
     # ---- verdicts --------------------------------------------------------------------------
-    async def _on_message(self, msg: Any) -> AsyncIterator[Event]:
-        if isinstance(msg, Done):
-            self._done(msg)
-            return
-        if not isinstance(msg, Verdict):
-            self._unexpected(msg)
+    async def _on_message(self, msg: Verdict | Done) -> AsyncIterator[Event]:
+        if self.link.ended(msg):
             return
         if not self.batches or msg.accepted > self.batches[0].sent_n:
             raise CloudProtocolError("the cloud judged drafts that were never sent")
@@ -289,7 +279,7 @@ class PipelinedRun(SplitRun):
         (or sample the correction the variant leaves to the device) and draft on from it."""
         n, token = verdict.accepted, verdict.token
         rejected = n < len(batch.drafts)
-        if rejected and (self._ahead() or self._step is not None):
+        if rejected and (self._ahead() or self._step.running):
             self.stats.rollbacks += 1  # drafting past the rejection is thrown away
         await self._stop_step(finish=not rejected)
         self.batches.clear()

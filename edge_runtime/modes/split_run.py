@@ -26,31 +26,19 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from collab.protocol import (
-    Citations,
-    CloudDecode,
-    Done,
-    Error,
-    Message,
-    TokenChunk,
-    Verdict,
-)
+from collab.protocol import CloudDecode, TokenChunk, Verdict
 from collab.sampling import distribution
 from collab.scheduling import GammaChoice
-from collab.variants.base import DraftToken
-from edge_runtime.client import CloudClient, CloudError, CloudProtocolError
+from collab.variants.base import DraftToken, SplitVariant
+from edge_runtime.client import CloudProtocolError
 from edge_runtime.device import DeviceModel
 from edge_runtime.events import Event, Notice
 from edge_runtime.modes.base import STOP_IDS, Answer, AnswerOptions
-from edge_runtime.modes.cloud_link import refusal
-from edge_runtime.split_costs import INITIAL_GAMMA
-
-if TYPE_CHECKING:
-    from edge_runtime.modes.split import SplitMode
+from edge_runtime.modes.link import RequestLink
+from edge_runtime.split_costs import INITIAL_GAMMA, SplitCosts
 
 MEASURE_CLOUD = 4  # tokens the cloud decodes alone once per session, to time it
 PROBE_EVERY = 96  # under AS², one speculative round per this many cloud tokens re-measures
@@ -63,13 +51,11 @@ class SplitRun:
     model's answer for its kind of round)."""
 
     def __init__(
-        self, mode: SplitMode, client: CloudClient, rid: int, options: AnswerOptions,
-        answer: Answer,
+        self, link: RequestLink, scheme: SplitVariant, costs: SplitCosts, device: DeviceModel,
+        options: AnswerOptions, answer: Answer,
     ) -> None:  # fmt: skip
-        self.mode, self.client, self.rid, self.answer = mode, client, rid, answer
-        self.scheme = mode.scheme
-        self.costs = mode.costs
-        self.device: DeviceModel = mode.ctx.device  # type: ignore[assignment]  # prepare checked
+        self.link, self.rid, self.answer = link, link.rid, answer
+        self.scheme, self.costs, self.device = scheme, costs, device
         self.stats, self.transcript = answer.stats, answer.transcript
         self.params = options.sampling
         self.rng = np.random.default_rng(
@@ -77,22 +63,10 @@ class SplitRun:
         )  # never the cloud's stream
         self.unfed: list[int] = []
         self.epoch = 0
-        self.pending_events: list[Event] = []  # cloud citations, yielded between steps
-        self.held: list[Message] = []  # frames received ahead of their reader (the pipeline's)
         self.as2_choice: GammaChoice | None = None  # the cost model's last AS² verdict
         # RAPID's η acts only in speculative rounds: an answer asked for with η > 0 always
         # speculates (AS²'s cloud decoding would drop what the device knows)
         self.always_speculate = options.eta > 0
-
-    async def _recv(self) -> Message:
-        if self.held:
-            return self.held.pop(0)
-        while True:
-            msg = await self.mode.recv(self.client, self.rid)
-            if isinstance(msg, Citations):
-                self.pending_events.extend(self.mode.cite(msg))
-                continue
-            return msg
 
     async def decode(self, prompt: list[int]) -> AsyncIterator[Event]:
         # Already under AS² (measured on earlier answers): the tokens after the first are
@@ -131,8 +105,8 @@ class SplitRun:
                 continue
             async for event in self._speculate(logits):
                 yield event
-            while self.pending_events:
-                yield self.pending_events.pop(0)
+            for event in self.link.take_events():
+                yield event
         await self._await_done()
 
     def _measure_cloud(self) -> bool:
@@ -150,7 +124,7 @@ class SplitRun:
         """The next batch's draft length: the cost model's (INITIAL_GAMMA before it knows),
         within what the cloud said it accepts in a batch."""
         wanted = INITIAL_GAMMA if choice is None else choice.gamma
-        gamma = max(1, min(wanted, remaining, self.client.limits.max_draft_tokens))
+        gamma = max(1, min(wanted, remaining, self.link.limits.max_draft_tokens))
         self.stats.gamma = gamma
         return gamma
 
@@ -180,7 +154,7 @@ class SplitRun:
         )
 
     async def _ask_cloud(self, n: int, step: int) -> None:
-        await self.client.send(CloudDecode(n, request_id=self.rid, epoch=self.epoch, step=step))
+        await self.link.send(CloudDecode(n, request_id=self.rid, epoch=self.epoch, step=step))
 
     async def _cloud_tokens(self, n: int, asked: bool = False) -> AsyncIterator[Event]:
         """The cloud decodes the next n tokens itself; time it. `asked`: the request went out
@@ -202,23 +176,19 @@ class SplitRun:
         cache later."""
         got = 0
         while got < n and self.transcript.finish is None:
-            msg = await self._recv()
-            if isinstance(msg, TokenChunk):
-                kept = self.transcript.commit(msg.token_ids.tolist())
-                got += msg.token_ids.size
-                self.unfed += kept
-                if as2:
-                    self.stats.cloud_tokens += len(kept)
-                    self.costs.cloud_tokens_since_round += len(kept)
-                for event in self.answer.emit(kept):
-                    yield event
-            elif isinstance(msg, Done):
-                self._done(msg)
+            msg = await self.link.recv(TokenChunk)
+            if self.link.ended(msg):
                 return
-            else:
-                self._unexpected(msg)
-        while self.pending_events:
-            yield self.pending_events.pop(0)
+            kept = self.transcript.commit(msg.token_ids.tolist())
+            got += msg.token_ids.size
+            self.unfed += kept
+            if as2:
+                self.stats.cloud_tokens += len(kept)
+                self.costs.cloud_tokens_since_round += len(kept)
+            for delta in self.answer.emit(kept):
+                yield delta
+        for event in self.link.take_events():
+            yield event
 
     async def _draft(self, logits: np.ndarray, gamma: int) -> list[DraftToken]:
         """Up to γ drafts from the variant's draft distribution (none after a stop token)."""
@@ -247,15 +217,9 @@ class SplitRun:
         frame = self.scheme.draft_frame(
             drafts, self.device.lm.vocab_size, request_id=self.rid, epoch=self.epoch, step=step
         )
-        up0 = self.client.bytes_up
-        await self.client.send(frame)
-        self.stats.draft_bytes_up += self.client.bytes_up - up0
-        verdict = await self._recv()
-        if isinstance(verdict, Done):
-            self._done(verdict)
-            return
-        if not isinstance(verdict, Verdict):
-            self._unexpected(verdict)
+        self.stats.draft_bytes_up += await self.link.send(frame)
+        verdict = await self.link.recv(Verdict)
+        if self.link.ended(verdict):
             return
         round_s = time.perf_counter() - t0
         n, token = verdict.accepted, verdict.token
@@ -297,25 +261,10 @@ class SplitRun:
             token = self.scheme.correct(verdict, rejected.q, self.rng)
         except ValueError as exc:  # no distribution to sample from: not an honest cloud's
             raise CloudProtocolError(f"the cloud's verdict cannot be used: {exc}") from None
-        await self.client.send(TokenChunk(np.asarray([token]), request_id=self.rid,
-                                          epoch=self.epoch, step=step))  # fmt: skip
+        await self.link.send(TokenChunk(np.asarray([token]), request_id=self.rid,
+                                        epoch=self.epoch, step=step))  # fmt: skip
         return token
 
     async def _await_done(self) -> None:
         while not self.answer.finished:
-            msg = await self._recv()
-            if isinstance(msg, Done):
-                self._done(msg)
-            else:
-                self._unexpected(msg)
-
-    def _done(self, msg: Done) -> None:
-        self.answer.finished = True
-        self.stats.finish = msg.reason.name.lower()
-        if self.transcript.finish is None:  # the cloud ended it (context limit, cancel, error)
-            self.transcript.finish = msg.reason
-
-    def _unexpected(self, msg: Message) -> None:
-        if isinstance(msg, Error):
-            raise refusal(msg)
-        raise CloudError(f"unexpected {type(msg).__name__} from the cloud")
+            self.link.ended(await self.link.recv())
