@@ -1,4 +1,5 @@
-"""What the latency benchmarks with the real pair share (DESIGN §7): the cloud in its own
+"""What the latency benchmarks with the real pair share
+(docs/benchmarks/index.md#measuring-honestly): the cloud in its own
 process pinned to one core with `taskset`, this process (the device and the link emulator)
 pinned to another, the link's address, and the figures' formatting."""
 

@@ -1,4 +1,5 @@
-"""DRAGON's latency with the real model pair over an emulated link (issue 13; DESIGN §5.5, §7).
+"""DRAGON's latency with the real model pair over an emulated link (docs/math.md#dragon,
+docs/benchmarks/index.md#measuring-honestly).
 
     python -m benchmarks.dragon                  # the full grid: both engines, 20 prompts (hours)
     python -m benchmarks.dragon --quick          # CI's smoke run: 1 prompt, 0 and 100 ms, ort

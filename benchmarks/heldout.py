@@ -1,5 +1,5 @@
 """Held-out text for language-model perplexity (DRAGON §7.3): the English Wikipedia excerpt that
-ships inside gensim's wheel as test data (DESIGN §3), as plain text.
+ships inside gensim's wheel as test data (docs/models.md#models), as plain text.
 
 The wheel (pinned version and sha256) is downloaded once with pip into the user cache, like the
 prompt sets' (`benchmarks.prompts`); gensim itself is never installed or imported. The excerpt

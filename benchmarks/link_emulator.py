@@ -2,7 +2,8 @@
 and the faults a real link has: resets, a peer that vanishes without a FIN, partitions.
 
 This kernel has no netem, so tests and benchmarks put this proxy between the device and the
-cloud on loopback (DESIGN.md §7). Each direction is shaped on its own: bytes leave a token
+cloud on loopback (docs/benchmarks/index.md#measuring-honestly). Each direction is shaped on its
+own: bytes leave a token
 bucket at the link's rate (serialisation), then arrive after the one-way delay plus jitter.
 Jitter never reorders bytes (it is a TCP stream): a chunk is never delivered before the one
 read ahead of it.

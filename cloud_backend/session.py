@@ -4,7 +4,7 @@ A session is a Hello/HelloAck handshake (protocol version, tokenizer, mode), the
 that never blocks on the model. Pings are answered at once, even while a request computes,
 because requests run in their own task and the engine steps on its worker thread. A frame that
 does not decode gets an Error frame and the session carries on with its state untouched
-(DESIGN.md §4); only the transport itself closing ends a session.
+(docs/protocol.md#design); only the transport itself closing ends a session.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """Shared by device and cloud: the wire protocol and the decoding math. Imports nothing of ours.
 
-Where each piece of DESIGN §4–§5 lives (module.function):
+Where each piece of docs/protocol.md and docs/math.md lives (module.function):
 
-§4 wire protocol        protocol (package: codec = header, limits, encode/decode; session,
+wire protocol           protocol (package: codec = header, limits, encode/decode; session,
                         split, dragon = the message families); split.Transcript (committing
                         tokens the same way on both sides), split.wire_probs (float16 as sent)
-§5.1 speculative        verification.residual          norm(max(0, p − q))
+speculative             verification.residual          norm(max(0, p − q))
      verification       verification.accept_probability min(1, p(x)/q(x))
                         verification.verify_one, verification.speculative_round (+ bonus token)
-§5.2 split variants     variants (registry: get_variant, variant_names, register), one module each:
+split variants          variants (registry: get_variant, variant_names, register), one module each:
      DSD                variants.dsd.Dsd               verification.dsd_round
      DSSD               variants.dssd.Dssd             verification.dssd_cloud_verify (p/q, the
                                                        paper's swap corrected),
@@ -21,10 +21,10 @@ Where each piece of DESIGN §4–§5 lives (module.function):
      draft length       scheduling.tk_slt_gamma0 (closed form, Lambert W),
                         scheduling.tk_slt_optimal_draft_length, scheduling.choose_draft_length
                         (measured costs, round trip included; AS²: use_cloud_only)
-§5.3 PicoSpec           scheduling.picospec_expected_round_time (eq. 9)
-§5.4 RAPID              verification.rapid_target (p̂), verification.rapid_residual,
+PicoSpec                scheduling.picospec_expected_round_time (eq. 9)
+RAPID                   verification.rapid_target (p̂), verification.rapid_residual,
                         verification.rapid_verify_one
-§5.5 DRAGON             dragon (package): dragon.aggregation.local_mixture (p^s),
+DRAGON                  dragon (package): dragon.aggregation.local_mixture (p^s),
                         dragon.aggregation.side_weight (h^s), dragon.aggregation.side_etas
                         (η^l, η^r), dragon.aggregation.aggregate_sample and
                         dragon.aggregation.speculative_aggregation (Algorithm 1);

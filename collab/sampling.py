@@ -1,7 +1,8 @@
 """Turning logits into the exact distribution a token is sampled from.
 
 Speculative decoding is exact only if the verifier uses *exactly* the distribution the draft
-was sampled from (DESIGN.md §5.1), so every sampler here returns that distribution with the
+was sampled from (docs/math.md#speculative-verification), so every sampler here returns that
+distribution with the
 token: after temperature, top-k and top-p, renormalised, as float64."""
 
 from __future__ import annotations

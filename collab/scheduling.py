@@ -1,6 +1,7 @@
 """Choosing how to collaborate: draft length, aggregation side, and the estimates they need.
 
-Scalar cost models, one function per equation (DESIGN.md §5.2, §5.3, §5.5):
+Scalar cost models, one function per equation (docs/math.md#split-verification,
+docs/math.md#picospec, docs/math.md#dragon):
 
 - TK-SLT (Top-K Sparse Logits Transmission): speedup S(γ) (eq. 11/15), the closed-form
   optimum γ₀ with the Lambert W function (eq. 21/35), Algorithm 1 (ODLD) and Algorithm 2 (AS²).
@@ -23,7 +24,7 @@ import numpy as np
 from scipy.special import lambertw
 
 # --------------------------------------------------------------------------------------------
-# TK-SLT: closed-form draft length (DESIGN §5.2)
+# TK-SLT: closed-form draft length (docs/math.md#split-verification)
 # --------------------------------------------------------------------------------------------
 
 
@@ -146,7 +147,7 @@ def tk_slt_optimal_draft_length(alpha: float, L: float) -> DraftLengthDecision:
 
 
 # --------------------------------------------------------------------------------------------
-# Numeric γ chooser with the round trip (DESIGN §5.2, our model)
+# Numeric γ chooser with the round trip (docs/math.md#split-verification, our model)
 # --------------------------------------------------------------------------------------------
 
 VerifyCost = float | tuple[float, float] | Callable[[int], float]
@@ -220,7 +221,7 @@ def choose_draft_length(
 ) -> GammaChoice:
     """argmax over γ ∈ {1..γ_max} of E[#tokens](γ) / round time(γ), with AS² fallback.
 
-    `pipelined`: PicoSpec's pipeline (DESIGN §5.3), whose rounds cost eq. (9)
+    `pipelined`: PicoSpec's pipeline (docs/math.md#picospec), whose rounds cost eq. (9)
     (:func:`picospec_expected_round_time`, drafting overlapping the round trip when a batch is
     accepted whole) and commit (1 − α^γ)/(1 − α) tokens: a batch accepted whole has no bonus
     token, the next batch's first draft is checked against that position instead.
@@ -271,7 +272,7 @@ def choose_draft_length(
 
 
 # --------------------------------------------------------------------------------------------
-# PicoSpec (DESIGN §5.3)
+# PicoSpec (docs/math.md#picospec)
 # --------------------------------------------------------------------------------------------
 
 
@@ -298,7 +299,7 @@ def picospec_expected_round_time(
 
 
 # --------------------------------------------------------------------------------------------
-# DRAGON: profiler (DESIGN §5.5)
+# DRAGON: profiler (docs/math.md#dragon)
 # --------------------------------------------------------------------------------------------
 
 

@@ -11,7 +11,7 @@ import math
 MIN_TEMPERATURE = 1e-3
 
 
-# RAPID's η (DESIGN §5.4): the paper searches 5–50; past 100 the drafter alone decides.
+# RAPID's η (docs/math.md#rapid): the paper searches 5–50; past 100 the drafter alone decides.
 MAX_ETA = 100.0
 
 

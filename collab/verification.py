@@ -1,16 +1,18 @@
-"""The decoding math of every collaborative mode, one function per equation (DESIGN.md §5).
+"""The decoding math of every collaborative mode, one function per equation (docs/math.md#math).
 
 All distributions are 1-D float64 numpy arrays over the vocabulary V (rows of 2-D arrays for a
 round of γ positions). Everything is vectorised over V; the only Python loops run over the γ
 positions of a round. Randomness always comes from the caller's ``numpy.random.Generator``, so
 device and cloud are reproducible at a fixed seed.
 
-Exactness rule (DESIGN §5.1): a draft must be sampled from *exactly* the q the verifier uses.
+Exactness rule (docs/math.md#speculative-verification): a draft must be sampled from *exactly* the
+q the verifier uses.
 The verifiers here take that q as given; the functions that read q from the wire
 (:func:`dssd_cloud_verify`, :func:`tkslt_cloud_verify`) refuse drafts that q could not have
 produced (q(x) = 0) with ``ValueError``.
 
-Known errors in the sources that are *not* repeated here (DESIGN §6): DSSD tests
+Known errors in the sources that are *not* repeated here (docs/math.md#errors-in-the-papers): DSSD
+tests
 min(1, q/p) — we test min(1, p/q); DSSD resamples from raw logits and keeps drafts after a
 rejection — we resample from probabilities and stop at the first rejection; RAPID's claim that
 η > 0 preserves p is false — :func:`rapid_verify_one` is exact only for η = 0; DRAGON without
@@ -30,7 +32,7 @@ from collab.sampling import GREEDY, distribution, sample_from, softmax, top_cand
 # (almost) impossible, and falling back to p costs at most this much total variation.
 _EMPTY_MASS = 1e-12
 
-# RAPID eq. (9) as restated in DESIGN §5.4: the logit shift applies only where q ≥ 0.1·max q.
+# RAPID eq. (9) as restated in docs/math.md#rapid: the logit shift applies only where q ≥ 0.1·max q.
 RAPID_MASK_FRACTION = 0.1
 
 
@@ -57,8 +59,10 @@ def accept_probability(p_x: float, q_x: float) -> float:
     """min(1, p(x)/q(x)), the acceptance probability of draft x (p over q, not q over p).
 
     Leviathan et al. 2023 Algorithm 1; RAPID eq. (1)/(5). The DSSD paper (§2.1 footnote 3 and
-    Algorithm 2) writes min(1, q/p), which is wrong (DESIGN §6). A draft with q(x) = 0 cannot
-    have been sampled from q (DESIGN §5.1): accepting it "in the limit" would let any token
+    Algorithm 2) writes min(1, q/p), which is wrong (docs/math.md#errors-in-the-papers). A draft
+    with q(x) = 0 cannot
+    have been sampled from q (docs/math.md#speculative-verification): accepting it "in the limit"
+    would let any token
     through, so it is a ValueError, as is a p(x) or q(x) that is not a probability (NaN too)."""
     if not (0.0 < q_x < math.inf):
         raise ValueError(f"a sampled draft has q(x) > 0, got {q_x}")
@@ -71,7 +75,8 @@ def verify_one(x: int, p: np.ndarray, q: np.ndarray, rng: np.random.Generator) -
     """Verify one draft x ~ q against target p: accept with min(1, p(x)/q(x)), otherwise sample
     norm(max(0, p − q)). The returned token is distributed exactly as p.
 
-    Leviathan et al. 2023 Algorithm 1 / Chen et al. 2023; RAPID eqs. (1)–(2); DESIGN §5.1.
+    Leviathan et al. 2023 Algorithm 1 / Chen et al. 2023; RAPID eqs. (1)–(2);
+    docs/math.md#speculative-verification.
     Returns (accepted, token) with token == x when accepted."""
     if rng.random() < accept_probability(float(p[x]), float(q[x])):
         return True, int(x)
@@ -85,7 +90,8 @@ def speculative_round(
     rejection (the later drafts are dropped) and return its resampled token; if all γ are
     accepted, return a bonus token sampled from P[γ].
 
-    Leviathan et al. 2023 Algorithm 1; DSSD Algorithm 1 (with p/q, DESIGN §6); DESIGN §5.1.
+    Leviathan et al. 2023 Algorithm 1; DSSD Algorithm 1 (with p/q,
+    docs/math.md#errors-in-the-papers); docs/math.md#speculative-verification.
     P has γ+1 rows (row γ is the bonus position), Q has γ rows.
     Returns (n_accepted, next_token): the output is drafts[:n_accepted] + [next_token]."""
     drafts = np.asarray(drafts)
@@ -109,8 +115,10 @@ def dsd_round(
 ) -> tuple[int, int]:
     """DSD: the device uplinks tokens and the dense Q_1..Q_γ; the cloud runs the standard round.
 
-    DSSD paper §2.1 and Algorithm 1 (DSD baseline), with the acceptance p/q (DESIGN §6);
-    DESIGN §5.2. Returns (n_accepted, next_token) as :func:`speculative_round`."""
+    DSSD paper §2.1 and Algorithm 1 (DSD baseline), with the acceptance p/q
+    (docs/math.md#errors-in-the-papers);
+    docs/math.md#split-verification. Returns (n_accepted, next_token) as
+    :func:`speculative_round`."""
     return speculative_round(drafts, P, Q, rng)
 
 
@@ -121,7 +129,8 @@ def dssd_cloud_verify(
     uplinked scalars q_j(x_j); on full acceptance sample the bonus token from P[γ].
 
     DSSD §3 and Algorithm 2 ("Verification Process, Edge"), with p over q (the paper swaps
-    them, DESIGN §6); DESIGN §5.2. Returns (n_accepted, bonus, rejected_index): on a rejection
+    them, docs/math.md#errors-in-the-papers); docs/math.md#split-verification. Returns (n_accepted,
+    bonus, rejected_index): on a rejection
     at j, (j, None, j) and the cloud downlinks (j, P[j]) for :func:`dssd_device_resample`; on
     full acceptance, (γ, bonus token, None). Raises ValueError on a q(x) outside (0, 1]."""
     drafts = np.asarray(drafts)
@@ -139,9 +148,11 @@ def dssd_cloud_verify(
 
 def dssd_device_resample(P_j: np.ndarray, Q_j: np.ndarray, rng: np.random.Generator) -> int:
     """DSSD device side: after a rejection at j, sample norm(max(0, P_j − Q_j)) with the device's
-    own Q_j, in probability space at the same temperature (never from raw logits, DESIGN §6).
+    own Q_j, in probability space at the same temperature (never from raw logits,
+    docs/math.md#errors-in-the-papers).
 
-    DSSD §3 ("Verification Process (on Device)") and Algorithm 2; DESIGN §5.2."""
+    DSSD §3 ("Verification Process (on Device)") and Algorithm 2;
+    docs/math.md#split-verification."""
     return sample_from(residual(P_j, Q_j), rng)
 
 
@@ -151,7 +162,8 @@ def top_k_truncate(q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     Keep the K most likely tokens of q and renormalise: the TK-SLT draft distribution
     (equivalently, softmax over the K largest logits).
 
-    TK-SLT Solution 1 (§III) and eq. (9)'s Y^(K); DESIGN §5.2. Returns (ids, probs), ids as
+    TK-SLT Solution 1 (§III) and eq. (9)'s Y^(K); docs/math.md#split-verification. Returns (ids,
+    probs), ids as
     int64 sorted by descending probability. If the probabilities are quantised for the wire,
     quantise *before* sampling so both sides use the same numbers."""
     q = np.asarray(q, dtype=np.float64)
@@ -168,9 +180,9 @@ def sample_draft_top_k(ids: np.ndarray, probs: np.ndarray, rng: np.random.Genera
     """Reference only (tests, benchmarks).
 
     Sample a draft from the transmitted top-K distribution itself, so that the q the cloud
-    rebuilds is exactly the draft distribution (DESIGN §5.1's rule).
+    rebuilds is exactly the draft distribution (docs/math.md#speculative-verification's rule).
 
-    TK-SLT Solution 1 (§III), drafting from Y^(K) of eq. (9); DESIGN §5.2."""
+    TK-SLT Solution 1 (§III), drafting from Y^(K) of eq. (9); docs/math.md#split-verification."""
     return int(ids[sample_from(np.asarray(probs, dtype=np.float64), rng)])
 
 
@@ -178,7 +190,8 @@ def dense_from_top_k(ids: np.ndarray, probs: np.ndarray, vocab_size: int) -> np.
     """Rebuild the dense draft distribution from transmitted (id, prob) pairs, renormalised the
     way :func:`collab.sampling.sample_from` normalises when the device samples from them.
 
-    TK-SLT §III (the LLM side of Solution 1); DESIGN §5.2. ids/probs are [K] (one position,
+    TK-SLT §III (the LLM side of Solution 1); docs/math.md#split-verification. ids/probs are [K]
+    (one position,
     returns [V]) or [γ, K] (returns [γ, V]). Raises ValueError on ids outside the vocabulary,
     duplicate ids within a position, or negative/non-finite/all-zero probabilities."""
     ids = np.asarray(ids, dtype=np.int64)
@@ -206,7 +219,7 @@ def tkslt_draft_rows(
     pairs. A draft outside its transmitted top-K, or listed in it at probability 0, could not
     have been sampled from it: ValueError.
 
-    TK-SLT §III (the LLM side of Solution 1); DESIGN §5.2."""
+    TK-SLT §III (the LLM side of Solution 1); docs/math.md#split-verification."""
     drafts = np.asarray(drafts, dtype=np.int64)
     topk_ids = np.asarray(topk_ids, dtype=np.int64)
     gamma = drafts.shape[0]
@@ -235,7 +248,7 @@ def tkslt_cloud_verify(
     downlink only (n_accepted, next_token). Exact with respect to P.
 
     TK-SLT Solution 1 (§III) with the acceptance rate of eq. (9); Leviathan et al. 2023
-    Algorithm 1; DESIGN §5.2. topk_ids/topk_probs are [γ, K]; P is [γ+1, V]."""
+    Algorithm 1; docs/math.md#split-verification. topk_ids/topk_probs are [γ, K]; P is [γ+1, V]."""
     Q = tkslt_draft_rows(drafts, topk_ids, topk_probs, P.shape[1])
     return speculative_round(np.asarray(drafts, dtype=np.int64), P, Q, rng)
 
@@ -248,7 +261,8 @@ def picospec_residual_topk(
     renormalised). **Approximate**: mass of P_j outside the top K is lost; see
     :func:`picospec_topk_bias_tv`.
 
-    PicoSpec eq. (4) (P_sent = TopK(P)) with the device resampling of §3.3; DESIGN §5.2. If
+    PicoSpec eq. (4) (P_sent = TopK(P)) with the device resampling of §3.3;
+    docs/math.md#split-verification. If
     the top K of P_j lie entirely below Q_j, falls back to norm(P̃_j)."""
     Q_j = np.asarray(Q_j, dtype=np.float64)
     p_sent = np.zeros_like(Q_j)
@@ -267,7 +281,8 @@ def picospec_topk_output(p: np.ndarray, q: np.ndarray, k: int) -> np.ndarray:
     min(p, q) (accepted drafts) + (1 − Σ min(p, q)) · picospec_residual_topk(TopK(p), q).
 
     PicoSpec eq. (4) + §3.3 resampling, decomposed as in the correctness proof of
-    Leviathan et al. 2023 (accepted mass + rejection mass × residual); DESIGN §5.2.
+    Leviathan et al. 2023 (accepted mass + rejection mass × residual);
+    docs/math.md#split-verification.
     Equals p when K = |V|."""
     p = np.asarray(p, dtype=np.float64)
     q = np.asarray(q, dtype=np.float64)
@@ -284,7 +299,7 @@ def picospec_topk_bias_tv(p: np.ndarray, q: np.ndarray, k: int) -> float:
     under PicoSpec's top-K P downlink (:func:`picospec_topk_output`) and the exact target p.
     0 (up to rounding) when K = |V|; the price of the approximation otherwise.
 
-    PicoSpec eq. (4); DESIGN §5.2 ("quantify the bias (total variation)")."""
+    PicoSpec eq. (4); docs/math.md#split-verification ("quantify the bias (total variation)")."""
     p = np.asarray(p, dtype=np.float64)
     return 0.5 * float(np.abs(picospec_topk_output(p, q, k) - p).sum())
 
@@ -300,7 +315,7 @@ def rapid_target(z_p_logits: np.ndarray, q: np.ndarray, eta: float, T: float = 1
     p̂ = softmax(z/T + η·(q − p)) with p = softmax(z/T), the shift applied only where
     q ≥ 0.1·max q (elsewhere p̂ keeps p's logits), renormalised. η = 0 gives p exactly.
 
-    RAPID eq. (6) (≡ eq. (8)) with the tail mask of eq. (9), which DESIGN §5.4 places on q.
+    RAPID eq. (6) (≡ eq. (8)) with the tail mask of eq. (9), which docs/math.md#rapid places on q.
     T = 0 is the limit T → 0: z/T outgrows the bounded shift (|η·(q − p)| ≤ η), so p̂ is the
     greedy one-hot p and RAPID changes nothing."""
     if not (T >= 0.0 and math.isfinite(T)):
@@ -316,7 +331,7 @@ def rapid_shift(p: np.ndarray, q: np.ndarray, eta: float) -> np.ndarray:
     p = softmax(z/T), and the form a verifier holding only P (after its top-k/top-p) can
     compute. Tokens p excludes stay excluded.
 
-    RAPID eq. (6) with the mask of eq. (9); DESIGN §5.4."""
+    RAPID eq. (6) with the mask of eq. (9); docs/math.md#rapid."""
     if not (eta >= 0.0 and math.isfinite(eta)):
         raise ValueError(f"η must be finite and ≥ 0, got {eta}")
     p = np.asarray(p, dtype=np.float64)
@@ -333,7 +348,8 @@ def rapid_shift(p: np.ndarray, q: np.ndarray, eta: float) -> np.ndarray:
 def rapid_residual(p: np.ndarray, p_hat: np.ndarray, q: np.ndarray) -> np.ndarray:
     """norm(max(0, p − q, p − p̂)) (elementwise max of the three), RAPID's rejection residual.
 
-    RAPID eq. (10) with the 0 of DESIGN §5.4; with p̂ = p it is norm(max(0, p − q)) (5.1). Falls
+    RAPID eq. (10) with the 0 of docs/math.md#rapid; with p̂ = p it is norm(max(0, p − q)) (5.1).
+    Falls
     back to p when empty (then p ≤ min(q, p̂) everywhere, so p = q = p̂)."""
     p = np.asarray(p, dtype=np.float64)
     r: np.ndarray = np.maximum(
@@ -350,7 +366,8 @@ def rapid_verify_one(
 ) -> tuple[bool, int]:
     """RAPID verification of draft x ~ q: accept with min(1, p̂(x)/q(x)); on rejection sample
     norm(max(0, p − q, p − p̂)). Exact (output ~ p) only for η = 0 (p̂ = p); for η > 0 the output
-    deliberately leans toward q and is neither p nor p̂ (DESIGN §5.4, §6).
+    deliberately leans toward q and is neither p nor p̂ (docs/math.md#rapid,
+    docs/math.md#errors-in-the-papers).
 
     RAPID Algorithm 1 with eqs. (5)/(6) (acceptance) and (10) (residual)."""
     if rng.random() < accept_probability(float(p_hat[x]), float(q[x])):
@@ -367,7 +384,8 @@ def rapid_round(
     so no shift: the paper's Algorithm 1 leaves this position undefined). η = 0 is exactly
     :func:`speculative_round`.
 
-    RAPID Algorithm 1 with eqs. (5)/(6) and (10); DESIGN §5.4. Returns (n_accepted, token)."""
+    RAPID Algorithm 1 with eqs. (5)/(6) and (10); docs/math.md#rapid. Returns (n_accepted,
+    token)."""
     drafts = np.asarray(drafts)
     gamma = drafts.shape[0]
     if P.shape[0] != gamma + 1 or Q.shape[0] != gamma:

@@ -30,7 +30,7 @@ class DeviceModel(WorkerSequence):
     @classmethod
     def load(cls, folder: Path, threads: int | None = None) -> DeviceModel:
         """The prepared ONNX model in `folder` (spinning off: it shares cores with the cloud
-        when the backend is embedded, DESIGN §3)."""
+        when the backend is embedded, docs/models.md#models)."""
         from model_runtime.ort_runtime import OrtCausalLM
 
         lm = OrtCausalLM(folder, threads=threads, allow_spinning=False)

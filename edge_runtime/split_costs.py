@@ -1,10 +1,10 @@
-"""The measured cost model behind split decoding's draft length γ (DESIGN §5.2).
+"""The measured cost model behind split decoding's draft length γ (docs/math.md#split-verification).
 
 Fed by every round: device draft time per token, the cloud's compute time for verifying γ+1
 positions (reported in each Verdict), the rest of the round time (the link), the cloud's
 per-token time when it decodes alone, and acceptance. It outlives one answer, so a session
 learns once. Before any measurement it drafts γ = 4 (acceptance ≈ 0.5 measured with this
-pair, DESIGN §3)."""
+pair, docs/models.md#models)."""
 
 from __future__ import annotations
 

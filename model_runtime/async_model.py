@@ -98,7 +98,8 @@ class WorkerSequence(AsyncSequence):
 
 class DocumentBatch:
     """One sequence per document, [d; question; answer so far], fed the same answer tokens in
-    one batched step (DRAGON's per-document decoding, DESIGN §5.5). Prompts differ in length;
+    one batched step (DRAGON's per-document decoding, docs/math.md#dragon). Prompts differ in
+    length;
     the runtime pads them, and a rewind rolls each back to its own prompt plus the answer."""
 
     def __init__(self, seq: AsyncSequence) -> None:

@@ -17,7 +17,8 @@ from model_runtime.runtime import Cancelled, CausalLM
 
 def session_options(threads: int | None = None, allow_spinning: bool = True) -> ort.SessionOptions:
     """Spinning intra-op threads cut latency for one session but make two sessions sharing
-    the cores fight (DESIGN.md §3); turn it off when the device and cloud share a machine."""
+    the cores fight (docs/models.md#models); turn it off when the device and cloud share a
+    machine."""
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.intra_op_num_threads = threads or os.cpu_count() or 1

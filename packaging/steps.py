@@ -98,7 +98,7 @@ def check_tokenizer(saved_dir: Path, reference) -> dict:
 
 
 def _fix_generation_config(out_dir: Path, tokenizer) -> None:
-    """Stop on <|im_end|> as well as <|endoftext|> (DESIGN.md §3)."""
+    """Stop on <|im_end|> as well as <|endoftext|> (docs/models.md#models)."""
     from transformers import GenerationConfig
 
     from model_runtime.tokenizer import IM_END_ID

@@ -1,4 +1,4 @@
-"""Turn a user's file into located text sections (DESIGN §2, issue 4 item 1).
+"""Turn a user's file into located text sections (docs/architecture.md#layers, issue 4 item 1).
 
 Every format ends up as a `ParsedDocument` whose sections carry the location a citation needs
 (page for PDF, line for txt/md, heading title where the format has headings) and their offset

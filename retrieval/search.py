@@ -1,7 +1,7 @@
 """Search that finds the passage which answers: meaning (dense), words (BM25), or both fused.
 
 One `Searcher` serves the private index and the public corpus alike, so both sides' relevance
-means the same thing (DRAGON weighs one side's passages against the other's, DESIGN §5.5).
+means the same thing (DRAGON weighs one side's passages against the other's, docs/math.md#dragon).
 
 * **dense**: cosine of the question's embedding with each chunk's (FAISS).
 * **keyword**: BM25 over each chunk's heading path and text (SQLite FTS5); identifiers in the

@@ -1,7 +1,8 @@
 """Crash-safe document/chunk store: SQLite is the source of truth, FAISS a derived cache.
 
 Used for the user's private documents on the device and, with the same code, for the cloud's
-public corpus (DESIGN §2, §3). The store takes vectors; it never parses files or runs models.
+public corpus (docs/architecture.md#layers). The store takes vectors; it never parses files or
+runs models.
 
 Why it survives ``kill -9`` at any point:
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Top to bottom (DESIGN §2, README "Layout"): a package may import itself and any package of a
+# Top to bottom (docs/architecture.md#layers, README "Layout"): a package may import itself and any
+# package of a
 # lower tier, never a sibling of its own tier nor anything above.
 TIERS: tuple[tuple[str, ...], ...] = (
     ("tests",),  # may import anything below

@@ -1,4 +1,5 @@
-"""collab's docstring maps DESIGN §5 to functions: every name it gives must exist, so the map
+"""collab's docstring maps docs/math.md#math to functions: every name it gives must exist, so the
+map
 cannot silently go stale when code moves."""
 
 from __future__ import annotations

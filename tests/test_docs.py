@@ -77,3 +77,38 @@ def test_the_link_check_sees_a_broken_link(tmp_path: Path) -> None:
     page.write_text("[ok](page.md), [gone](nowhere.md#x), [web](https://x.org), `[c](no.md)`\n")
     assert relative_links(page) == ["page.md", "nowhere.md#x"]
     assert not resolve(page, "nowhere.md#x").is_file()
+
+
+CODE_REFERENCE = re.compile(r"(?<![\w/])docs/([\w/-]+\.md)(?:#([\w-]+))?")
+
+
+def anchors(page: Path) -> set[str]:
+    """The ids a page's headings get: explicit `{#id}` attributes and MkDocs' own slugs."""
+    ids = set()
+    for line in FENCE.sub("", page.read_text(encoding="utf-8")).splitlines():
+        if not line.startswith("#"):
+            continue
+        if explicit := re.search(r"\{#([\w-]+)\}", line):
+            ids.add(explicit.group(1))
+        title = re.sub(r"\{.*?\}", "", line.lstrip("#")).strip().lower()
+        ids.add(re.sub(r"[\s]+", "-", re.sub(r"[^\w\s-]", "", title)))
+    return ids
+
+
+def test_the_code_cites_docs_that_exist() -> None:
+    """The code explains itself by pointing into the docs (`docs/math.md#dragon`): each page and
+    anchor it names exists, so no reference points outside the repository or at nothing."""
+    sources = [f for f in ROOT.rglob("*.py") if not {".venv", ".venv-vllm", "site"} & set(f.parts)]
+    cited = {
+        (m.group(1), m.group(2)) for f in sources for m in CODE_REFERENCE.finditer(f.read_text())
+    }
+    assert len(cited) > 10
+    missing = [
+        f"docs/{page}#{anchor or ''}"
+        for page, anchor in sorted(cited, key=str)
+        if not (DOCS / page).is_file() or (anchor and anchor not in anchors(DOCS / page))
+    ]
+    assert not missing, f"the code cites docs that do not exist: {missing}"
+    assert "no-such-anchor" not in anchors(DOCS / "math.md") and "dragon" in anchors(
+        DOCS / "math.md"
+    )

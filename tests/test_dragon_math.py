@@ -1,5 +1,5 @@
 """Exactness of DRAGON's math and of its protocol state machine, with no model and no server
-(DESIGN §5.5; issue 13, "Done when" → Exactness).
+(docs/math.md#dragon; issue 13, "Done when" → Exactness).
 
 Sampled outputs are compared with the exact target η^d p^d + η^c p^c of the *transmitted*
 distributions by a χ² test at significance ALPHA; negative controls (prefer the accepted draft,

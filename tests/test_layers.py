@@ -3,7 +3,8 @@
 Every `.py` file of the tree is parsed with `ast` (nothing is imported), so the check sees all
 imports: top-level ones, the lazy ones inside functions, and those under `if TYPE_CHECKING:`.
 
-- Layers (DESIGN §2, README "Layout"): a package may import itself and any package in a lower
+- Layers (docs/architecture.md#layers, README "Layout"): a package may import itself and any
+package in a lower
   tier, never one in its own tier or above. Type-only imports count here: a lower layer that
   names a higher layer's type depends on it just the same.
 - Cycles: no strongly connected component of more than one module (or a module importing

@@ -299,7 +299,8 @@ def test_keeping_drafts_after_a_rejection_fails_the_same_test():
     assert chi2_against(counts, exact_answers(length)) < 1e-6
 
 
-# ---- RAPID (DESIGN §5.4): the cloud verifies against p̂, through the same wire path ---------
+# ---- RAPID (docs/math.md#rapid): the cloud verifies against p̂, through the same wire path
+# ---------
 
 P_CLOUD = np.array([0.40, 0.25, 0.15, 0.10, 0.06, 0.04])
 Q_KNOWS = np.array([0.10, 0.05, 0.05, 0.70, 0.05, 0.05])  # the drafter read where token 3 is
@@ -316,7 +317,7 @@ def rapid_law(p: np.ndarray, q: np.ndarray, eta: float) -> tuple[np.ndarray, flo
 
 @pytest.mark.parametrize("name", ["tk-slt", "dsd"])
 def test_rapid_round_follows_its_formula_through_the_wire(name):
-    """Neither p nor q: the law DESIGN §5.4 writes, for the token a round decides."""
+    """Neither p nor q: the law docs/math.md#rapid writes, for the token a round decides."""
     variant, rng, eta = get_variant(name), np.random.default_rng(5), 4.0
     sent = variant.draft(Q_KNOWS, rng).q  # the distribution as the cloud will rebuild it
     law, _ = rapid_law(P_CLOUD, sent, eta)

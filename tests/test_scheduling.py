@@ -1,5 +1,5 @@
 """Scheduling math: TK-SLT draft length, the numeric γ chooser, PicoSpec eq. 9, DRAGON's
-scheduler and profiler (DESIGN.md §5.2, §5.3, §5.5)."""
+scheduler and profiler (docs/math.md: split verification, PicoSpec, DRAGON)."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def test_relative_cost_matches_paper_estimate() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Numeric γ chooser with a round trip (DESIGN §5.2)
+# Numeric γ chooser with a round trip (docs/math.md#split-verification)
 # ---------------------------------------------------------------------------------------------
 
 

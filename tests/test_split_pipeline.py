@@ -1,4 +1,5 @@
-"""PicoSpec's pipeline in split mode (DESIGN §5.3), end to end over a real aiohttp server on
+"""PicoSpec's pipeline in split mode (docs/math.md#picospec), end to end over a real aiohttp server
+on
 loopback with tiny models: the device drafts on while the cloud verifies, a rejection
 interrupts it, a batch goes out short when drafting falls behind. The pipeline may change when
 things happen, never what is sampled: greedy answers equal cloud-only token for token, and a

@@ -1,7 +1,8 @@
-"""Exactness of the decoding math (DESIGN.md §5.1, §5.2, §5.4, §5.5).
+"""Exactness of the decoding math (docs/math.md: speculative verification, split, RAPID, DRAGON).
 
 Each sampler is run ≥ 100,000 times at a fixed seed and its output histogram is compared with the
-exact target by a χ² test at significance ALPHA; negative controls (the errors of DESIGN §6) must
+exact target by a χ² test at significance ALPHA; negative controls (the errors of
+docs/math.md#errors-in-the-papers) must
 be rejected by the same test, which proves the test can fail."""
 
 from __future__ import annotations
@@ -131,7 +132,8 @@ def test_single_position_output_is_p(v):
 
 
 def _verify_one_swapped(x, p, q, rng):
-    """The DSSD paper's acceptance min(1, q/p) (DESIGN §6) — a negative control only."""
+    """The DSSD paper's acceptance min(1, q/p) (docs/math.md#errors-in-the-papers) — a negative
+    control only."""
     if rng.random() < min(1.0, q[x] / p[x]):
         return True, int(x)
     return False, int(rng.choice(p.size, p=residual(p, q)))
@@ -421,7 +423,7 @@ def test_local_mixture_side_weights_and_union_of_documents():
     pl, pr = local_mixture(docs_l, r_l), local_mixture(docs_r, r_r)
     w = np.exp(r_l - r_l.max())
     np.testing.assert_allclose(pl, (w / w.sum()) @ docs_l)
-    # the log form of DESIGN §5.5: logsumexp_d [log softmax(R) + log p(x|d)]
+    # the log form of docs/math.md#dragon: logsumexp_d [log softmax(R) + log p(x|d)]
     log_form = np.logaddexp.reduce(
         (r_l - np.logaddexp.reduce(r_l))[:, None] + np.log(docs_l), axis=0
     )

@@ -1,7 +1,8 @@
 """The conversation widgets: questions, streamed answers with sources, and the prompt line.
 
 Imports Textual only (never the model stack) so the TUI starts fast. Streaming follows oterm
-(DESIGN.md §8): each answer is a `Markdown` fed through `Markdown.get_stream()` (deltas joined
+(docs/extending.md#conventions): each answer is a `Markdown` fed through `Markdown.get_stream()`
+(deltas joined
 into at most ten writes a second), re-rendered once in full when the stream ends, and the view
 follows the scroll only while the user is at the bottom.
 """

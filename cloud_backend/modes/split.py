@@ -11,7 +11,7 @@ loop:
            drafts[:n] + [t]; or, for a variant whose cloud cannot resample (DSSD), Verdict(n,
            P_j) with no token: the device samples t and sends TokenChunk([t])
   or device → CloudDecode(n): the cloud decodes n tokens itself (AS² fallback)
-  pipelined (PicoSpec, DESIGN §5.3): a batch whose last frame says `ahead` gets, when
+  pipelined (PicoSpec, docs/math.md#picospec): a batch whose last frame says `ahead` gets, when
            accepted whole, Verdict(γ, no token) and its last row P_{γ+1} is kept: the device
            has drafted on, and its next frame (step + γ) is verified from that row. A batch
            may come in parts (`more` drafts still to come): when the cloud is free and can

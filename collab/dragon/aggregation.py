@@ -26,7 +26,7 @@ def local_mixture(p_per_doc: np.ndarray, scores: np.ndarray) -> np.ndarray:
     """p^s = Σ_{d∈D_s} softmax_{d∈D_s}(R)_d · p(x | d, x_<t): one side's mixture of its
     per-document next-token distributions, weighted by the softmax of relevance scores.
 
-    DRAGON eq. (2) restricted to D_s (§3); DESIGN §5.5 writes its log form
+    DRAGON eq. (2) restricted to D_s (§3); docs/math.md#dragon writes its log form
     log p^s = logsumexp_d [log softmax(R) + log p(x|d)], the same quantity. The weights are
     normalised in log space (stable for any scores); the sum itself is a [D]·[D, V] product, not
     D·|V| exponentials (≈ 20× faster at Qwen's vocabulary). p_per_doc is [D, V]; returns [V]."""
@@ -41,14 +41,14 @@ def local_mixture(p_per_doc: np.ndarray, scores: np.ndarray) -> np.ndarray:
 def side_weight(scores: np.ndarray) -> float:
     """h^s = logsumexp_{d∈D_s} R(d, x_<t), the side's (log) aggregation weight.
 
-    DRAGON §4.1 (h^s = Σ_d exp R) in the corrected log form of Appendix A.1; DESIGN §5.5."""
+    DRAGON §4.1 (h^s = Σ_d exp R) in the corrected log form of Appendix A.1; docs/math.md#dragon."""
     return float(logsumexp(np.asarray(scores, dtype=np.float64)))
 
 
 def side_etas(h_l: float, h_r: float) -> tuple[float, float]:
     """(η^l, η^r) = softmax(h^l, h^r), the interpolation weights of p = η^l p^l + η^r p^r.
 
-    DRAGON eq. (4) weights, computed as Appendix A.1's log softmax; DESIGN §5.5. h = −∞ on
+    DRAGON eq. (4) weights, computed as Appendix A.1's log softmax; docs/math.md#dragon. h = −∞ on
     both sides (neither retrieved anything) is no evidence either way: equal weights."""
     if not (h_l < math.inf and h_r < math.inf):  # NaN fails too
         raise ValueError(f"side weights must be finite or −∞, got {h_l}, {h_r}")
@@ -66,7 +66,7 @@ def aggregate_sample(
     u < η_b·(1 − p_b(x)/p_a(x)), in which case draw from norm(max(0, p_b − p_a)). The result is
     distributed as (1 − η_b)·p_a + η_b·p_b.
 
-    DRAGON Algorithm 1 (function Sample) and §4.2; DESIGN §5.5."""
+    DRAGON Algorithm 1 (function Sample) and §4.2; docs/math.md#dragon."""
     u = rng.random()
     pa_x, pb_x = float(p_a[x]), float(p_b[x])
     if pa_x > pb_x and u < eta_b * (1.0 - pb_x / pa_x):
@@ -87,7 +87,7 @@ def speculative_aggregation(
     then a fair coin picks x̃^l or x̃^r as the target (required: preferring the accepted draft is
     biased). A side's draft is accepted iff it equals the target. Target ~ η^l p^l + η^r p^r.
 
-    DRAGON Algorithm 1 (SpeculativeAggregation) and eq. (4); DESIGN §5.5.
+    DRAGON Algorithm 1 (SpeculativeAggregation) and eq. (4); docs/math.md#dragon.
     Returns (target, accepted_l, accepted_r)."""
     if not (eta_l >= 0.0 and eta_r >= 0.0 and abs(eta_l + eta_r - 1.0) < 1e-9):
         raise ValueError("η^l and η^r must be ≥ 0 and sum to 1")

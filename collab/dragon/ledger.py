@@ -1,4 +1,5 @@
-"""DRAGON's per-token bookkeeping, which the device and the cloud run identically (DESIGN §5.5).
+"""DRAGON's per-token bookkeeping, which the device and the cloud run identically
+(docs/math.md#dragon).
 
 - `side_distribution`: a side's local mixture p^s of its per-document next-token
   distributions, truncated for the wire (top-p with a cap) and rounded to float16 *before*

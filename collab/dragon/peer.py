@@ -1,5 +1,5 @@
 """One side of a DRAGON answer over the link, the same code on the device and in the cloud
-(DRAGON §3–§5; DESIGN §5.5). The side decodes ahead over its own documents and streams every
+(DRAGON §3–§5; docs/math.md#dragon). The side decodes ahead over its own documents and streams every
 draft as soon as it exists; whichever side aggregates merges the two queues token by token:
 
     decoder ──draft(token, p^s, h^s, decode time; epoch, step)──▶ both ledgers

@@ -6,7 +6,8 @@ folder, `$TANDEM_CONFIG_DIR` overriding it (tests and scripts point both at a te
 The device, the cloud and packaging all resolve these the same way, so the cloud's embedded
 backend finds the embedder the device CLI prepared.
 
-The data folder is private (0700; DESIGN: private text never leaves the device, and other
+The data folder is private (0700; docs/security.md#at-rest: private text never leaves the device,
+and other
 local users are not the device's owner): `secure_data_dir` creates it so, and tightens an
 install an older Tandem left readable.
 

@@ -1,4 +1,5 @@
-"""The binary wire protocol shared by device and cloud (DESIGN.md §4), one module per family:
+"""The binary wire protocol shared by device and cloud (docs/protocol.md#design), one module per
+family:
 
 - `codec`: header, limits, `ProtocolError`, the message base and registry, encode/decode;
 - `session`: handshake, requests, streamed tokens, pings, errors, Done, citations;

@@ -1,5 +1,5 @@
 """The frame codec every message family shares: header, limits, errors, the message base
-and the registry of message types by type id (DESIGN.md §4).
+and the registry of message types by type id (docs/protocol.md#design).
 
 A frame is a fixed little-endian header followed by a compact `struct` body. Per-token traffic
 never goes through pickle, JSON or msgpack: token ids are uint32 (Qwen has 151,936 ids) and

@@ -1,5 +1,5 @@
 """DRAGON messages: how a request is set up, each side's draft with its local mixture and side
-weight, and the aggregator's target token (DESIGN.md §5.5).
+weight, and the aggregator's target token (docs/math.md#dragon).
 
 The header's epoch on a draft is its *sender's* draft epoch (bumped each time that side's draft
 is rejected); on a target it is 0. The step is the answer position the token is for."""

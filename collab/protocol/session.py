@@ -150,7 +150,8 @@ class Generate(Message):
     seed: int | None = None
     history: tuple[str, ...] = ()
     retrieve: bool = True
-    eta: float = 0.0  # split: RAPID's η, the cloud verifies against p̂ (0 = exact, DESIGN §5.4)
+    # split: RAPID's η, the cloud verifies against p̂ (0 = exact, docs/math.md#rapid)
+    eta: float = 0.0
 
     _ST = struct.Struct("<IfIfBQBf")
     MAX_HISTORY = 256
@@ -278,7 +279,7 @@ _QQQ = struct.Struct("<QQQ")
 
 @_message
 class Error(Message):
-    """A peer's complaint; the session survives a malformed frame (DESIGN.md §4)."""
+    """A peer's complaint; the session survives a malformed frame (docs/protocol.md#design)."""
 
     TYPE = MsgType.ERROR
     code: int

@@ -1,5 +1,5 @@
 """Split-speculation messages: the device's drafts (DSD, DSSD, TK-SLT), the cloud's Verdict,
-and CloudDecode, AS²'s fallback to the cloud decoding alone (DESIGN.md §5)."""
+and CloudDecode, AS²'s fallback to the cloud decoding alone (docs/math.md#math)."""
 
 from __future__ import annotations
 
@@ -40,8 +40,9 @@ MORE_SHIFT = 8  # flag bits 8-15: drafts of the frame's batch still to come
 class Draft(Message):
     """Base of the split-speculation uplinks: drafted token ids plus what the cloud needs of Q.
 
-    A batch may come in parts (PicoSpec's pipeline streams each draft as it is made, DESIGN
-    §5.3): `more` > 0 says how many drafts of this batch the device still means to send, so the
+    A batch may come in parts (PicoSpec's pipeline streams each draft as it is made,
+    docs/math.md#picospec): `more` > 0 says how many drafts of this batch the device still means to
+    send, so the
     cloud may verify what it holds first; 0 ends the batch. `ahead` (on a batch's last part)
     says the device drafts on from the batch's tail: accepted whole, it gets no bonus token and
     the next batch's first draft is verified at that position. Both travel in header flags."""
@@ -159,7 +160,8 @@ class TopKDraft(Draft):
     """TK-SLT: ids plus, per position, the top-K (id, prob) pairs the draft was sampled from.
 
     Each drafted id must be inside its own row with a probability above 0: a draft outside the
-    transmitted support would get q = 0 and be wrongly accepted (DESIGN.md §5.1)."""
+    transmitted support would get q = 0 and be wrongly accepted
+    (docs/math.md#speculative-verification)."""
 
     TYPE = MsgType.TOPK_DRAFT
     topk_ids: np.ndarray

@@ -1,5 +1,6 @@
 """What a split variant is: how the device drafts and encodes, how the cloud judges, how a
-rejection is corrected (DESIGN §5.2). One subclass per variant, one module each; both sides
+rejection is corrected (docs/math.md#split-verification). One subclass per variant, one module
+each; both sides
 read them from the registry in `collab.variants`, so a variant is one file and one line."""
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class SplitVariant(ABC):
     summary: ClassVar[str]  # one line for help texts and the settings screen
     frame: ClassVar[type[Draft]]  # the draft frame the cloud expects
     # The cloud holds each draft's whole distribution, so it can verify against RAPID's p̂
-    # (DESIGN §5.4); such a variant implements `draft_rows`.
+    # (docs/math.md#rapid); such a variant implements `draft_rows`.
     rapid: ClassVar[bool] = False
 
     # ---- device ---------------------------------------------------------------------------
@@ -81,7 +82,7 @@ class SplitVariant(ABC):
         self, frame: Draft, P: np.ndarray, rng: np.random.Generator, eta: float = 0.0
     ) -> Judgement:
         """Verify a draft frame against the cloud's P (γ+1 rows), or with η > 0 against
-        RAPID's target p̂ (deliberately neither p nor p̂: DESIGN §5.4). Raises ValueError for
+        RAPID's target p̂ (deliberately neither p nor p̂: docs/math.md#rapid). Raises ValueError for
         a frame that cannot have been sampled as it claims, or η > 0 where the cloud does
         not hold the drafts' distributions."""
         if not isinstance(frame, self.frame):

@@ -1,4 +1,5 @@
-"""DSD (DESIGN §5.2, the baseline): the device sends every draft's dense Q row (float16) and
+"""DSD (docs/math.md#split-verification, the baseline): the device sends every draft's dense Q row
+(float16) and
 samples the draft from exactly those rounded numbers; the cloud runs a standard speculative
 round (5.1) and resamples any rejection itself. Exact, and heavy on the uplink."""
 

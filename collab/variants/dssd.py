@@ -1,4 +1,5 @@
-"""DSSD (DESIGN §5.2; DSSD paper, with its p/q swap corrected): the device sends ids and
+"""DSSD (docs/math.md#split-verification; DSSD paper, with its p/q swap corrected): the device
+sends ids and
 q(x) only. The cloud accepts while r < min(1, p(x)/q(x)); at the first rejection j it sends
 P_j and the device resamples the correction from norm(max(0, P_j − Q_j)) with its own Q_j.
 

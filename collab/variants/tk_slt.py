@@ -1,4 +1,5 @@
-"""TK-SLT (DESIGN §5.2; TK-SLT paper): exact and cheap. The device samples each draft from
+"""TK-SLT (docs/math.md#split-verification; TK-SLT paper): exact and cheap. The device samples each
+draft from
 the top-K truncation of Q as sent (float16), so the cloud knows the draft distribution
 exactly, verifies with min(1, p/q) and resamples any rejection itself."""
 
@@ -24,7 +25,8 @@ def truncate(
 ) -> tuple[np.ndarray, np.ndarray]:
     """TK-SLT's truncation: the fewest most likely tokens that cover `mass` of q, at most
     `k_max`, renormalised and rounded for the wire. Sampling the draft from the returned
-    probabilities (not from q) keeps verification exact (DESIGN §5.1); fewer pairs where q is
+    probabilities (not from q) keeps verification exact (docs/math.md#speculative-verification);
+    fewer pairs where q is
     peaked keeps the uplink small."""
     q = np.asarray(q, dtype=np.float64)
     cand = top_candidates(q, need=1, mass=mass)

@@ -1,7 +1,8 @@
 """What every mode shares: the conversation types, the history policy, the device prompt, and
 the answer skeleton (options → `generate` → final `Stats`) written once for all modes.
 
-What each mode sends (DESIGN §1, the invariant): local sends nothing; cloud sends the question
+What each mode sends (docs/index.md#product, the invariant): local sends nothing; cloud sends the
+question
 and the cloud-visible history; split sends the question, that history, drafted token ids and
 draft probabilities. Private passages only ever enter the device model's prompt. Earlier turns
 answered in local mode may rest on private text, and so may what the device wrote alone after

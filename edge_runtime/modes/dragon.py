@@ -1,4 +1,5 @@
-"""DRAGON, device side: private and public knowledge in one answer (DRAGON §3–§5, DESIGN §5.5).
+"""DRAGON, device side: private and public knowledge in one answer (DRAGON §3–§5,
+docs/math.md#dragon).
 
 The device decodes one sequence per private passage [d; question; answer so far], the cloud
 one per public passage; each side mixes its documents' next-token distributions into p^s with

@@ -5,7 +5,8 @@ built from the question and the cloud-visible history only. What a draft carries
 cloud judges it and who samples a correction is the variant's business (`collab.variants`:
 TK-SLT, DSSD, DSSD-topK, DSD); when frames go is the loop's: stop-and-wait rounds
 (`split_run.SplitRun`) or PicoSpec's pipeline, which drafts on while the cloud verifies
-(`split_pipeline.PipelinedRun`, DESIGN §5.3). RAPID's η (DESIGN §5.4) moves the cloud's
+(`split_pipeline.PipelinedRun`, docs/math.md#picospec). RAPID's η (docs/math.md#rapid) moves the
+cloud's
 target toward the drafts for variants whose cloud holds the drafts' distributions."""
 
 from __future__ import annotations

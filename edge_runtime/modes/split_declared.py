@@ -13,7 +13,7 @@ from edge_runtime.options import DEFAULTS
 
 def rapid_parts(stats: Mapping[str, Any]) -> list[str]:
     """Marks a split answer verified against RAPID's target: it leans toward the device's
-    drafts on purpose, so it follows neither model exactly (DESIGN §5.4)."""
+    drafts on purpose, so it follows neither model exactly (docs/math.md#rapid)."""
     eta = stats.get("rapid_eta") or 0.0
     return [f"RAPID η {eta:g}: leans to the device"] if eta else []
 

@@ -1,4 +1,5 @@
-"""PicoSpec's pipeline for split decoding on the device (PicoSpec §3; DESIGN §5.3): the device
+"""PicoSpec's pipeline for split decoding on the device (PicoSpec §3; docs/math.md#picospec): the
+device
 keeps drafting while the cloud verifies, so drafting, the link and verification overlap.
 
     device                                              cloud

@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 
 from collab.protocol import Mode
-from edge_runtime.client import CloudClient
 from edge_runtime.declared import Declaration, Figure, Setting
 from edge_runtime.events import Event
 from edge_runtime.modes.base import Answer, AnswerOptions, Turn
 from edge_runtime.modes.cloud import CloudMode
+from edge_runtime.modes.link import RequestLink
 from tests.toy_extensions.shout_wire import MAX_MARKS, ShoutSetup
 
 
@@ -53,10 +53,10 @@ class ShoutMode(CloudMode):
             yield event
 
     async def converse(
-        self, client: CloudClient, rid: int, options: AnswerOptions, answer: Answer
+        self, link: RequestLink, options: AnswerOptions, answer: Answer
     ) -> AsyncIterator[Event]:
         marks = int(self.ctx.setting("shout_marks"))
-        await client.send(ShoutSetup(marks, request_id=rid))
+        await link.send(ShoutSetup(marks, request_id=link.rid))
         answer.stats.shout_marks = marks
-        async for event in super().converse(client, rid, options, answer):
+        async for event in super().converse(link, options, answer):
             yield event
