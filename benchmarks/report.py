@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import statistics
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -550,6 +551,33 @@ def dragon_perplexity() -> Built:
     )
 
 
+def dragon_perplexity_control() -> Built:
+    """DRAGON against the plain-ensembling control: the same mixture over random passages."""
+    src = "dragon/ppl-fig5-10windows-random-control.json"
+    data = load(src)
+    ppl = data["same"]["perplexity"]
+    counts = sorted({int(c) for v in ppl.values() for c in v})
+    lines = ["| documents per side | " + " | ".join(map(str, counts)) + " |",
+             "|---|" + "---|" * len(counts)]  # fmt: skip
+    for method in ("no-retrieval", "dragon", "dragon-random"):
+        by = ppl[method]
+        lines.append(
+            f"| {method} | " + " | ".join(num(by.get(str(c)), ".2f") for c in counts) + " |"
+        )
+    share = []
+    for c in counts:
+        none, dragon, rand = (ppl[m][str(c)] for m in ("no-retrieval", "dragon", "dragon-random"))
+        gain = math.log(none) - math.log(dragon)
+        share.append(num((math.log(rand) - math.log(dragon)) / gain if gain else None, ".0%"))
+    lines.append("| retrieval's share of DRAGON's gain | " + " | ".join(share) + " |")
+    return Built(
+        "\n".join(lines),
+        [src],
+        f"Same model (0.5B) on both sides, {data.get('windows', '?')} windows, "
+        f"{data.get('tokens', '?')} scored tokens; {NO_PER_PROMPT} (per window), so no interval.",
+    )
+
+
 def dragon_schedule() -> Built:
     src = "dragon/schedule-measured.json"
     rows = load(src)["rows"]
@@ -705,6 +733,11 @@ TABLE_LIST = (
     Table("dragon-trace", "changing link, per segment", dragon_trace),
     Table("dragon-kv", "DRCG/KV priced", dragon_kv),
     Table("dragon-perplexity", "perplexity by documents per side", dragon_perplexity),
+    Table(
+        "dragon-perplexity-control",
+        "DRAGON against random documents of the same count",
+        dragon_perplexity_control,
+    ),
     Table("dragon-schedule", "scheduler model by extra latency", dragon_schedule),
     Table("capacity-ort", "tok/s at N sessions, ONNX cloud", capacity_ort),
     Table("batched-decode", "one batched decode pass at B sequences", batched_decode),

@@ -1,6 +1,7 @@
 """Shared by device and cloud: the wire protocol and the decoding math. Imports nothing of ours.
 
-Where each piece of docs/protocol.md and docs/math.md lives (module.function):
+Where each piece of the wire protocol and the math (docs pages "protocol", "math") lives
+(module.function):
 
 wire protocol           protocol (package: codec = header, limits, encode/decode; session,
                         split, dragon = the message families); split.Transcript (committing
