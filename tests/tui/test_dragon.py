@@ -28,8 +28,8 @@ ARRIVAL = [
 def dragon_stats() -> Stats:
     return Stats(
         "dragon", tokens=21, ttft_s=0.25, elapsed_s=2.25, rounds=21, bytes_up=2048,
-        bytes_down=3584, aggregator="cloud", switches=2, device_drafted=20, device_accepted=12,
-        cloud_drafted=20, cloud_accepted=18,
+        bytes_down=3584, figures={"aggregator": "cloud", "switches": 2, "device_drafted": 20,
+        "device_accepted": 12, "cloud_drafted": 20, "cloud_accepted": 18},
     )  # fmt: skip
 
 
@@ -82,11 +82,11 @@ async def test_the_status_bar_shows_dragons_figures_and_sources_by_number(
         assert "γ" not in line  # split's figures stay split's
         assert "aggregator cloud" in str(bar.render())  # what is on the screen
         # before any draft: no acceptance yet, one aggregator, no switch
-        bar.set_state(stats=Stats("dragon", aggregator="device"))
+        bar.set_state(stats=Stats("dragon", figures={"aggregator": "device"}))
         line = str(bar.line_text())
         assert "aggregator device · 0 switches" in line and "accept" not in line
         # the other modes show none of it
-        bar.set_state(stats=Stats("split", drafted=8, accepted=6, gamma=4))
+        bar.set_state(stats=Stats("split", drafted=8, accepted=6, figures={"gamma": 4}))
         assert "aggregator" not in str(bar.line_text())
 
         # the sources of both sides, listed by number with their side (one app: starting
