@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -45,6 +45,15 @@ class ModelStep(Generic[T]):
             raise RuntimeError("no finished model step to take")
         self.future = None
         return future.result()
+
+    async def race(self, other: asyncio.Future[Any]) -> set[asyncio.Future[Any]]:
+        """Wait until `other` (a frame from the link) or the step in flight is done, whichever
+        comes first; the done ones. With no step in flight, wait for `other` alone."""
+        waiting: set[asyncio.Future[Any]] = {other}
+        if self.future is not None:
+            waiting.add(self.future)
+        done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        return done
 
     async def result(self) -> tuple[T, float]:
         """Await the step in flight and take its result."""

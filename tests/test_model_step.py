@@ -99,3 +99,13 @@ async def test_one_step_at_a_time_and_nothing_to_take_without_one() -> None:
     assert step.running  # and still in flight
     await step.stop()
     assert model.preempted == 1
+
+
+async def test_race_returns_whichever_of_the_frame_and_the_step_ends_first() -> None:
+    step: ModelStep[int] = ModelStep(lambda: None)
+    frame: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    step.start(lambda: asyncio.sleep(0.01, result=7))
+    done = await step.race(frame)
+    assert done == {step.future} and step.take()[0] == 7
+    frame.set_result("verdict")
+    assert await step.race(frame) == {frame}  # no step in flight: the frame alone

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -113,10 +113,7 @@ class DragonPeer:
                     yield self._flush()
                 if ledger.finished:
                     break
-                waiting: set[asyncio.Future[Any]] = {recv}
-                if self._step.future is not None:
-                    waiting.add(self._step.future)
-                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                done = await self._step.race(recv)
                 if self._step.future in done:
                     self._logits = self._step.take()
                 if recv in done:

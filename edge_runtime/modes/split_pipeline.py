@@ -124,10 +124,7 @@ class PipelinedRun(SplitRun):
                     await self._draft_one()
                 if self.stopping and not self.batches:
                     break
-                waiting: set[asyncio.Future[Any]] = {recv}
-                if self._step.future is not None:
-                    waiting.add(self._step.future)
-                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                done = await self._step.race(recv)
                 if self._step.future in done:
                     self._take_step()
                 if recv in done:
