@@ -256,6 +256,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="relevance below which a public passage is not used")  # fmt: skip
     serve.add_argument("--max-batch", type=int, dest="max_batch_sequences",
                        help="sequences of all sessions in one pass (1: no batching)")  # fmt: skip
+    serve.add_argument("--document-cache-mb", type=float,
+                       help="memory for public documents' prefix KV, reused by later questions "
+                            "over them (0: off; default 512)")  # fmt: skip
+    serve.add_argument("--document-cache-scope", choices=["user", "session", "all"],
+                       help="who shares a cached document (default user: one access "
+                            "token's sessions; all: anyone, who can then time what others "
+                            "read)")  # fmt: skip
     serve.add_argument("--tls-cert", type=Path, help="PEM certificate chain: serve wss://")
     serve.add_argument("--tls-key", type=Path, help="the certificate's private key (PEM)")
     serve.add_argument("--announce", action="store_true", help=argparse.SUPPRESS)

@@ -61,11 +61,17 @@ def _config(args: argparse.Namespace, load_config):
         corpus_k=args.corpus_k,
         corpus_floor=args.corpus_floor,
         max_batch_sequences=args.max_batch_sequences,
+        document_cache_bytes=_mib(args.document_cache_mb),
+        document_cache_scope=args.document_cache_scope,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
     )
     config.access_tokens()
     return config
+
+
+def _mib(value: float | None) -> int | None:
+    return None if value is None else int(value * 1024**2)
 
 
 def _open_corpus(config):

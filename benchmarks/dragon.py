@@ -656,6 +656,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="DRAGON §7.4 instead of the grid: the link's latency changes during each answer "
         "(+20 ms, +250 ms from token 10, +20 ms from token 22); auto vs both pinned, greedy",
     )  # fmt: skip
+    parser.add_argument(
+        "--caches", action="store_true",
+        help="instead of the grid: TTFT with the document caches off, cold and warm, and a "
+        "question stream's hit rate and memory (benchmarks.dragon_reuse); ort, greedy, the "
+        "first --latency-ms",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, help="write the JSON here instead")
     parser.add_argument(
         "--report", nargs="+", type=Path, metavar="JSON",
@@ -680,6 +686,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING)
     args.cloud_core = pin_device(args.device_core, args.cloud_core)
     started = time.time()
+    if args.caches:
+        return main_caches(args, argv, started)
     rows = asyncio.run(run(args))
     summary = trace_summary(rows) if args.trace else summarise(rows)
     name = args.name or ("quick" if args.quick else time.strftime("%Y%m%d-%H%M%S"))
@@ -696,6 +704,44 @@ def main(argv: Sequence[str] | None = None) -> None:
                                "seconds": time.time() - started,
                                key: rows, "summary": summary}, indent=1))  # fmt: skip
     (print_trace if args.trace else print_summary)(summary)
+    print(f"\n{time.time() - started:.0f} s; written to {out}")
+
+
+def main_caches(args: argparse.Namespace, argv: Sequence[str] | None, started: float) -> None:
+    """`--caches`: the document caches off, cold and warm, and a question stream."""
+    from benchmarks.dragon_reuse import print_caches, run_caches, summarise_caches
+    from benchmarks.prompts import load_prompts
+    from benchmarks.provenance import command_line, default_out, record, write_result
+    from edge_runtime.device import DeviceModel
+    from tandem_packaging.prepare import model_path
+
+    prov = record(command_line("benchmarks.dragon", argv),
+                  {"device_core": args.device_core, "cloud_core": args.cloud_core},
+                  {"device": 1, "cloud": 1}, ["cloud ort"])  # fmt: skip
+    prompts = load_prompts(n=args.prompts)[slice(*args.prompt_range)]
+    latency = args.latency_ms[0] if args.latency_ms != list(LATENCIES_MS) else 100.0
+
+    async def go() -> tuple[list[dict], list[dict]]:
+        device = DeviceModel.load(model_path("device", "onnx-quant"), threads=1)
+        with tempfile.TemporaryDirectory(prefix="tandem-dragon-bench-") as tmp:
+            index = build_private_index(Path(tmp))
+            try:
+                return await run_caches(device, index, prompts, cloud_core=args.cloud_core,
+                                        latency_ms=latency, k=args.k,
+                                        max_tokens=args.max_tokens)  # fmt: skip
+            finally:
+                index.close()
+
+    rows, stream = asyncio.run(go())
+    summary = summarise_caches(rows, stream)
+    for row in rows:
+        row.pop("commits", None)
+    name = args.name or f"caches-ort-{latency:.0f}ms-{len(prompts)}prompts"
+    out = args.out or default_out("dragon", name, args.quick)
+    write_result(out, prov, {"latency_ms": latency, "k": args.k, "max_tokens": args.max_tokens,
+                             "seconds": time.time() - started, "rows": rows, "stream": stream,
+                             "summary": summary})  # fmt: skip
+    print_caches(summary)
     print(f"\n{time.time() - started:.0f} s; written to {out}")
 
 

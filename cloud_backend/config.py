@@ -22,6 +22,7 @@ TOKEN_ENV = "TANDEM_CLOUD_TOKEN"
 DEFAULT_TOKEN_NAME = "default"
 ENGINES = ("ort", "torch", "vllm")
 TORCH_DTYPES = ("bfloat16", "float32")
+CACHE_SCOPES = ("user", "session", "all")
 
 
 class ConfigError(ValueError):
@@ -47,6 +48,11 @@ class ServerConfig:
     heartbeat_s: float | None = 5.0  # websocket ping every this; no pong in half: dead (None: off)
     send_timeout_s: float = 30.0  # a device that takes no frame for this long is cut off
     kv_budget_bytes: int = 2 * 1024**3
+    # public documents' prefix KV kept for reuse (0: off), and who shares an entry: "user"
+    # (sessions of one access token), "session", or "all" (the best hit rate, but a session
+    # can time whether another recently used a document: docs/security.md#document-cache)
+    document_cache_bytes: int = 512 * 1024**2
+    document_cache_scope: Literal["user", "session", "all"] = "user"
     max_batch_sequences: int = 64  # sequences of all sessions in one pass (1: one step a pass)
     prefill_chunk: int = 256  # positions of a long prefill per pass (others decode between)
     limits: Limits = field(default=DEFAULT_LIMITS)
@@ -80,6 +86,13 @@ class ServerConfig:
             raise ConfigError("heartbeat_s must be > 0 seconds (or unset to turn it off)")
         if self.kv_budget_bytes < 0:
             raise ConfigError("kv_budget_bytes must be ≥ 0")
+        if self.document_cache_bytes < 0:
+            raise ConfigError("document_cache_bytes must be ≥ 0 (0 turns the cache off)")
+        if self.document_cache_scope not in CACHE_SCOPES:
+            raise ConfigError(
+                f"document_cache_scope must be one of {', '.join(CACHE_SCOPES)}, "
+                f"not {self.document_cache_scope!r}"
+            )
         if self.threads is not None and self.threads < 1:
             raise ConfigError("threads must be at least 1 (or unset for all cores)")
         if self.corpus_k < 1:

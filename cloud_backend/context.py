@@ -28,6 +28,9 @@ class RequestMetrics(Protocol):
     def ttft(self, seconds: float) -> None:
         """Time from Generate to the first committed token."""
 
+    def reused(self, kind: str, tokens: int) -> None:
+        """Prompt tokens not prefilled again: their KV was kept (`conversation`, `document`)."""
+
 
 class RequestInbox(asyncio.Queue[Message]):
     """A request's frames from the device, bounded in count and bytes: a device that sends
@@ -100,3 +103,4 @@ class RequestContext:
     ping: Callable[[], Awaitable[None]] | None = None  # ask the device for a Pong (RTT)
     rtt: Callable[[], float | None] = lambda: None  # the session's measured round trip, s
     pace: DraftPace = field(default_factory=DraftPace)  # the session's, kept across answers
+    cache_salt: bytes = b""  # the scope whose document KV this request may reuse

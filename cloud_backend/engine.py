@@ -32,15 +32,17 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from cloud_backend.engine_api import CloudSequence, StepObserver
-from model_runtime.runtime import Cancelled, CausalLM, SequenceState
+from model_runtime.prefix_cache import PrefixCache
+from model_runtime.runtime import Cancelled, CausalLM, SequenceState, StateLost
 from model_runtime.tokenizer import tokenizer_fingerprint
 
+_STATE_STEPS = ("rollback", "snapshot")  # steps that touch one session's state, run no pass
 SHORT_FEED = 16  # positions: feeds up to this wide share a pass (decode, verify); wider are long
 PREFILL_CHUNK = 256  # positions of a long feed per pass
 MAX_BATCH_SEQUENCES = 64  # sequences in one pass
 
 
-class Evicted(RuntimeError):
+class Evicted(StateLost):
     """This session's KV cache was dropped to stay within the engine's memory budget."""
 
 
@@ -53,7 +55,8 @@ class _Step:
     rows: list[list[int]] = field(default_factory=list)
     fresh: bool = False
     last_only: bool = False
-    lengths: int | Sequence[int] = 0  # a rollback's target
+    lengths: int | Sequence[int] = 0  # a rollback's target; a snapshot's prefix lengths
+    prefixes: Sequence[SequenceState | None] | None = None  # a fresh feed continues these
     before: list[int] = field(default_factory=list)  # a feed's sequence lengths before it
     future: Future[Any] = field(default_factory=Future)
     fed: int = 0  # positions of each row fed so far (a long feed runs in chunks)
@@ -102,8 +105,11 @@ class LLMEngine:
         on_step: StepObserver | None = None,
         prefill_chunk: int = PREFILL_CHUNK,
         max_batch_sequences: int = MAX_BATCH_SEQUENCES,
+        document_cache_bytes: int = 0,
     ) -> None:
         self.lm = lm
+        # public documents' [instructions; document] KV, kept for the next question over them
+        self.documents = PrefixCache(document_cache_bytes) if document_cache_bytes > 0 else None
         self.tokenizer = tokenizer
         self.name = name
         self.kv_budget_bytes = kv_budget_bytes
@@ -183,7 +189,7 @@ class LLMEngine:
                 if self._closed:
                     return
                 cancelled = [s for s in self._queue if s.cancelled]
-                rollbacks = [s for s in self._queue if s.kind == "rollback" and not s.cancelled]
+                rollbacks = [s for s in self._queue if s.kind in _STATE_STEPS and not s.cancelled]
                 for step in cancelled + rollbacks:
                     self._queue.remove(step)
                 batch = [] if cancelled or rollbacks else self._pick()
@@ -191,7 +197,10 @@ class LLMEngine:
             for step in cancelled:
                 self._abandon(step)
             for step in rollbacks:
-                self._rollback(step)
+                if step.kind == "snapshot":
+                    self._snapshot(step)
+                else:
+                    self._rollback(step)
             if batch:
                 self._run_pass(batch)
 
@@ -239,9 +248,9 @@ class LLMEngine:
         long = steps[0].width > SHORT_FEED
         feeds = [s.chunk(self.prefill_chunk if long else s.width) for s in steps]
         last_only = all(s.last_only for s in steps)
-        states = [None if s.fresh and s.fed == 0 else s.session.state for s in steps]
         start = time.perf_counter()
         try:
+            states = [self._starting_state(s) for s in steps]
             logits, new_states = self.lm.feed_states(states, feeds, last_only=last_only)
         except Cancelled:
             with self._lock:
@@ -291,6 +300,30 @@ class LLMEngine:
         self._report(steps, feeds, seconds)
         for step in done:
             _succeed(step, step.result())
+
+    def _starting_state(self, step: _Step) -> SequenceState | None:
+        """What a step continues: a fresh one nothing, or the cached prefixes it resumes."""
+        if step.fresh and step.fed == 0:
+            return None if step.prefixes is None else self.lm.join(step.prefixes)
+        return step.session.state
+
+    def _snapshot(self, step: _Step) -> None:
+        """Copies of the first `lengths[b]` tokens' KV of each of the session's sequences."""
+        session = step.session
+        if gone := _gone(step):
+            _fail(step, Evicted(gone))
+            return
+        try:
+            assert session.state is not None
+            self.lm.attach_state(session.state)
+            lengths = list(step.lengths)  # type: ignore[arg-type]
+            snaps = [self.lm.prefix_state(b, n) if n else None for b, n in enumerate(lengths)]
+        except Exception as exc:
+            _fail(step, exc)
+            return
+        finally:
+            self.lm.reset(1)
+        _succeed(step, snaps)
 
     def _abandon(self, step: _Step) -> None:
         """A cancelled step: undo the chunks of it already fed (a cancel leaves the session as
@@ -414,17 +447,52 @@ class EngineSession(CloudSequence):
         held = None if self.state is None else self.state.lengths.tolist()
         batch, lengths = self.checked(rows, fresh, held)
         step = _Step(self, kind, batch, fresh=fresh, last_only=last_only, before=lengths)
-        return await self.engine._submit(step)
+        tokens, self.held = self.held, None  # unknown until the step completes
+        logits = await self.engine._submit(step)
+        self.held = tokens
+        self._fed(batch, fresh)
+        return logits
 
     async def rewind(self, lengths: int | Sequence[int]) -> None:
+        tokens, self.held = self.held, None
         await self.engine._submit(_Step(self, "rollback", lengths=lengths))
+        self.held = tokens
+        self._rewound(lengths)
+
+    reuses_kv = True
+
+    def holds(self, length: int) -> bool:
+        state = self.state
+        return state is not None and not self.evicted and state.lengths.tolist() == [length]
+
+    async def resume(
+        self, prefixes: Sequence[SequenceState | None], rows: Sequence[Sequence[int]]
+    ) -> np.ndarray:
+        held = [int(p.lengths[0]) if p else 0 for p in prefixes]
+        batch, lengths = self.checked(rows, False, held)
+        step = _Step(self, "prefill", batch, fresh=True, last_only=True, before=lengths,
+                     prefixes=list(prefixes))  # fmt: skip
+        self.held = None
+        logits: np.ndarray = await self.engine._submit(step)
+        return logits[:, 0]
+
+    async def snapshot(self, lengths: Sequence[int]) -> list[SequenceState | None]:
+        snaps: list[SequenceState | None] = await self.engine._submit(
+            _Step(self, "snapshot", lengths=list(lengths))
+        )
+        return snaps
 
     def cancel(self) -> None:
         """Stop this session's step, queued or running (from the event loop)."""
         self.engine._cancel(self)
 
-    def release(self) -> None:
-        """Drop the cache (between requests) but keep the session."""
+    def release(self, keep: bool = True) -> None:
+        """A request ended: keep its one sequence's KV for the next request to extend
+        (conversation reuse, counted in the memory budget like any session's), or drop it
+        (`keep` False, or several sequences: DRAGON's documents); the session stays open."""
+        if keep and self.held is not None:
+            return
+        self.held = None
         with self.engine._lock:
             self.state, self.nbytes = None, 0
 

@@ -15,6 +15,7 @@ from transformers import PreTrainedTokenizerBase
 
 from collab.sampling import SamplingParams
 from model_runtime.async_model import AsyncSequence
+from model_runtime.prefix_cache import PrefixCache
 from model_runtime.runtime import RuntimeInputError
 
 StepObserver = Callable[[str, int, float], None]  # (kind, positions fed, seconds)
@@ -62,8 +63,9 @@ class CloudSequence(AsyncSequence):
         """Tokens in the first sequence (its next position)."""
 
     @abstractmethod
-    def release(self) -> None:
-        """Drop the sequences' cache between requests; the session stays open."""
+    def release(self, keep: bool = True) -> None:
+        """A request ended: the session stays open; its cache is dropped, or with `keep`, kept
+        where the engine can extend it in the next request (conversation reuse)."""
 
     @abstractmethod
     def close(self) -> None:
@@ -86,6 +88,7 @@ class CloudEngine(Protocol):
     tokenizer_hash: bytes
     kv_budget_bytes: int
     on_step: StepObserver | None
+    documents: PrefixCache | None  # public documents' prefix KV (None: the engine's own)
 
     @property
     def lm(self) -> ModelLimits: ...

@@ -79,4 +79,5 @@ def build_engine(config: ServerConfig) -> CloudEngine:
     return LLMEngine(
         lm, tokenizer, name, kv_budget_bytes=config.kv_budget_bytes,
         prefill_chunk=config.prefill_chunk, max_batch_sequences=config.max_batch_sequences,
+        document_cache_bytes=config.document_cache_bytes,
     )  # fmt: skip

@@ -7,7 +7,7 @@ prometheus_client is thread-safe, so the engine's worker thread may record step 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -17,6 +17,10 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from model_runtime.prefix_cache import PrefixCache
 
 # Step and round times on the cloud: a tiny test model takes ~1 ms, a 1.5B prefill seconds.
 _STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -80,12 +84,24 @@ class ServerMetrics:
             buckets=_TTFT_BUCKETS,
             registry=r,
         )
+        self.reused_tokens = Counter(
+            "tandem_reused_prompt_tokens",
+            "Prompt tokens not prefilled again, their KV kept (conversation, document)",
+            ["kind"],
+            registry=r,
+        )
         for direction in ("up", "down"):
             self.bytes.labels(direction=direction)  # show zeros before any traffic
+        for kind in ("conversation", "document"):
+            self.reused_tokens.labels(kind=kind)
 
     def watch_kv_cache(self, read: Callable[[], int]) -> None:
         """Read the cache size at scrape time (always current, no bookkeeping)."""
         self.kv_cache_bytes.set_function(read)
+
+    def watch_document_cache(self, cache: PrefixCache) -> None:
+        """The public documents' prefix KV cache, read at scrape time: hits, misses, bytes."""
+        self.registry.register(_DocumentCacheCollector(cache))
 
     def step(self, kind: str, positions: int, seconds: float) -> None:
         """The engine's `on_step` observer (called from its worker thread)."""
@@ -93,6 +109,28 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _DocumentCacheCollector(Collector):
+    def __init__(self, cache: PrefixCache) -> None:
+        self.cache = cache
+
+    def collect(self) -> Iterator[Metric]:
+        c = self.cache
+        yield CounterMetricFamily(
+            "tandem_document_cache_hits", "Document prefixes whose KV was reused", value=c.hits
+        )
+        yield CounterMetricFamily(
+            "tandem_document_cache_misses", "Document prefixes prefilled (then kept)",
+            value=c.misses,
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "tandem_document_cache_bytes", "Memory the document prefix KV holds", value=c.nbytes
+        )
+        yield GaugeMetricFamily(
+            "tandem_document_cache_budget_bytes", "The document cache's budget",
+            value=c.budget_bytes,
+        )  # fmt: skip
 
 
 class RequestMetrics:
@@ -123,6 +161,10 @@ class RequestMetrics:
         if accepted:
             self._m.accepted.inc(accepted)
         self._m.round_seconds.observe(seconds)
+
+    def reused(self, kind: str, tokens: int) -> None:
+        if tokens > 0:
+            self._m.reused_tokens.labels(kind=kind).inc(tokens)
 
     def ttft(self, seconds: float) -> None:
         if self.ttft_s is None:

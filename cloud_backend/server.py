@@ -171,6 +171,8 @@ def create_app(
     metrics = ServerMetrics()
     state = AppState(config, engine, corpus, tokens, metrics)
     metrics.watch_kv_cache(lambda: engine.cache_bytes)
+    if engine.documents is not None:
+        metrics.watch_document_cache(engine.documents)
     metrics.sessions.set_function(lambda: len(state.sessions))
     app = web.Application()
     app[STATE] = state

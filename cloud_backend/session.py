@@ -498,6 +498,7 @@ class Session:
             traffic=lambda: (req.bytes_up, req.bytes_down),
             metrics=req.metrics,
             ping=self.ping,
+            cache_salt=self._cache_salt(),
             rtt=lambda: self.rtt_s,
             pace=self.pace,
         )
@@ -571,7 +572,7 @@ class Session:
                 )
             )
             if self.engine_session is not None:
-                self.engine_session.release()
+                self.engine_session.release(keep=False)
             await self.send(
                 Done(
                     FinishReason.ERROR, tokens=m.n_tokens, rounds=m.n_rounds,
@@ -582,6 +583,16 @@ class Session:
             )  # fmt: skip
 
     # ---- eviction and cleanup --------------------------------------------------------------
+    def _cache_salt(self) -> bytes:
+        """The scope this session shares public documents' cached KV within (a session of
+        another scope cannot time whether a document was recently used here)."""
+        scope = self.state.config.document_cache_scope
+        if scope == "all":
+            return b""
+        if scope == "user":
+            return f"user:{self.user}".encode()
+        return f"session:{self.id}".encode()
+
     def _evicted_from_worker(self) -> None:
         """Called by the engine's worker thread: hop to the event loop."""
         with contextlib.suppress(RuntimeError):  # loop already closed: nothing to record
@@ -590,7 +601,8 @@ class Session:
     def _evicted(self) -> None:
         self.state.metrics.evictions.inc()
         req = self.request
-        log.warning(
+        # an idle session's kept conversation going is the budget at work, not a problem
+        (log.warning if req is not None else log.info)(
             kv(
                 "kv_evicted", session=self.id, request=req.id if req else "-",
                 kv_budget_bytes=self.state.engine.kv_budget_bytes,

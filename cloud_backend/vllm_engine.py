@@ -39,6 +39,7 @@ from cloud_backend.config import ConfigError, ServerConfig
 from cloud_backend.engine_api import CloudSequence, StepObserver
 from cloud_backend.logfmt import kv
 from collab.sampling import SamplingParams
+from model_runtime.prefix_cache import PrefixCache
 from model_runtime.runtime import Cancelled, RuntimeInputError, check_feed
 from model_runtime.tokenizer import tokenizer_fingerprint
 
@@ -81,6 +82,8 @@ class VllmEngine:
         self.tokenizer_hash = bytes.fromhex(tokenizer_fingerprint(tokenizer))
         self.kv_budget_bytes = kv_budget_bytes
         self.kv_bytes_per_token = kv_bytes_per_token
+        # vLLM's own prefix caching reuses documents (salted per session)
+        self.documents: PrefixCache | None = None
         self.on_step: StepObserver | None = None
         self.requests = 0  # rows asked of vLLM (for tests and benchmarks)
         config = llm.model_config
@@ -262,7 +265,9 @@ class VllmSequence(CloudSequence):
             self._cancelled = True
             self._step.cancel()
 
-    def release(self) -> None:
+    def release(self, keep: bool = True) -> None:
+        """The rows go; vLLM's prefix cache (this session's salt) keeps what the next
+        request can reuse, `keep` or not."""
         self.rows = []
 
     def close(self) -> None:

@@ -13,19 +13,29 @@ from transformers import PreTrainedTokenizerBase
 
 from collab.sources import Source
 from model_runtime.async_model import ModelWorker, WorkerSequence
+from model_runtime.prefix_cache import PrefixCache
 from model_runtime.runtime import CausalLM
 from model_runtime.tokenizer import load_tokenizer, tokenizer_fingerprint
+
+DOCUMENT_CACHE_BYTES = 256 * 1024**2  # ~25 passages' KV with the 0.5B in float32
 
 
 class DeviceModel(WorkerSequence):
     """The device's `CausalLM` with its tokenizer: one sequence, stepped from asyncio."""
 
-    def __init__(self, lm: CausalLM, tokenizer: PreTrainedTokenizerBase, name: str) -> None:
+    def __init__(
+        self, lm: CausalLM, tokenizer: PreTrainedTokenizerBase, name: str,
+        document_cache_bytes: int = DOCUMENT_CACHE_BYTES,
+    ) -> None:  # fmt: skip
         self.lm = lm
         self.tokenizer = tokenizer
         self.name = name
         self.tokenizer_hash = bytes.fromhex(tokenizer_fingerprint(tokenizer))
         self._worker = ModelWorker("device-model")
+        # private passages' [instructions; passage] KV (DRAGON): in memory only, never sent
+        self.documents: PrefixCache | None = (
+            PrefixCache(document_cache_bytes) if document_cache_bytes else None
+        )
 
     @classmethod
     def load(cls, folder: Path, threads: int | None = None) -> DeviceModel:

@@ -13,11 +13,14 @@ import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
-from model_runtime.runtime import CausalLM
+from model_runtime.runtime import CausalLM, SequenceState, StateLost
+
+if TYPE_CHECKING:
+    from model_runtime.prefix_cache import PrefixReuse
 
 T = TypeVar("T")
 
@@ -54,11 +57,68 @@ class AsyncSequence(ABC):
     def cancel(self) -> None:
         """Stop this sequence's model step in flight (it raises `Cancelled`)."""
 
+    async def resume(
+        self, prefixes: Sequence[SequenceState | None], rows: Sequence[Sequence[int]]
+    ) -> np.ndarray:
+        """Start one sequence per row continuing `prefixes[b]` (cached KV, None: nothing) with
+        `rows[b]` (`CausalLM.feed_from`); next-token logits [B, V]. Only where `reuses_kv`."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no KV to reuse")
+
+    async def snapshot(self, lengths: Sequence[int]) -> list[SequenceState | None]:
+        """Copies of the KV of the first `lengths[b]` tokens of each sequence b (0: None), to
+        cache (`CausalLM.prefix_state`). Only where `reuses_kv`."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no KV to reuse")
+
+    reuses_kv = False  # `resume`, `snapshot` and conversation reuse work (we hold the KV)
+    held: list[int] | None = None  # the tokens of the one sequence held, while known
+    reused_tokens = 0  # prompt tokens `prefill` did not feed again (conversation reuse)
+
     async def prefill(self, ids: Sequence[int]) -> np.ndarray:
-        """Start a fresh sequence; next-token logits [V]."""
+        """Start a sequence of `ids`; next-token logits [V]. Where the sequence held now (the
+        last answer's prompt and tokens) begins as `ids` does, it is rolled back to what they
+        share and only the rest is fed: exact, as that KV depends only on those tokens."""
+        common = self._common_prefix(ids)
+        if common:
+            try:
+                await self.rewind(common)
+                logits = await self.feed("prefill", [list(ids[common:])], last_only=True)
+                self.reused_tokens += common
+                first: np.ndarray = logits[0, 0]
+                return first
+            except StateLost:  # dropped meanwhile to fit the memory budget: start afresh
+                self.held = None
         logits = await self.feed("prefill", [ids], fresh=True, last_only=True)
-        first: np.ndarray = logits[0, 0]
+        first = logits[0, 0]
         return first
+
+    def _common_prefix(self, ids: Sequence[int]) -> int:
+        """Tokens at the start of `ids` the held sequence already holds (never all of `ids`:
+        the last one is fed for its logits); 0 where nothing is known to be held."""
+        held = self.held
+        if not self.reuses_kv or held is None or not self.holds(len(held)) or len(ids) < 2:
+            return 0
+        n = min(len(held), len(ids) - 1)
+        differ = np.flatnonzero(np.asarray(held[:n]) != np.asarray(ids[:n]))
+        return int(differ[0]) if len(differ) else n
+
+    def holds(self, length: int) -> bool:
+        """Whether exactly one sequence of `length` tokens is held now."""
+        return False
+
+    def _fed(self, rows: Sequence[Sequence[int]], fresh: bool) -> None:
+        """Track the one sequence's tokens after a feed that completed."""
+        if len(rows) != 1:
+            self.held = None
+        elif fresh:
+            self.held = list(rows[0])
+        elif self.held is not None:
+            self.held += rows[0]
+
+    def _rewound(self, lengths: int | Sequence[int]) -> None:
+        if isinstance(lengths, int | np.integer) and self.held is not None:
+            self.held = self.held[: int(lengths)]
+        else:
+            self.held = None
 
     async def forward(self, ids: Sequence[int]) -> np.ndarray:
         """Feed tokens; logits at every fed position, [T, V] (verification of γ+1 positions)."""
@@ -87,13 +147,40 @@ class WorkerSequence(AsyncSequence):
         last_only: bool = False,
     ) -> np.ndarray:  # fmt: skip
         batch = [list(row) for row in rows]
-        return await self.step(
+        held, self.held = self.held, None  # unknown until the step completes
+        logits = await self.step(
             kind, sum(map(len, batch)),
             lambda: self.lm.feed(batch, fresh=fresh, last_only=last_only),
         )  # fmt: skip
+        self.held = held
+        self._fed(batch, fresh)
+        return logits
 
     async def rewind(self, lengths: int | Sequence[int]) -> None:
+        held, self.held = self.held, None
         await self.step("rollback", 0, lambda: self.lm.rollback(lengths))
+        self.held = held
+        self._rewound(lengths)
+
+    reuses_kv = True
+
+    def holds(self, length: int) -> bool:
+        return self.lm.batch_size == 1 and self.lm.lengths[0] == length
+
+    async def resume(
+        self, prefixes: Sequence[SequenceState | None], rows: Sequence[Sequence[int]]
+    ) -> np.ndarray:
+        batch = [list(row) for row in rows]
+        self.held = None
+        return await self.step(
+            "prefill", sum(map(len, batch)), lambda: self.lm.feed_from(prefixes, batch)
+        )
+
+    async def snapshot(self, lengths: Sequence[int]) -> list[SequenceState | None]:
+        return await self.step(
+            "snapshot", 0,
+            lambda: [self.lm.prefix_state(b, n) if n else None for b, n in enumerate(lengths)],
+        )  # fmt: skip
 
 
 class DocumentBatch:
@@ -111,11 +198,17 @@ class DocumentBatch:
     def size(self) -> int:
         return len(self.prompt_lengths)
 
-    async def start(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
-        """Prefill every document's prompt; next-token logits [D, V]."""
-        logits = await self.seq.feed("prefill", prompts, fresh=True, last_only=True)
+    async def start(
+        self, prompts: Sequence[Sequence[int]], reuse: PrefixReuse | None = None
+    ) -> np.ndarray:
+        """Prefill every document's prompt (continuing the cached KV of each one's stable
+        prefix, with `reuse`); next-token logits [D, V]."""
+        if reuse is not None and self.seq.reuses_kv:
+            logits = await reuse.start(self.seq, prompts)
+        else:
+            logits = (await self.seq.feed("prefill", prompts, fresh=True, last_only=True))[:, 0]
         self.prompt_lengths, self.answer_tokens = [len(p) for p in prompts], 0
-        return logits[:, 0]
+        return logits
 
     async def advance(self, token: int) -> np.ndarray:
         """Feed one answer token to every sequence; next-token logits [D, V]."""

@@ -34,6 +34,11 @@ class Cancelled(Exception):
     """The step was cancelled by `CausalLM.cancel()`; no sequence changed."""
 
 
+class StateLost(RuntimeError):
+    """The sequences a step would continue are gone (a server dropped them to stay within its
+    memory budget); a fresh prefill still works."""
+
+
 class RuntimeInputError(ValueError):
     """Invalid tokens, lengths or sequence numbers passed to a runtime."""
 
@@ -178,15 +183,8 @@ class CausalLM(ABC):
                     f"got tokens for {len(rows)} sequences, the state holds {len(state.lengths)}"
                 )
             users.append(state)
-        sizes = [len(u.lengths) for u in users]
-        slots = max(u.mask.shape[1] for u in users)
-        pads = [slots - u.mask.shape[1] for u in users]
         try:
-            self._mask = np.concatenate(
-                [np.pad(u.mask, ((0, 0), (pad, 0))) for u, pad in zip(users, pads, strict=True)]
-            )
-            self._lengths = np.concatenate([u.lengths for u in users])
-            self._set_cache(self._concat_caches([u.cache for u in users], sizes, pads))
+            sizes = self._install(users)
             logits = self._feed([row for rows in tokens for row in rows], last_only)
             out_logits: list[np.ndarray] = []
             out_states: list[SequenceState] = []
@@ -205,6 +203,72 @@ class CausalLM(ABC):
         finally:
             self.reset(1)
         return out_logits, out_states
+
+    def _install(self, states: Sequence[SequenceState]) -> list[int]:
+        """Make the sequences of `states`, in order, the runtime's: each state's slots
+        left-padded with masked slots to the longest. Returns each state's sequence count."""
+        sizes = [len(u.lengths) for u in states]
+        slots = max(u.mask.shape[1] for u in states)
+        pads = [slots - u.mask.shape[1] for u in states]
+        self._mask = np.concatenate(
+            [np.pad(u.mask, ((0, 0), (pad, 0))) for u, pad in zip(states, pads, strict=True)]
+        )
+        self._lengths = np.concatenate([u.lengths for u in states])
+        self._set_cache(self._concat_caches([u.cache for u in states], sizes, pads))
+        return sizes
+
+    # ---- exact reuse of a prefix's KV ------------------------------------------------------
+    def prefix_state(self, seq: int, length: int) -> SequenceState:
+        """A copy of the KV of the first `length` tokens of sequence `seq`, as a one-sequence
+        state: the keys and values of a causal model's prefix do not depend on what follows,
+        so any later sequence that starts with the same tokens may continue from it exactly."""
+        if not 0 <= seq < self.batch_size:
+            raise RuntimeInputError(f"no sequence {seq} (batch of {self.batch_size})")
+        slots = np.flatnonzero(self._mask[seq])
+        if not 0 < length <= len(slots):
+            raise RuntimeInputError(f"sequence {seq} holds {len(slots)} tokens, not {length}")
+        lo, hi = int(slots[0]), int(slots[length - 1]) + 1
+        mask = self._mask[seq : seq + 1, lo:hi].copy()
+        cache = self._slice_cache(seq, seq + 1, lo, hi)
+        return SequenceState(
+            mask, np.array([length], dtype=np.int64), cache, (hi - lo) * self._bytes_per_slot()
+        )
+
+    def join(self, states: Sequence[SequenceState | None]) -> SequenceState:
+        """One state holding the sequences of `states` in order (None: an empty sequence), to
+        start a batch whose sequences continue cached prefixes. The states passed in are not
+        changed (their caches are copied); the runtime is left empty."""
+        empty = None
+        filled: list[SequenceState] = []
+        for state in states:
+            if state is None:
+                if empty is None:
+                    self.reset(1)
+                    empty = self.detach_state()
+                state = empty
+            filled.append(state)
+        try:
+            self._install(filled)
+            return self.detach_state()
+        finally:
+            self.reset(1)
+
+    def feed_from(
+        self, prefixes: Sequence[SequenceState | None], rows: Sequence[Sequence[int]]
+    ) -> np.ndarray:
+        """Start one sequence per row that continues `prefixes[b]` (a `prefix_state`; None:
+        nothing) with `rows[b]` (at least one token each). Next-token logits [B, V], equal
+        within float rounding to a prefill of the prefix's tokens followed by the row."""
+        if len(prefixes) != len(rows) or not rows:
+            raise RuntimeInputError("one prefix (or None) per row, and at least one row")
+        if any(len(row) == 0 for row in rows):
+            raise RuntimeInputError("each sequence needs at least one token after its prefix")
+        self.attach_state(self.join(prefixes))
+        try:
+            return self._feed(rows, last_only=True)[:, 0]
+        except BaseException:
+            self.reset(1)
+            raise
 
     def _feed(self, tokens: Sequence[Sequence[int]], last_only: bool) -> np.ndarray:
         """Feed tokens; logits at every position, or only at each sequence's last one."""

@@ -54,6 +54,15 @@ def chat_prompt_ids(
     return list(ids)
 
 
+def chat_turn_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of chat turns as the template writes them, closed, with no turn opened after
+    (a prompt's first turns, to find where they end in the whole prompt's ids)."""
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=False, tokenize=True, return_dict=False
+    )
+    return list(ids)
+
+
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     """sha256 of the id→token map (vocabulary and added tokens): two models can share
     drafts and distributions only if this is equal."""

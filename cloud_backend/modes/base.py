@@ -107,7 +107,10 @@ class Request(ABC):
             await self.link.error(ErrorCode.LIMIT, f"prompt of {len(ids)} tokens fills the context")
             raise Stop(FinishReason.ERROR)
         self.transcript.max_new_tokens = min(self.transcript.max_new_tokens, room)
-        self.next_logits = await self.ctx.session.prefill(ids)
+        session = self.ctx.session
+        reused = session.reused_tokens
+        self.next_logits = await session.prefill(ids)  # extends the last answer's KV if it can
+        self.ctx.metrics.reused("conversation", session.reused_tokens - reused)
         await self.decode_answer()
 
     @abstractmethod

@@ -36,6 +36,7 @@ from collab.protocol import (
 )
 from collab.sources import SOURCE_CHARS, Source
 from model_runtime.async_model import DocumentBatch
+from model_runtime.prefix_cache import PrefixReuse
 from model_runtime.prompting import document_prompt, prompt_budget
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ class DragonRequest(Request):
         self.scores = np.zeros(1)
         self.first_logits = np.zeros((1, 1))
         self.prefill_s = 0.0
+        self.reuse: PrefixReuse | None = None
 
     async def run(self) -> None:
         """DragonSetup, the public documents, one prefill of every document's prompt, then
@@ -70,8 +72,10 @@ class DragonRequest(Request):
             raise Stop(FinishReason.ERROR)
         self.transcript.max_new_tokens = min(self.transcript.max_new_tokens, room)
         t0 = time.perf_counter()
-        self.first_logits = await self.batch.start(prompts)
+        self.first_logits = await self.batch.start(prompts, self.reuse)
         self.prefill_s = time.perf_counter() - t0
+        if self.reuse is not None:
+            self.ctx.metrics.reused("document", self.reuse.reused)
         if self.setup.policy in (AggregatorPolicy.SEQUENCE, AggregatorPolicy.SCORE):
             side = PublicSide(self.batch, self.first_logits, self.scores)
             room = self.ctx.engine.lm.max_context - max(self.batch.prompt_lengths)
@@ -118,10 +122,15 @@ class DragonRequest(Request):
         tokenizer = self.ctx.engine.tokenizer
         budget = prompt_budget(self.ctx.engine.lm.max_context, self.gen.max_new_tokens)
         docs: list[Source | None] = [replace(p, number=n) for n, p in enumerate(self.passages, 1)]
-        prompts = [
-            document_prompt(tokenizer, self.gen.question, self.gen.history, doc, budget)[0]
+        built = [
+            document_prompt(tokenizer, self.gen.question, self.gen.history, doc, budget)
             for doc in docs or [None]
         ]
+        prompts = [ids for ids, _, _ in built]
+        cache = self.ctx.engine.documents
+        if cache is not None:  # each document's [instructions; document] KV, kept
+            self.reuse = PrefixReuse(cache, [stable for _, _, stable in built],
+                                     salt=self.ctx.cache_salt)  # fmt: skip
         if not self.passages:
             return prompts, np.array([NO_DOCUMENT_COSINE])
         return prompts, np.array([p.score for p in self.passages])

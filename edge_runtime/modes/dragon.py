@@ -60,6 +60,7 @@ from edge_runtime.modes.cloud_link import CloudBacked
 from edge_runtime.modes.dragon_declared import DECLARED
 from edge_runtime.modes.link import RequestLink
 from model_runtime.async_model import DocumentBatch
+from model_runtime.prefix_cache import PrefixReuse
 from model_runtime.prompting import document_prompt, prompt_budget
 
 POLICIES = {"device": AggregatorPolicy.DEVICE, "cloud": AggregatorPolicy.CLOUD,
@@ -75,6 +76,7 @@ class _Documents:
     batch: DocumentBatch
     question: str
     hits: list[Any]  # the index's hits, for re-ranking
+    reuse: PrefixReuse | None = None
     first_logits: np.ndarray | None = None
 
 
@@ -111,18 +113,23 @@ class DragonMode(CloudBacked):
         if nothing_relevant(self.ctx.index, options.k, passages):
             yield Notice(NOTHING_PRIVATE)
         budget = prompt_budget(device.lm.max_context, options.max_new_tokens)
-        prompts, dropped = [], 0
+        prompts, stable, dropped = [], [], 0
         docs: list[Source | None] = list(passages) or [None]
         for doc in docs:
-            ids, dropped = document_prompt(
+            ids, dropped, prefix = document_prompt(
                 device.tokenizer, question, full_history(history), doc, budget
             )
             prompts.append(ids)
+            stable.append(prefix)
+        reuse = None
+        if device.documents is not None:  # each passage's [instructions; passage] KV, kept
+            tags = [[doc.path] if doc and doc.path else [] for doc in docs]
+            reuse = PrefixReuse(device.documents, stable, tags)
         if dropped:
             yield left_out_notice(dropped, device.lm.max_context)
         cosines = [p.score for p in passages] or [NO_DOCUMENT_COSINE]
         self._docs = _Documents(
-            prompts, relevance(np.array(cosines)), DocumentBatch(device), question, hits
+            prompts, relevance(np.array(cosines)), DocumentBatch(device), question, hits, reuse
         )
 
     async def converse(
@@ -140,7 +147,7 @@ class DragonMode(CloudBacked):
         pinger = asyncio.ensure_future(_ping(link.client))
         try:
             t0 = time.perf_counter()
-            docs.first_logits = await docs.batch.start(docs.prompts)
+            docs.first_logits = await docs.batch.start(docs.prompts, docs.reuse)
             prefill_s = time.perf_counter() - t0
             seed = options.seed
             ledger = Ledger(Side.DEVICE, answer.transcript, aggregator=first_aggregator(setup))
