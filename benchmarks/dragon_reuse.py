@@ -11,8 +11,8 @@ Three passes over one emulated link (the grid's first latency, default +100 ms):
             both sides, only the question is prefilled
 
 then a question stream: STREAM's questions, two or three about each of the notes' topics, asked
-one after another in one session with both caches on (scoped to the user, the default), each
-side's hit rate and the memory the caches hold.
+one after another in one new session with both caches on, each side's hit rate and the memory
+the caches hold.
 
 Reported: TTFT and per-token latency of each, warm DRAGON / device-only RAG TTFT, cold / off
 TTFT and warm / off per-token latency, each with a 95 % paired bootstrap over prompts, and how
@@ -72,9 +72,9 @@ async def run_caches(
     documents = device.documents
     one_way = LinkProfile(latency_ms / 2000, latency_ms / 10_000, None)
 
-    async def answer(mode: Any, prompt: str, n: int, **row: Any) -> dict:
+    async def answer(mode: Any, text: str, n: int, **row: Any) -> dict:
         options = AnswerOptions(max_tokens, temperature=0.0, seed=n, k=k)
-        out = row | await measure(mode, prompt, options)
+        out = row | await measure(mode, text, options)
         docs = getattr(mode, "_docs", None)
         reuse = getattr(docs, "reuse", None)
         out["device_hits"] = None if reuse is None else reuse.hits
@@ -129,8 +129,8 @@ async def run_caches(
 
 
 async def _stream(device, index, url: str, linked: str, token: str, answer) -> list[dict]:
-    """STREAM in one session, both caches on and scoped to the user (a fresh cloud scope:
-    its own user's entries only)."""
+    """STREAM in one new session, both caches on and starting empty (the cloud's scope is
+    the session here; one session sees the same entries under the default user scope)."""
     assert device.documents is not None
     device.documents.clear()
     out = []
