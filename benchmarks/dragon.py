@@ -7,6 +7,7 @@ docs/benchmarks/index.md#measuring-honestly).
     python -m benchmarks.dragon --engines ort --sampling greedy --prompt-range 0 10   # a piece
     python -m benchmarks.dragon --trace --engines ort --prompts 10   # §7.4: latency changes
     python -m benchmarks.dragon --report benchmarks/results/dragon/*.json   # pieces pooled
+    python -m benchmarks.dragon --caches --engines ort --prompts 10   # KV reuse: off/cold/warm
 
 The cloud (`tandem serve` with its public corpus, 1 thread) runs in its own process pinned to
 core 1 with `taskset`; this process (the device: ONNX Runtime int8 0.5B, 1 thread, its
@@ -30,7 +31,10 @@ method, one after the other on the same link:
                    both mixtures and aggregated once (`benchmarks.baselines`); nothing streams,
                    so its per-token latency is its decoding time (prefills excluded) per token
 
-It prints per-token latency (the mean time between commits after the first token), TTFT
+The grid runs with both document caches off, so that every method prefills its documents and
+methods answered one after another compare alike; `--caches` measures what the caches change
+(`benchmarks.dragon_reuse`). It prints per-token latency (the mean time between commits after
+the first token), TTFT
 (retrieval included), each side's acceptance, aggregator switches and bytes per token each
 way; then, from this run alone, the issue's targets averaged over latencies of 100–300 ms,
 each with PASS or FAIL. JSON goes to benchmarks/results/dragon/<name>.json."""
@@ -600,13 +604,15 @@ async def run(args: argparse.Namespace) -> list[dict]:
 
     prompts = load_prompts(n=args.prompts)[slice(*args.prompt_range)]
     device = DeviceModel.load(model_path("device", "onnx-quant"), threads=1)
+    device.documents = None  # every method prefills its documents (`--caches` measures reuse)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="tandem-dragon-bench-") as tmp:
         index = build_private_index(Path(tmp))
         try:
             for engine in args.engines:
                 cloud, url, token = await start_cloud(
-                    engine, args.cloud_core, corpus=True, corpus_k=args.k
+                    engine, args.cloud_core, corpus=True, corpus_k=args.k,
+                    extra=["--document-cache-mb", "0"],  # the grid compares methods cold
                 )  # CRCG/Cloud and DRCG/Text get k public passages, as DRAGON does
                 try:
                     await warm_up(device, index, url, token, args.k)

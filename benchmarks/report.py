@@ -409,6 +409,27 @@ def split_restructure() -> Built:
     )
 
 
+REQUEST_LINK_AB = "split/refactor-i30-ab-ort-rtt50.json"
+
+
+def split_request_link() -> Built:
+    """Issue 30's request link, before and after, interleaved runs on one machine."""
+    data = load(REQUEST_LINK_AB)
+    lines = ["| method | cloud CPU per decoded token, after ÷ before (95 % CI) | pairs |",
+             "|---|---|---|"]  # fmt: skip
+    for method, m in data["summary"].items():
+        r = m["cloud_decode_cpu_ms_per_token_after_over_before"]
+        cell = ratio_cell(tuple(r), "slower after", "faster after")  # type: ignore[arg-type]
+        lines.append(f"| {method} | {cell} | {m['pairs']} |")
+    note = (
+        "Runs A B B A A B B A, 5 prompts, 64 tokens, greedy, +50 ms at 100 Mbit/s; the CPU "
+        "the cloud's own process spent per token after the first, paired by run pair and "
+        "prompt. The later A runs held work in progress on prompt caching, which changes "
+        "TTFT, not decoding: tokens/s is not compared."
+    )
+    return Built("\n".join(lines), [REQUEST_LINK_AB], note)
+
+
 PRIVATE_FACTS = (
     "private-facts/ort-32notes-eta0-1.json",
     "private-facts/ort-32notes-large-eta.json",
@@ -528,6 +549,74 @@ def dragon_kv() -> Built:
         lines.append(f"| {engine} | {p['mean_tokens']:.0f} | {p['bytes_per_token'] / 1024:.0f} | "
                      f"{p['mean_bytes'] / 2**20:.1f} | {fetch} |")  # fmt: skip
     return Built("\n".join(lines), [src], "Arithmetic from the model's cache layout, not timed.")
+
+
+DRAGON_CACHES = "dragon/caches-ort-100ms-10prompts.json"
+CONVERSATION = "conversation/second-turn-ort.json"
+
+
+def dragon_caches() -> Built:
+    """DRAGON with the documents' prefix KV off, cold and warm, and a question stream."""
+    if not saved(DRAGON_CACHES):
+        return unmeasured_table(
+            ["answer", "TTFT s", "ms per token"],
+            ["dragon-off", "local-rag", "dragon-cold", "dragon-warm"],
+            "python -m benchmarks.dragon --caches --engines ort --prompts 10",
+        )
+    data = load(DRAGON_CACHES)
+    s = data["summary"]
+    lines = ["| answer | TTFT s | ms per token |", "|---|---|---|"]
+    for method, m in s["means"].items():
+        per = None if m["per_token_s"] is None else 1000 * m["per_token_s"]
+        lines.append(f"| {method} | {num(m['ttft_s'], '.2f')} | {num(per, '.0f')} |")
+    lines += ["", "| comparison (paired by prompt) | ratio (95 % CI, verdict) |", "|---|---|"]
+    names = {"warm_over_local_ttft": "warm DRAGON TTFT ÷ device-only RAG's",
+             "cold_over_off_ttft": "cold DRAGON TTFT ÷ caches off",
+             "warm_over_off_per_token": "warm DRAGON ms per token ÷ caches off",
+             "cold_over_off_per_token": "cold DRAGON ms per token ÷ caches off"}  # fmt: skip
+    for key, label in names.items():
+        r = s.get(key)
+        cell = "—" if r is None else ratio_cell((r["ratio"], r["low"], r["high"]), "slower",
+                                                 "faster")  # fmt: skip
+        lines.append(f"| {label} | {cell} |")
+    same, n = s["greedy_answers_identical"]
+    note = (
+        f"+{data['latency_ms']:g} ms link, {data['k']} documents a side, {data['max_tokens']} "
+        f"tokens, greedy; {same} of {n} answers token for token the same off, cold and warm."
+    )
+    st = s.get("stream")
+    if st:
+        rate, cloud_rate = st["device_hit_rate"], st["cloud_hit_rate"]
+        lines += ["", "| question stream | value |", "|---|---|",
+                  f"| questions | {st['questions']} |",
+                  f"| device: passages reused | {num(rate and 100 * rate, '.0f')} % |",
+                  f"| cloud: documents reused | {num(cloud_rate and 100 * cloud_rate, '.0f')} % |",
+                  f"| memory held: device, cloud | {st['device_bytes'] / 2**20:.0f} MiB, "
+                  f"{st['cloud_bytes'] / 2**20:.0f} MiB |",
+                  f"| TTFT, first half → second half | {st['ttft_s_first_half']:.2f} s → "
+                  f"{st['ttft_s_second_half']:.2f} s |"]  # fmt: skip
+    return Built("\n".join(lines), [DRAGON_CACHES], note)
+
+
+def conversation_reuse() -> Built:
+    """The second turn's TTFT against the first, the conversation's KV kept."""
+    if not saved(CONVERSATION):
+        return unmeasured_table(
+            ["mode", "turn 1 TTFT s", "turn 2 TTFT s", "turn 1 ÷ turn 2"],
+            ["cloud", "cloud+corpus", "split"],
+            "python -m benchmarks.conversation",
+        )
+    data = load(CONVERSATION)
+    lines = ["| mode | turn 1 TTFT s | turn 2 TTFT s | turn 1 ÷ turn 2 (95 % CI) | prompt tokens "
+             "reused |", "|---|---|---|---|---|"]  # fmt: skip
+    for mode, m in data["summary"].items():
+        r = m["turn1_over_turn2"]
+        ratio = "—" if r is None else f"{r[0]:.1f}× ({r[1]:.1f}–{r[2]:.1f})"
+        lines.append(f"| {mode} | {m['ttft1_s']:.2f} | {m['ttft2_s']:.2f} | {ratio} | "
+                     f"{m['reused2']:.0f} |")  # fmt: skip
+    history = mean([r["history_tokens"] for r in data["rows"]])
+    note = f"{len(data['rows'])} answers; earlier exchanges ≈ {num(history, '.0f')} tokens."
+    return Built("\n".join(lines), [CONVERSATION], note)
 
 
 def dragon_perplexity() -> Built:
@@ -725,6 +814,7 @@ TABLE_LIST = (
     Table("split-pipeline", "pipelined vs stop-and-wait vs cloud-only", split_pipeline),
     Table("split-grid", "split vs cloud-only over engines, links, sampling", split_grid),
     Table("split-restructure", "issue-12 restructuring before/after", split_restructure),
+    Table("split-request-link", "issue-30 request link before/after", split_request_link),
     Table("private-facts", "private facts through local, cloud, dragon, RAPID", private_facts),
     Table("dragon-latency", "DRAGON ms/token by extra latency, greedy", dragon_latency),
     Table("dragon-latency-sampled", "the same, sampled", dragon_latency_sampled),
@@ -739,6 +829,8 @@ TABLE_LIST = (
         dragon_perplexity_control,
     ),
     Table("dragon-schedule", "scheduler model by extra latency", dragon_schedule),
+    Table("dragon-caches", "DRAGON with document KV off, cold, warm; a stream", dragon_caches),
+    Table("conversation-reuse", "second-turn TTFT with the conversation kept", conversation_reuse),
     Table("capacity-ort", "tok/s at N sessions, ONNX cloud", capacity_ort),
     Table("batched-decode", "one batched decode pass at B sequences", batched_decode),
     Table("capacity-vllm", "tok/s at N sessions, vLLM", capacity_vllm),

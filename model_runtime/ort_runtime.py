@@ -104,8 +104,10 @@ class OrtCausalLM(CausalLM):
             for i in range(len(self._past_names))
         ]
 
-    def _slice_cache(self, start: int, stop: int, lo: int, hi: int) -> list:
-        return [np.ascontiguousarray(_as_numpy(v)[start:stop, :, lo:hi]) for v in self._cache]
+    def _slice_cache(self, start: int, stop: int, lo: int, hi: int, copy: bool = False) -> list:
+        # OrtValue.numpy() is a view of ORT's buffer, and a contiguous slice of it stays one
+        take = np.array if copy else np.ascontiguousarray
+        return [take(_as_numpy(v)[start:stop, :, lo:hi]) for v in self._cache]
 
     def _get_cache(self) -> list:
         return self._cache

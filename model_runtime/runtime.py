@@ -229,7 +229,7 @@ class CausalLM(ABC):
             raise RuntimeInputError(f"sequence {seq} holds {len(slots)} tokens, not {length}")
         lo, hi = int(slots[0]), int(slots[length - 1]) + 1
         mask = self._mask[seq : seq + 1, lo:hi].copy()
-        cache = self._slice_cache(seq, seq + 1, lo, hi)
+        cache = self._slice_cache(seq, seq + 1, lo, hi, copy=True)  # owns its memory only
         return SequenceState(
             mask, np.array([length], dtype=np.int64), cache, (hi - lo) * self._bytes_per_slot()
         )
@@ -397,8 +397,10 @@ class CausalLM(ABC):
         each first left-padded with `pads[i]` zero slots."""
 
     @abstractmethod
-    def _slice_cache(self, start: int, stop: int, lo: int, hi: int) -> Any:
-        """A copy of sequences start..stop-1 of the current cache, slots lo..hi-1."""
+    def _slice_cache(self, start: int, stop: int, lo: int, hi: int, copy: bool = False) -> Any:
+        """Sequences start..stop-1 of the current cache, slots lo..hi-1: never changed in place
+        afterwards, but possibly a view that keeps the whole cache's memory alive; with
+        `copy`, a compact copy that holds only its own (what a cache entry must be)."""
 
     @abstractmethod
     def _get_cache(self) -> Any:

@@ -93,7 +93,9 @@ class TorchCausalLM(CausalLM):
             merged.update(torch.cat(keys), torch.cat(values), layer)
         return merged
 
-    def _slice_cache(self, start: int, stop: int, lo: int, hi: int) -> DynamicCache:
+    def _slice_cache(
+        self, start: int, stop: int, lo: int, hi: int, copy: bool = False
+    ) -> DynamicCache:  # always a copy (clone)
         part = DynamicCache()
         if hi <= lo or _slots(self._cache_obj) == 0:
             return part

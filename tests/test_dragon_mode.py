@@ -523,3 +523,80 @@ async def test_teacher_forced_cloud_mixture_across_the_link_equals_one_process(
     want = [_log_likelihood(lm, prompts, scores, text[: i + 1]) for i in range(n)]
     np.testing.assert_allclose(np.cumsum(sequences[0].logprobs), want, rtol=1e-5, atol=1e-4)
     assert sequences[0].h == pytest.approx(float(np.log(np.exp(scores).sum())))
+
+
+@pytest.fixture
+async def caching_cloud(tiny, tiny_tokenizer, public_corpus):
+    """A cloud whose engine keeps public documents' prefix KV (the product's default)."""
+    engine = LLMEngine(TorchCausalLM(tiny["hf"]), tiny_tokenizer, "tiny-cloud",
+                       document_cache_bytes=2**30)  # fmt: skip
+    app = create_app(ServerConfig(token=TOKEN, corpus_enabled=False, corpus_k=2), engine,
+                     public_corpus)  # fmt: skip
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    yield f"ws://127.0.0.1:{server.port}/v1/session", engine
+    await server.close()
+    engine.close()
+
+
+async def test_cached_documents_give_the_same_greedy_answer_token_for_token(
+    caching_cloud, device_dir, tiny_tokenizer, private_index, tiny, public_corpus,
+):  # fmt: skip
+    """Float32: the answer with both sides' document KV reused (the second and a later
+    question) equals the answer with every document prefilled, and the single-process
+    reference; the caches are really hit on both sides."""
+    url, engine = caching_cloud
+    device = DeviceModel(TorchCausalLM(device_dir), tiny_tokenizer, "tiny-device")
+    options = AnswerOptions(max_new_tokens=16, temperature=0.0, k=2)
+    mode = dragon(device, url, private_index, "auto")
+    try:
+        _, cold, _ = await ask(mode, QUESTION, options)
+        assert engine.documents is not None and engine.documents.misses > 0
+        assert device.documents is not None and len(device.documents) > 0
+        hits = (engine.documents.hits, device.documents.hits)
+        _, warm, _ = await ask(mode, QUESTION, options)
+        assert engine.documents.hits > hits[0] and device.documents.hits > hits[1]
+    finally:
+        await mode.close()
+    assert warm.token_ids == cold.token_ids
+    expected = reference_answer(device_dir, tiny["hf"], tiny_tokenizer, QUESTION, private_index,
+                                public_corpus, 16)  # fmt: skip
+    assert cold.token_ids == expected
+
+
+async def test_a_second_turn_reusing_the_conversation_answers_as_a_fresh_session(
+    caching_cloud, device, tiny_tokenizer,
+):  # fmt: skip
+    """Cloud and split mode: turn 2 in the session that kept turn 1's KV gives the same greedy
+    tokens as turn 2 asked in a new session (every token prefilled), and reused tokens."""
+    from edge_runtime.modes.base import Turn
+
+    url, _ = caching_cloud
+    options = AnswerOptions(max_new_tokens=12, temperature=0.0, k=0)
+    for name in ("cloud", "split"):
+        ctx = ModeContext(device=device, index=None, cloud=CloudSettings(url, TOKEN),
+                          retrieve_public=False)  # fmt: skip
+        mode = build_mode(name, ctx)
+        try:
+            text1, _, _ = await ask(mode, "Tell me about the sea.", options)
+            history = [Turn("Tell me about the sea.", text1, name, shared=text1)]
+            _, kept, _ = await ask(mode, "And the mountains?", options, history)
+        finally:
+            await mode.close()
+        fresh = build_mode(name, ModeContext(device=device, index=None,
+                                             cloud=CloudSettings(url, TOKEN),
+                                             retrieve_public=False))  # fmt: skip
+        try:
+            device.held = None  # the device prefills its own prompt afresh too
+            _, again, _ = await ask(fresh, "And the mountains?", options, history)
+        finally:
+            await fresh.close()
+        assert kept.token_ids == again.token_ids, name
+    import aiohttp
+
+    metrics_url = url.replace("ws://", "http://").replace("/v1/session", "/metrics")
+    async with aiohttp.ClientSession() as http, http.get(metrics_url) as response:
+        metrics = await response.text()
+    counter = 'tandem_reused_prompt_tokens_total{kind="conversation"}'
+    reused = [line for line in metrics.splitlines() if line.startswith(counter)]
+    assert reused and float(reused[0].split()[-1]) > 20  # both modes' second turns

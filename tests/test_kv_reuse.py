@@ -293,3 +293,12 @@ def test_a_documents_tokens_are_the_same_whatever_the_question(tiny_tokenizer, t
     again = document_prompt(tiny_tokenizer, "When?", [], Source(doc.title, text=text, number=9),
                             4000)  # fmt: skip
     assert tuple(again[0][: again[2]]) in seen
+
+
+def test_a_cached_prefix_holds_only_its_own_memory(ort_fp32):
+    """The entry's arrays own their data: no view pinning the whole batch's cache (ORT hands
+    out views of its buffers), so the budget counts what is really held."""
+    ort_fp32.prefill(DOCS[:2])
+    state = ort_fp32.prefix_state(0, len(DOCS[0]))
+    assert all(a.base is None and a.flags["OWNDATA"] for a in state.cache)
+    assert sum(a.nbytes for a in state.cache) == state.nbytes
