@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.intervals import bootstrap_ratio, verdict
+from benchmarks.intervals import bootstrap_ratio, fisher_exact, verdict
 from benchmarks.provenance import caption
 
 log = logging.getLogger("benchmarks.report")
@@ -460,6 +460,35 @@ def private_facts() -> Built:
     return Built("\n".join(lines), list(PRIVATE_FACTS), overlap)
 
 
+DRAGON_LAYOUT = ("private-facts/ort-32notes-eta0-1.json",
+                 "private-facts/ort-32notes-dragon-stable-prefix.json")  # fmt: skip
+
+
+def dragon_layout() -> Built:
+    """DRAGON's answers with the per-document prompt before and after the reuse layout
+    (the source's number moved out of the document's turn), on the same seeded questions."""
+    old_file, new_file = DRAGON_LAYOUT
+    if not saved(new_file):
+        return unmeasured_table(
+            ["prompt layout", "facts right"],
+            ["before", "stable prefix"],
+            "python -m benchmarks.private_facts --methods dragon",
+        )
+    old = {r["note"]: bool(r["right"]) for r in load(old_file)["rows"] if r["method"] == "dragon"}
+    new = {r["note"]: bool(r["right"]) for r in load(new_file)["rows"] if r["method"] == "dragon"}
+    notes = sorted(set(old) & set(new))
+    a, b = sum(old[n] for n in notes), sum(new[n] for n in notes)
+    only_old = sum(old[n] and not new[n] for n in notes)
+    only_new = sum(new[n] and not old[n] for n in notes)
+    p_value = fisher_exact(a, len(notes), b, len(notes))
+    lines = ["| prompt layout | facts right | only this layout right |", "|---|---|---|",
+             f"| before (number in the document's turn) | {a} of {len(notes)} | {only_old} |",
+             f"| stable prefix (number in its own turn) | {b} of {len(notes)} | {only_new} |",
+             "", f"Fisher's exact test, two-sided: p = {p_value:.2f}."]  # fmt: skip
+    note = "DRAGON, T = 0.7, 32 tokens, the same seeded notes and questions."
+    return Built("\n".join(lines), list(DRAGON_LAYOUT), note)
+
+
 DRAGON_METHODS = ("dragon-auto", "dragon-device", "dragon-cloud", "drdg-tw", "drdg-sw",
                   "crcg-cloud", "drcg-text", "local")  # fmt: skip
 
@@ -816,6 +845,7 @@ TABLE_LIST = (
     Table("split-restructure", "issue-12 restructuring before/after", split_restructure),
     Table("split-request-link", "issue-30 request link before/after", split_request_link),
     Table("private-facts", "private facts through local, cloud, dragon, RAPID", private_facts),
+    Table("dragon-layout", "DRAGON's facts before/after the reuse layout", dragon_layout),
     Table("dragon-latency", "DRAGON ms/token by extra latency, greedy", dragon_latency),
     Table("dragon-latency-sampled", "the same, sampled", dragon_latency_sampled),
     Table("dragon-latency-torch", "the same, torch cloud, reduced", dragon_latency_torch),
