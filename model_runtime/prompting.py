@@ -6,15 +6,12 @@ question) is one function so the sides can never drift apart."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
 from collab.sources import Source
 from model_runtime.tokenizer import chat_prompt_ids, chat_turn_ids
-
-Layout = Callable[[str, Sequence[str], Sequence[Source]], list[dict[str, str]]]
-"""(question, history, passages) -> the chat's messages."""
 
 SYSTEM = "You are Tandem, a concise and helpful assistant."
 GROUNDING = "Use these sources when they are relevant and cite them as [n]:"
@@ -58,24 +55,21 @@ def fit_prompt(
     history: Sequence[str] = (),
     passages: Sequence[Source] = (),
     budget: int | None = None,
-    layout: Layout | None = None,
 ) -> tuple[list[int], int]:
     """(prompt ids, earlier exchanges left out). A long conversation must not end the chat:
     the oldest user/assistant pairs are left out until the prompt fits `budget` tokens. The
     system turn, the passages and the question always stay; if they alone overflow, the
-    runtime refuses the prompt with a plain error. `layout` builds the messages
-    (`build_messages`; `document_messages` for one document's prompt)."""
-    layout = layout or build_messages
-    ids = chat_prompt_ids(tokenizer, layout(question, history, passages))
+    runtime refuses the prompt with a plain error."""
+    ids = chat_prompt_ids(tokenizer, build_messages(question, history, passages))
     pairs = len(history) // 2
     if budget is None or len(ids) <= budget or pairs == 0:
         return ids, 0
     # The prompt only shrinks as pairs are dropped: binary search the fewest to drop.
-    best = (chat_prompt_ids(tokenizer, layout(question, (), passages)), pairs)
+    best = (chat_prompt_ids(tokenizer, build_messages(question, (), passages)), pairs)
     lo, hi = 1, pairs - 1
     while lo <= hi:
         mid = (lo + hi) // 2
-        trial = chat_prompt_ids(tokenizer, layout(question, history[2 * mid :], passages))
+        trial = chat_prompt_ids(tokenizer, build_messages(question, history[2 * mid :], passages))
         if len(trial) <= budget:
             best, hi = (trial, mid), mid - 1
         else:
@@ -87,32 +81,6 @@ def prompt_budget(max_context: int, max_new_tokens: int) -> int:
     """Tokens a prompt may take: the context less room for the answer, but never less than
     half the context (an answer longer than that is cut at the context's end anyway)."""
     return max(max_context - max_new_tokens, max_context // 2)
-
-
-DOCUMENT_GROUNDING = "Use this source when it is relevant:"
-
-
-def document_messages(
-    question: str, history: Sequence[str] = (), passages: Sequence[Source] = ()
-) -> list[dict[str, str]]:
-    """One document's chat for per-document decoding (DRAGON), laid out for exact reuse:
-    the first turn holds only what is the same whatever the question, [instructions;
-    document], so its KV is a prefix every later question over that document shares; the
-    source's number (which depends on its rank), the conversation and the question follow."""
-    if len(history) % 2:
-        raise ValueError("history must hold user/assistant pairs")
-    if len(passages) > 1:
-        raise ValueError("a document's prompt holds one passage")
-    messages = [{"role": "system", "content": SYSTEM}]
-    if passages:
-        p = passages[0]
-        messages[0]["content"] = f"{SYSTEM}\n\n{DOCUMENT_GROUNDING}\n\n{p.heading}\n{p.text}"
-        messages.append({"role": "system", "content": f"Cite it as [{p.number or 1}]."})
-    for i in range(0, len(history), 2):
-        messages.append({"role": "user", "content": history[i]})
-        messages.append({"role": "assistant", "content": history[i + 1]})
-    messages.append({"role": "user", "content": question})
-    return messages
 
 
 def stable_prefix(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], first_turn: str) -> int:
@@ -130,13 +98,17 @@ def document_prompt(
     passage: Source | None,
     budget: int,
 ) -> tuple[list[int], int, int]:
-    """(ids, exchanges left out, stable prefix length) of one document's prompt for
-    per-document decoding (DRAGON, `document_messages`), the passage clipped to fit
-    (`clipped_prompt`). ids[:stable] is [instructions; document]: its KV can be cached."""
+    """(ids, exchanges left out, stable prefix length) of one document's prompt [d; history;
+    question] for per-document decoding (DRAGON), the passage clipped to fit
+    (`clipped_prompt`). ids[:stable] is the first turn, [instructions; the numbered document],
+    the same whatever the question: its KV can be cached and reused exactly. (The number is
+    the document's rank, so it stays in the prefix: moved to a turn of its own, after the
+    document, the 0.5B answered a bare "[3]" to 4 of 32 questions it had answered right,
+    docs/benchmarks/dragon.md#caches.)"""
     ids, dropped, used = _clipped(
-        tokenizer, question, history, [passage] if passage else [], budget, document_messages
+        tokenizer, question, history, [passage] if passage else [], budget
     )
-    first = document_messages(question, (), used)[0]["content"]
+    first = build_messages(question, (), used)[0]["content"]
     return ids, dropped, stable_prefix(tokenizer, ids, first)
 
 
@@ -146,12 +118,11 @@ def clipped_prompt(
     history: Sequence[str],
     passages: Sequence[Source],
     budget: int,
-    layout: Layout | None = None,
 ) -> tuple[list[int], int]:
     """(ids, exchanges left out) of the prompt with `passages`; passages too long for the
     budget are clipped (each keeps its start, all by the same share) until the prompt fits,
     rather than refused: a context budget limits how much retrieved text a prompt holds."""
-    ids, dropped, _ = _clipped(tokenizer, question, history, passages, budget, layout)
+    ids, dropped, _ = _clipped(tokenizer, question, history, passages, budget)
     return ids, dropped
 
 
@@ -161,12 +132,11 @@ def _clipped(
     history: Sequence[str],
     passages: Sequence[Source],
     budget: int,
-    layout: Layout | None,
 ) -> tuple[list[int], int, Sequence[Source]]:
     """`clipped_prompt`, and the passages as clipped."""
-    ids, dropped = fit_prompt(tokenizer, question, history, passages, budget, layout)
+    ids, dropped = fit_prompt(tokenizer, question, history, passages, budget)
     while len(ids) > budget and any(len(p.text) > 40 for p in passages):
         share = 1 - (len(ids) - budget) / max(len(ids), 1)
         passages = [p.clipped(max(40, int(len(p.text) * share) - 40)) for p in passages]
-        ids, dropped = fit_prompt(tokenizer, question, history, passages, budget, layout)
+        ids, dropped = fit_prompt(tokenizer, question, history, passages, budget)
     return ids, dropped, passages
