@@ -610,10 +610,10 @@ async def run(args: argparse.Namespace) -> list[dict]:
         index = build_private_index(Path(tmp))
         try:
             for engine in args.engines:
-                cloud, url, token = await start_cloud(
+                cloud, url, token = await start_cloud(  # the grid compares methods cold
                     engine, args.cloud_core, corpus=True, corpus_k=args.k,
-                    extra=["--document-cache-mb", "0"],  # the grid compares methods cold
-                )  # CRCG/Cloud and DRCG/Text get k public passages, as DRAGON does
+                    extra=["--document-cache-mb", "0"],
+                )  # fmt: skip
                 try:
                     await warm_up(device, index, url, token, args.k)
                     if args.trace:
@@ -715,7 +715,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def main_caches(args: argparse.Namespace, argv: Sequence[str] | None, started: float) -> None:
     """`--caches`: the document caches off, cold and warm, and a question stream."""
-    from benchmarks.dragon_reuse import print_caches, run_caches, summarise_caches
+    from benchmarks.dragon_reuse import Harness, print_caches, run_caches, summarise_caches
     from benchmarks.prompts import load_prompts
     from benchmarks.provenance import command_line, default_out, record, write_result
     from edge_runtime.device import DeviceModel
@@ -732,7 +732,8 @@ def main_caches(args: argparse.Namespace, argv: Sequence[str] | None, started: f
         with tempfile.TemporaryDirectory(prefix="tandem-dragon-bench-") as tmp:
             index = build_private_index(Path(tmp))
             try:
-                return await run_caches(device, index, prompts, cloud_core=args.cloud_core,
+                bench = Harness(make_modes, measure, warm_up)
+                return await run_caches(bench, device, index, prompts, cloud_core=args.cloud_core,
                                         latency_ms=latency, k=args.k,
                                         max_tokens=args.max_tokens)  # fmt: skip
             finally:

@@ -21,7 +21,8 @@ many greedy answers came out token for token the same with the caches off, cold 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from benchmarks.common import host_port, start_cloud
@@ -52,18 +53,26 @@ async def _metric(url: str, name: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-async def _dragon(device: DeviceModel, index: Retriever, url: str, token: str, method: str):
-    from benchmarks.dragon import make_modes
+@dataclass(frozen=True)
+class Harness:
+    """What `benchmarks.dragon` lends this module (passed in, not imported: no import circle):
+    its modes by method name, one measured answer, the runtimes' warm-up."""
 
-    return make_modes(device, index, url, token, [method])[method]
+    make_modes: Callable[..., dict[str, Any]]
+    measure: Callable[..., Awaitable[dict]]
+    warm_up: Callable[..., Awaitable[None]]
 
 
 async def run_caches(
-    device: DeviceModel, index: Retriever, prompts: Sequence[Prompt], *, cloud_core: int | None,
-    latency_ms: float, k: int, max_tokens: int,
+    bench: Harness, device: DeviceModel, index: Retriever, prompts: Sequence[Prompt], *,
+    cloud_core: int | None, latency_ms: float, k: int, max_tokens: int,
 ) -> tuple[list[dict], list[dict]]:  # fmt: skip
     """The three passes and the stream: (rows, stream rows)."""
-    from benchmarks.dragon import measure, warm_up
+    measure, warm_up = bench.measure, bench.warm_up
+
+    def dragon(url: str, token: str, method: str) -> Any:
+        return bench.make_modes(device, index, url, token, [method])[method]
+
     from benchmarks.link_emulator import LinkEmulator, LinkProfile
     from edge_runtime.modes.base import AnswerOptions
 
@@ -99,7 +108,7 @@ async def run_caches(
             for n, prompt in enumerate(prompts):
                 if pass_name == "off":
                     for method in ("dragon-auto", "local-rag"):
-                        mode = await _dragon(device, index, linked, token, method)
+                        mode = dragon(linked, token, method)
                         try:
                             rows.append(await answer(mode, prompt.text, n, **{
                                 "pass": "off", "method": "dragon-off" if method == "dragon-auto"
@@ -107,7 +116,7 @@ async def run_caches(
                         finally:
                             await mode.close()
                     continue
-                mode = await _dragon(device, index, linked, token, "dragon-auto")
+                mode = dragon(linked, token, "dragon-auto")
                 try:
                     assert documents is not None
                     documents.clear()
@@ -120,7 +129,7 @@ async def run_caches(
                 finally:
                     await mode.close()
             if pass_name == "on":
-                stream = await _stream(device, index, url, linked, token, answer)
+                stream = await _stream(device, dragon(linked, token, "dragon-auto"), url, answer)
         finally:
             await link.close()
             await cloud.stop()
@@ -128,13 +137,12 @@ async def run_caches(
     return rows, stream
 
 
-async def _stream(device, index, url: str, linked: str, token: str, answer) -> list[dict]:
+async def _stream(device: DeviceModel, mode: Any, url: str, answer: Any) -> list[dict]:
     """STREAM in one new session, both caches on and starting empty (the cloud's scope is
     the session here; one session sees the same entries under the default user scope)."""
     assert device.documents is not None
     device.documents.clear()
     out = []
-    mode = await _dragon(device, index, linked, token, "dragon-auto")
     try:
         for n, question in enumerate(STREAM):
             hits = await _metric(url, "tandem_document_cache_hits")
