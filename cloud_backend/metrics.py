@@ -117,20 +117,13 @@ class _DocumentCacheCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         c = self.cache
-        yield CounterMetricFamily(
-            "tandem_document_cache_hits", "Document prefixes whose KV was reused", value=c.hits
-        )
-        yield CounterMetricFamily(
-            "tandem_document_cache_misses", "Document prefixes prefilled (then kept)",
-            value=c.misses,
-        )  # fmt: skip
-        yield GaugeMetricFamily(
-            "tandem_document_cache_bytes", "Memory the document prefix KV holds", value=c.nbytes
-        )
-        yield GaugeMetricFamily(
-            "tandem_document_cache_budget_bytes", "The document cache's budget",
-            value=c.budget_bytes,
-        )  # fmt: skip
+        for family, name, text, value in (
+            (CounterMetricFamily, "hits", "Document prefixes whose KV was reused", c.hits),
+            (CounterMetricFamily, "misses", "Document prefixes prefilled (then kept)", c.misses),
+            (GaugeMetricFamily, "bytes", "Memory the document prefix KV holds", c.nbytes),
+            (GaugeMetricFamily, "budget_bytes", "The document cache's budget", c.budget_bytes),
+        ):
+            yield family(f"tandem_document_cache_{name}", text, value=value)
 
 
 class RequestMetrics:

@@ -45,3 +45,25 @@ def public_corpus(tmp_path_factory, embedder_dir):
     )
     yield corpus
     corpus.close()
+
+
+@pytest.fixture(scope="module")
+def ort_fp32(tiny):
+    """The tiny model on ONNX Runtime, float32 (one per test module)."""
+    from model_runtime.ort_runtime import OrtCausalLM
+
+    return OrtCausalLM(tiny["onnx-fp32"])
+
+
+@pytest.fixture(scope="module")
+def torch_fp32(tiny):
+    """The tiny model on torch, float32 (one per test module)."""
+    from model_runtime.torch_runtime import TorchCausalLM
+
+    return TorchCausalLM(tiny["hf"])
+
+
+@pytest.fixture(params=["ort", "torch"])
+def lm(request, ort_fp32, torch_fp32):
+    """Each backend in turn, behind the one `CausalLM` interface."""
+    return ort_fp32 if request.param == "ort" else torch_fp32

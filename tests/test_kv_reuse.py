@@ -17,27 +17,11 @@ from model_runtime.ort_runtime import OrtCausalLM
 from model_runtime.prefix_cache import PrefixCache, PrefixReuse, prefix_key
 from model_runtime.prompting import clipped_prompt, document_prompt
 from model_runtime.runtime import CausalLM, RuntimeInputError, SequenceState
-from model_runtime.torch_runtime import TorchCausalLM
 
 RNG = np.random.default_rng(7)
 DOCS = [[int(t) for t in RNG.integers(0, 151_000, size=n)] for n in (31, 17, 44)]
 QUESTIONS = [[int(t) for t in RNG.integers(0, 151_000, size=n)] for n in (5, 12, 3)]
 TOL = 1e-4
-
-
-@pytest.fixture(scope="module")
-def ort_fp32(tiny) -> OrtCausalLM:
-    return OrtCausalLM(tiny["onnx-fp32"])
-
-
-@pytest.fixture(scope="module")
-def torch_fp32(tiny) -> TorchCausalLM:
-    return TorchCausalLM(tiny["hf"])
-
-
-@pytest.fixture(params=["ort", "torch"])
-def lm(request, ort_fp32, torch_fp32) -> CausalLM:
-    return ort_fp32 if request.param == "ort" else torch_fp32
 
 
 def fresh(lm: CausalLM, prompts: list[list[int]]) -> np.ndarray:

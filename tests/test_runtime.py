@@ -11,26 +11,10 @@ import pytest
 
 from model_runtime.ort_runtime import OrtCausalLM
 from model_runtime.runtime import Cancelled, CausalLM, RuntimeInputError
-from model_runtime.torch_runtime import TorchCausalLM
 
 RNG = np.random.default_rng(0)
 PROMPT = [int(t) for t in RNG.integers(0, 151_000, size=23)]
 CONTINUATION = [int(t) for t in RNG.integers(0, 151_000, size=9)]
-
-
-@pytest.fixture(scope="module")
-def ort_fp32(tiny) -> OrtCausalLM:
-    return OrtCausalLM(tiny["onnx-fp32"])
-
-
-@pytest.fixture(scope="module")
-def torch_fp32(tiny) -> TorchCausalLM:
-    return TorchCausalLM(tiny["hf"])
-
-
-@pytest.fixture(params=["ort", "torch"])
-def lm(request, ort_fp32, torch_fp32) -> CausalLM:
-    return ort_fp32 if request.param == "ort" else torch_fp32
 
 
 def greedy(lm: CausalLM, prompt: list[int], n: int) -> tuple[list[int], np.ndarray]:
