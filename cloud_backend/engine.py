@@ -7,8 +7,10 @@ sessions together, each session's cache left-padded to the longest and cut back 
 its logits are its own. Long feeds (a prefill) run in chunks of `prefill_chunk` positions, a
 chunk a pass and alone (prefill is compute-bound: batched, it would only add padding); after
 each, the waiting short steps go first, so a decoding session waits for at most one chunk
-(fairness), and otherwise the oldest step leads the next pass. A cancel stops the pass in
-flight; the other sessions' steps in it run again.
+(fairness), then the prefill goes on: one begun finishes before the next starts, so answers
+queued together get their first tokens one after another, not all at the end (round-robin
+between N prompts would make each wait for all N). Otherwise the oldest step leads. A cancel
+stops the pass in flight; the other sessions' steps in it run again.
 
 The caches of all sessions share a memory budget: when a pass pushes the total over it, the
 least recently used sessions (all but the last one stepped, if need be) lose their cache and
@@ -288,8 +290,8 @@ class LLMEngine:
                     done.append(step)
                 elif step.cancelled:  # cancelled between two chunks of a long feed
                     stopped.append(step)
-                else:
-                    self._queue.append(step)  # its next chunk, behind what waits now
+                else:  # its next chunk leads the next long pass: a prefill begun finishes
+                    self._queue.appendleft(step)  # first (waiting short steps still go first)
             victims = self._enforce_budget([s.session for s in steps])
             self.evictions += len(victims)
         for step in stopped:

@@ -71,6 +71,11 @@ class CloudSequence(AsyncSequence):
     def close(self) -> None:
         """The websocket is gone: drop everything."""
 
+    def share_documents(self, salt: bytes) -> None:
+        """The rows fed until `release` begin with public documents' prefixes, which an
+        engine caching prefixes itself (vLLM) may share within `salt` (the document cache's
+        scope, `RequestContext.cache_salt`); the built-in engine shares through `documents`."""
+
     def sampled(
         self, pending: int | None, params: SamplingParams, n: int
     ) -> AsyncGenerator[int, None] | None:

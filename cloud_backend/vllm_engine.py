@@ -82,7 +82,7 @@ class VllmEngine:
         self.tokenizer_hash = bytes.fromhex(tokenizer_fingerprint(tokenizer))
         self.kv_budget_bytes = kv_budget_bytes
         self.kv_bytes_per_token = kv_bytes_per_token
-        # vLLM's own prefix caching reuses documents (salted per session)
+        # vLLM's own prefix caching reuses documents (salted by the scope, `share_documents`)
         self.documents: PrefixCache | None = None
         self.on_step: StepObserver | None = None
         self.requests = 0  # rows asked of vLLM (for tests and benchmarks)
@@ -114,7 +114,8 @@ class VllmEngine:
     def open_session(self, on_evict: Callable[[], None] | None = None) -> VllmSequence:
         """Each session salts its prefix-cache entries with its own id: its rounds reuse its
         cached prefix, no other session ever hits its entries (no timing side channel between
-        sessions or users through the shared cache)."""
+        sessions or users through the shared cache). DRAGON's document rows are salted by the
+        document cache's scope instead (`VllmSequence.share_documents`)."""
         session_id = next(self._ids)
         session = VllmSequence(self, session_id, salt=f"session-{session_id}")
         self._sessions[session.id] = session
@@ -123,8 +124,9 @@ class VllmEngine:
     def close(self) -> None:
         self.llm.shutdown()
 
-    async def logits(self, prompt: list[int], salt: str) -> np.ndarray:
-        """The model's raw logits [V] after `prompt` (cached prefixes shared within `salt`)."""
+    async def logits(self, prompt: list[int], salt: str) -> tuple[np.ndarray, int]:
+        """The model's raw logits [V] after `prompt`, and how many of its tokens vLLM took
+        from its prefix cache (shared within `salt`)."""
         from vllm.inputs import TokensPrompt
 
         final = None
@@ -143,7 +145,7 @@ class VllmEngine:
         row[ids] = np.asarray(flat.logprobs[start:end], dtype=np.float32)
         if np.isnan(row).any():  # every id must be there: a partial row is not a distribution
             raise RuntimeError(f"vLLM returned {len(set(ids.tolist()))} of {len(row)} logits")
-        return row
+        return row, int(final.num_cached_tokens or 0)
 
     async def sample(
         self, prompt: list[int], params: SamplingParams, n: int, salt: str
@@ -185,10 +187,11 @@ class VllmSequence(CloudSequence):
         self.engine = engine
         self.lm = engine.lm
         self.id = session_id
-        self.salt = salt
+        self.salt = salt  # this session's own
+        self.documents_salt: str | None = None  # DRAGON's rows, until `release`
         self.rows: list[list[int]] = []
         self.closed = False
-        self._step: asyncio.Future[list[np.ndarray]] | None = None
+        self._step: asyncio.Future[list[tuple[np.ndarray, int]]] | None = None
         self._cancelled = False
 
     @property
@@ -211,7 +214,8 @@ class VllmSequence(CloudSequence):
         ]
         start = time.perf_counter()
         self._cancelled = False
-        step = asyncio.gather(*(self.engine.logits(ids, self.salt) for _, _, ids in wanted))
+        salt = self.salt if self.documents_salt is None else self.documents_salt
+        step = asyncio.gather(*(self.engine.logits(ids, salt) for _, _, ids in wanted))
         self._step = step
         try:
             got = await step
@@ -223,8 +227,12 @@ class VllmSequence(CloudSequence):
             self._step = None
         width = 1 if last_only else max(map(len, batch), default=0)
         out = np.zeros((len(batch), width, self.lm.vocab_size), dtype=np.float32)
-        for (b, k, _), row in zip(wanted, got, strict=True):
+        cached = [0] * len(batch)
+        for (b, k, _), (row, hit) in zip(wanted, got, strict=True):
             out[b, k] = row
+            cached[b] = max(cached[b], hit)
+        if kind == "prefill":  # prompt tokens vLLM's prefix cache spared (its own reuse)
+            self.reused_tokens += sum(cached)
         self.rows = [old + new for old, new in zip(base, batch, strict=True)]
         if self.engine.on_step is not None:
             self.engine.on_step(kind, sum(map(len, batch)), time.perf_counter() - start)
@@ -265,10 +273,17 @@ class VllmSequence(CloudSequence):
             self._cancelled = True
             self._step.cancel()
 
+    def share_documents(self, salt: bytes) -> None:
+        """vLLM salts whole requests and chains its block hashes, so the shared entries go
+        past the document into the question: under scope "all", a session of another user
+        who sends the same document, history and question to the token hits them too
+        (docs/security.md#document-cache)."""
+        self.documents_salt = "documents-" + salt.hex()
+
     def release(self, keep: bool = True) -> None:
         """The rows go; vLLM's prefix cache (this session's salt) keeps what the next
         request can reuse, `keep` or not."""
-        self.rows = []
+        self.rows, self.documents_salt = [], None
 
     def close(self) -> None:
         self.cancel()

@@ -4,7 +4,7 @@ run on a worker thread: `model_runtime.async_model`)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -62,6 +62,21 @@ class Retriever(Protocol):
     def rescore(self, hits: Sequence[Any], text: str) -> np.ndarray:
         """Cosine of each hit with `text` (DRAGON's dynamic re-ranking)."""
         ...
+
+    def stored_chunks(self, ids: Iterable[int]) -> set[int]:
+        """Which of these chunk ids are still indexed."""
+        ...
+
+
+async def forget_removed(cache: PrefixCache, index: Retriever | None) -> int:
+    """Drop the cached passages (tagged by chunk id) whose document was removed or changed
+    since, here or by another process; how many. A stale entry is never used anyway (its key
+    is the passage's tokens), but a removed document's KV should not stay in memory."""
+    cached = {t for t in cache.tags() if isinstance(t, int)}
+    if index is None or not cached:
+        return 0
+    gone = cached - await asyncio.to_thread(index.stored_chunks, cached)
+    return sum(cache.drop(tag) for tag in gone)
 
 
 async def retrieve_private(

@@ -93,6 +93,11 @@ class PrefixCache:
                 self._bytes -= self._entries.pop(key).state.nbytes
         return len(keys)
 
+    def tags(self) -> set[Hashable]:
+        """Every tag an entry holds now."""
+        with self._lock:
+            return set().union(*(e.tags for e in self._entries.values()))
+
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()

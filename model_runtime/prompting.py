@@ -1,8 +1,12 @@
 """The chat prompt both sides build, so a question means the same tokens on each.
 
 The device puts private passages in its own prompt only; the cloud puts public passages in
-its prompt. The layout (system turn with numbered sources, then the conversation, then the
-question) is one function so the sides can never drift apart."""
+its prompt. The layout is one function so the sides can never drift apart: the system turn,
+the conversation, then the question's turn holding its numbered sources. Sources sit with the
+question, not in the system turn, so that a conversation's next prompt extends the last one's
+up to that turn and its KV is reused (docs/architecture.md#kv-reuse); DRAGON's per-document
+prompts keep theirs in the system turn, which makes [instructions; document] a cacheable
+prefix."""
 
 from __future__ import annotations
 
@@ -15,25 +19,33 @@ from model_runtime.tokenizer import chat_prompt_ids, chat_turn_ids
 
 SYSTEM = "You are Tandem, a concise and helpful assistant."
 GROUNDING = "Use these sources when they are relevant and cite them as [n]:"
+QUESTION = "Question:"
 
 
 def build_messages(
-    question: str, history: Sequence[str] = (), passages: Sequence[Source] = ()
+    question: str,
+    history: Sequence[str] = (),
+    passages: Sequence[Source] = (),
+    sources_in_system: bool = False,
 ) -> list[dict[str, str]]:
-    """System turn (with numbered sources if any), earlier user/assistant turns, the question."""
+    """System turn, earlier user/assistant turns, the question's turn; numbered sources, if
+    any, open the question's turn (or close the system turn, `sources_in_system`)."""
     if len(history) % 2:
         raise ValueError("history must hold user/assistant pairs")
-    system = SYSTEM
+    system, asked = SYSTEM, question
     if passages:
         listed = "\n\n".join(
             f"[{p.number or i}] {p.heading}\n{p.text}" for i, p in enumerate(passages, 1)
         )
-        system = f"{SYSTEM}\n\n{GROUNDING}\n\n{listed}"
+        if sources_in_system:
+            system = f"{SYSTEM}\n\n{GROUNDING}\n\n{listed}"
+        else:
+            asked = f"{GROUNDING}\n\n{listed}\n\n{QUESTION}\n{question}"
     messages = [{"role": "system", "content": system}]
     for i in range(0, len(history), 2):
         messages.append({"role": "user", "content": history[i]})
         messages.append({"role": "assistant", "content": history[i + 1]})
-    messages.append({"role": "user", "content": question})
+    messages.append({"role": "user", "content": asked})
     return messages
 
 
@@ -55,21 +67,28 @@ def fit_prompt(
     history: Sequence[str] = (),
     passages: Sequence[Source] = (),
     budget: int | None = None,
+    sources_in_system: bool = False,
 ) -> tuple[list[int], int]:
     """(prompt ids, earlier exchanges left out). A long conversation must not end the chat:
     the oldest user/assistant pairs are left out until the prompt fits `budget` tokens. The
     system turn, the passages and the question always stay; if they alone overflow, the
     runtime refuses the prompt with a plain error."""
-    ids = chat_prompt_ids(tokenizer, build_messages(question, history, passages))
+
+    def ids_with(kept: Sequence[str]) -> list[int]:
+        return chat_prompt_ids(
+            tokenizer, build_messages(question, kept, passages, sources_in_system)
+        )
+
+    ids = ids_with(history)
     pairs = len(history) // 2
     if budget is None or len(ids) <= budget or pairs == 0:
         return ids, 0
     # The prompt only shrinks as pairs are dropped: binary search the fewest to drop.
-    best = (chat_prompt_ids(tokenizer, build_messages(question, (), passages)), pairs)
+    best = (ids_with(()), pairs)
     lo, hi = 1, pairs - 1
     while lo <= hi:
         mid = (lo + hi) // 2
-        trial = chat_prompt_ids(tokenizer, build_messages(question, history[2 * mid :], passages))
+        trial = ids_with(history[2 * mid :])
         if len(trial) <= budget:
             best, hi = (trial, mid), mid - 1
         else:
@@ -106,9 +125,9 @@ def document_prompt(
     document, the 0.5B answered a bare "[3]" to 4 of 32 questions it had answered right,
     docs/benchmarks/dragon.md#caches.)"""
     ids, dropped, used = _clipped(
-        tokenizer, question, history, [passage] if passage else [], budget
+        tokenizer, question, history, [passage] if passage else [], budget, sources_in_system=True
     )
-    first = build_messages(question, (), used)[0]["content"]
+    first = build_messages(question, (), used, sources_in_system=True)[0]["content"]
     return ids, dropped, stable_prefix(tokenizer, ids, first)
 
 
@@ -132,11 +151,12 @@ def _clipped(
     history: Sequence[str],
     passages: Sequence[Source],
     budget: int,
+    sources_in_system: bool = False,
 ) -> tuple[list[int], int, Sequence[Source]]:
     """`clipped_prompt`, and the passages as clipped."""
-    ids, dropped = fit_prompt(tokenizer, question, history, passages, budget)
+    ids, dropped = fit_prompt(tokenizer, question, history, passages, budget, sources_in_system)
     while len(ids) > budget and any(len(p.text) > 40 for p in passages):
         share = 1 - (len(ids) - budget) / max(len(ids), 1)
         passages = [p.clipped(max(40, int(len(p.text) * share) - 40)) for p in passages]
-        ids, dropped = fit_prompt(tokenizer, question, history, passages, budget)
+        ids, dropped = fit_prompt(tokenizer, question, history, passages, budget, sources_in_system)
     return ids, dropped, passages

@@ -5,7 +5,7 @@ from __future__ import annotations
 import fcntl
 import os
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -128,6 +128,10 @@ class PersonalIndex:
             return np.empty(0, dtype=np.float32)
         vectors = self.store.get_vectors([h.chunk_id for h in hits])
         return vectors @ self.embedder.embed([text])[0]
+
+    def stored_chunks(self, ids: Iterable[int]) -> set[int]:
+        """Which of these chunk ids are still indexed (here or by another process)."""
+        return self.store.stored_chunks(ids)
 
     def remove(self, path: str | Path) -> int:
         """Forget a file, or every document under a folder; returns how many were removed."""

@@ -987,6 +987,20 @@ class IndexStore:
             rows = self._chunk_rows(wanted)
         return [StoredChunk(*rows[i][:12]) for i in wanted if i in rows]
 
+    def stored_chunks(self, ids: Iterable[int]) -> set[int]:
+        """Which of `ids` are still stored (chunk ids are never reused: a removed or
+        re-ingested document's chunks are gone for good)."""
+        wanted = [int(i) for i in ids]
+        found: set[int] = set()
+        with self._lock:
+            self._check_open()
+            for start in range(0, len(wanted), 500):
+                part = wanted[start : start + 500]
+                marks = ",".join("?" * len(part))
+                rows = self.db.execute(f"SELECT id FROM chunks WHERE id IN ({marks})", part)
+                found.update(cid for (cid,) in rows)
+        return found
+
     def get_vectors(self, ids: Iterable[int]) -> np.ndarray:
         """Stored (normalised) vectors by id, in the order asked, for rescoring without
         re-embedding; unknown ids raise KeyError."""

@@ -173,6 +173,34 @@ async def test_prefills_queued_before_a_decode_do_not_all_go_first(engine):
     assert decodes[-1] < max(i for i, k in enumerate(kinds) if k == "prefill")
 
 
+async def test_answers_queued_together_get_their_first_tokens_one_after_another(engine):
+    """Four prompts of 3 chunks queued at once: each prefill, once begun, finishes before the
+    next starts (first tokens after 3, 6, 9, 12 chunks: a mean wait of 7.5 chunks), not
+    round-robin (all four after 9-12 chunks), with a decoder stepping meanwhile."""
+    chunks = 0
+
+    def count(kind: str, n: int, seconds: float) -> None:
+        nonlocal chunks
+        chunks += kind == "prefill"
+
+    engine.on_step = count
+    decoder = engine.open_session()
+    await decoder.prefill(ids(4))
+    chunks = 0
+    finished: list[tuple[int, int]] = []  # (prompt, prefill chunks run when it finished)
+
+    async def answer(n: int) -> None:
+        await engine.open_session().prefill(ids(90))
+        finished.append((n, chunks))
+
+    async def decode() -> None:
+        for _ in range(8):
+            await decoder.forward(ids(1))
+
+    await asyncio.gather(*(answer(n) for n in range(4)), decode())
+    assert finished == [(0, 3), (1, 6), (2, 9), (3, 12)]
+
+
 async def test_a_chunked_prefill_gives_the_logits_of_a_whole_one(engine, tiny):
     prompts = [ids(75), ids(33)]  # two documents, chunked at 32: they end in different chunks
     lm = TorchCausalLM(tiny["hf"])

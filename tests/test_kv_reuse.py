@@ -15,7 +15,7 @@ from collab.sources import Source
 from edge_runtime.device import DeviceModel
 from model_runtime.ort_runtime import OrtCausalLM
 from model_runtime.prefix_cache import PrefixCache, PrefixReuse, prefix_key
-from model_runtime.prompting import clipped_prompt, document_prompt
+from model_runtime.prompting import document_prompt, fit_prompt
 from model_runtime.runtime import CausalLM, RuntimeInputError, SequenceState
 
 RNG = np.random.default_rng(7)
@@ -111,6 +111,40 @@ def test_cache_drops_a_documents_entries_by_tag(ort_fp32):
     assert cache.get(prefix_key(DOCS[0])) is None
     assert cache.get(prefix_key(DOCS[1])) is states[1]
     assert cache.nbytes == states[1].nbytes
+
+
+def test_a_removed_or_changed_documents_passages_are_forgotten(ort_fp32, tmp_path,
+                                                               embedder_dir):  # fmt: skip
+    """Entries are tagged with their chunk's id (never reused by the store): removed or
+    re-ingested with new text, here or by another process (another index on the same
+    folder), the document's cached KV is dropped before the next DRAGON answer."""
+    from edge_runtime.device import forget_removed
+    from personal_index.index import PersonalIndex
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "boat.md").write_text("Mira's sailing boat is called Wavelet.\n")
+    (docs / "cat.md").write_text("Tomas named the grey cat Pebble.\n")
+    index = PersonalIndex(tmp_path / "index", embedder_dir)
+    index.ingest([docs])
+    hits = {h.path.rsplit("/", 1)[1]: h.chunk_id for h in index.search("boat cat", k=2)}
+    cache = PrefixCache(10**9)
+    states = prefixes(ort_fp32, DOCS[:3])
+    for n, tag in enumerate([hits["boat.md"], hits["cat.md"], "not a chunk"]):
+        cache.put(prefix_key(DOCS[n]), states[n], [tag])
+
+    async def forget() -> int:
+        return await forget_removed(cache, index)
+
+    assert asyncio.run(forget()) == 0  # nothing changed
+    other = PersonalIndex(tmp_path / "index", embedder_dir)  # e.g. `tandem remove` meanwhile
+    assert other.remove(docs / "boat.md") == 1
+    assert asyncio.run(forget()) == 1
+    assert cache.get(prefix_key(DOCS[0])) is None and len(cache) == 2
+    (docs / "cat.md").write_text("Tomas named the grey cat Marble.\n")
+    other.ingest([docs])
+    assert asyncio.run(forget()) == 1  # re-ingested: new chunks, the old KV goes
+    assert cache.tags() == {"not a chunk"}  # other tags are not the index's to judge
 
 
 def test_salts_keep_scopes_apart():
@@ -273,9 +307,10 @@ def test_a_documents_tokens_are_the_same_whatever_the_question(tiny_tokenizer, t
         assert tiny_tokenizer.decode(ids[:stable]).endswith("<|im_end|>\n")
         assert text.strip()[:8] in tiny_tokenizer.decode(ids[:stable])
     assert len(seen) == 1
-    # the prompt is the plain chat prompt (the layout did not change), and the source's number
-    # (its rank) is part of the prefix: another rank is another entry
-    plain = clipped_prompt(tiny_tokenizer, "When?", [], [doc], 4000)[0]
+    # the prompt is the chat prompt with the source in the system turn (DRAGON's layout did
+    # not change), and the source's number (its rank) is part of the prefix: another rank is
+    # another entry
+    plain = fit_prompt(tiny_tokenizer, "When?", [], [doc], 4000, sources_in_system=True)[0]
     assert document_prompt(tiny_tokenizer, "When?", [], doc, 4000)[0] == plain
     again = document_prompt(tiny_tokenizer, "When?", [], Source(doc.title, text=text, number=9),
                             4000)  # fmt: skip

@@ -204,6 +204,40 @@ async def test_greedy_dragon_on_vllm_equals_dragon_on_the_builtin_engine(
     assert answers[0] == answers[1] and len(answers[0]) > 0
 
 
+async def reused_documents(ws_url: str) -> float:
+    """The cloud's tandem_reused_prompt_tokens_total{kind="document"}, from its /metrics."""
+    import aiohttp
+
+    url = ws_url.replace("ws://", "http://").replace("/v1/session", "/metrics")
+    async with aiohttp.ClientSession() as http, http.get(url) as response:
+        text = await response.text()
+    found = re.search(r'tandem_reused_prompt_tokens_total\{kind="document"\} (\S+)', text)
+    return float(found.group(1)) if found else 0.0
+
+
+async def test_dragon_rows_reuse_vllm_prefix_cache_across_one_users_sessions(
+    far_drafter, private_index, vllm_url, tiny_tokenizer
+):
+    """Two sessions (websockets) of one access token ask the same new question: the second's
+    document rows start from what vLLM cached for the first, salted by the document cache's
+    scope ("user", the default) rather than each session's own salt, which would give the
+    second session nothing (only a first block of the instructions, shared by any earlier
+    DRAGON request of this user, is reused by the first)."""
+    from model_runtime.prompting import document_prompt
+
+    question = "Which locker number did the diary mention, and what hides under the flowerpot?"
+    options = AnswerOptions(max_new_tokens=4, temperature=0.0, k=2)
+    got = []
+    for _ in range(2):
+        before = await reused_documents(vllm_url)
+        mode = build_mode("dragon", context(far_drafter, vllm_url, index=private_index))
+        await ask(mode, question, options)
+        await mode.close()
+        got.append(await reused_documents(vllm_url) - before)
+    bare = document_prompt(tiny_tokenizer, question, [], None, 10_000)[0]  # the cloud's only row
+    assert got[0] <= 16 < len(bare) - 17 <= got[1]  # whole blocks, never the last token
+
+
 def stratified_chi_square_p(pairs: list[tuple[int, int]], target) -> float:
     """p-value that each pair's second token follows `target(first)`: one χ² per first token
     (bins with expected < 5 pooled), summed with their degrees of freedom."""

@@ -71,11 +71,13 @@ class DragonRequest(Request):
             await self.link.error(ErrorCode.LIMIT, "the documents and question fill the context")
             raise Stop(FinishReason.ERROR)
         self.transcript.max_new_tokens = min(self.transcript.max_new_tokens, room)
-        t0 = time.perf_counter()
+        t0, reused = time.perf_counter(), self.ctx.session.reused_tokens
         self.first_logits = await self.batch.start(prompts, self.reuse)
         self.prefill_s = time.perf_counter() - t0
         if self.reuse is not None:
             self.ctx.metrics.reused("document", self.reuse.reused)
+        else:  # an engine that reuses prefixes itself counts them (vLLM)
+            self.ctx.metrics.reused("document", self.ctx.session.reused_tokens - reused)
         if self.setup.policy in (AggregatorPolicy.SEQUENCE, AggregatorPolicy.SCORE):
             side = PublicSide(self.batch, self.first_logits, self.scores)
             room = self.ctx.engine.lm.max_context - max(self.batch.prompt_lengths)
@@ -131,6 +133,8 @@ class DragonRequest(Request):
         if cache is not None:  # each document's [instructions; document] KV, kept
             self.reuse = PrefixReuse(cache, [stable for _, _, stable in built],
                                      salt=self.ctx.cache_salt)  # fmt: skip
+        else:  # the engine's own prefix cache, within the same scope
+            self.ctx.session.share_documents(self.ctx.cache_salt)
         if not self.passages:
             return prompts, np.array([NO_DOCUMENT_COSINE])
         return prompts, np.array([p.score for p in self.passages])

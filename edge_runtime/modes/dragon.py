@@ -45,7 +45,12 @@ from collab.dragon.peer import DragonPeer, first_aggregator
 from collab.protocol import AggregatorPolicy, DragonDraft, DragonSetup, DragonTarget, Mode, Side
 from collab.sources import Source
 from edge_runtime.client import CloudClient, CloudError, CloudProtocolError
-from edge_runtime.device import NOTHING_PRIVATE, nothing_relevant, search_private
+from edge_runtime.device import (
+    NOTHING_PRIVATE,
+    forget_removed,
+    nothing_relevant,
+    search_private,
+)
 from edge_runtime.events import Event, Notice
 from edge_runtime.modes.base import (
     Answer,
@@ -123,7 +128,8 @@ class DragonMode(CloudBacked):
             stable.append(prefix)
         reuse = None
         if device.documents is not None:  # each passage's [instructions; passage] KV, kept
-            tags = [[doc.path] if doc and doc.path else [] for doc in docs]
+            await forget_removed(device.documents, self.ctx.index)
+            tags = [[hit.chunk_id] for hit in hits] or [[]]  # hits and passages match 1:1
             reuse = PrefixReuse(device.documents, stable, tags)
         if dropped:
             yield left_out_notice(dropped, device.lm.max_context)
