@@ -6,7 +6,10 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import signal
 import sys
+from collections.abc import Coroutine
+from typing import Any
 
 log = logging.getLogger("tandem.cloud")
 
@@ -41,9 +44,37 @@ def run_serve(args: argparse.Namespace) -> int:
         else:
             print(f"serving {engine.name} at {url}", flush=True)
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run_server(config, engine, corpus, ready=ready))
+    try:
+        asyncio.run(_serve_until_stopped(run_server(config, engine, corpus, ready=ready)))
+    finally:  # vLLM's engine processes go too, within their own bound, whatever ended this
+        engine.close()
     return 0
+
+
+async def _serve_until_stopped(server: Coroutine[Any, Any, None]) -> None:
+    """Serve until SIGTERM or SIGINT (systemd, a container runtime, a balancer's drain,
+    Ctrl-C): the devices' websockets then close with "going away" (an answer in flight ends
+    with "the cloud is shutting down" on the device) and the server returns."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    signals = (signal.SIGTERM, signal.SIGINT)
+    for sig in signals:
+        loop.add_signal_handler(sig, stop.set)
+    serving = asyncio.ensure_future(server)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if serving.done():
+            serving.result()  # it failed: say why
+            return
+        log.info("stopping: closing the sessions and the engine")
+        serving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+    finally:
+        stopping.cancel()
+        for sig in signals:
+            loop.remove_signal_handler(sig)
 
 
 def _config(args: argparse.Namespace, load_config):

@@ -226,7 +226,8 @@ async def run_server(
 ) -> None:
     """Serve until cancelled. Port 0 picks a free port; `ready(url)` gets the bound one."""
     app = create_app(config, engine, corpus)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    # stopping waits this long for the sessions' handlers (their websockets are closed first)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=10.0)
     await runner.setup()
     try:
         tls = tls_context(config)

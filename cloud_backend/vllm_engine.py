@@ -45,6 +45,7 @@ from model_runtime.tokenizer import tokenizer_fingerprint
 
 log = logging.getLogger("tandem.cloud")
 
+SHUTDOWN_S = 10.0  # vLLM's engine processes get this long to stop before they are killed
 INSTALL_HINT = (
     "engine vllm needs vLLM, in a virtual environment of its own (its transformers conflicts "
     "with the device's export toolchain): `sh packaging/install_vllm_cloud.sh`, then run "
@@ -122,7 +123,9 @@ class VllmEngine:
         return session
 
     def close(self) -> None:
-        self.llm.shutdown()
+        """vLLM's engine processes go: asked to stop, then killed with what they started
+        after `SHUTDOWN_S` (its EngineCore ignores SIGTERM while it works)."""
+        self.llm.shutdown(timeout=SHUTDOWN_S)
 
     async def logits(self, prompt: list[int], salt: str) -> tuple[np.ndarray, int]:
         """The model's raw logits [V] after `prompt`, and how many of its tokens vLLM took

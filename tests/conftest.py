@@ -67,3 +67,15 @@ def torch_fp32(tiny):
 def lm(request, ort_fp32, torch_fp32):
     """Each backend in turn, behind the one `CausalLM` interface."""
     return ort_fp32 if request.param == "ort" else torch_fp32
+
+
+@pytest.fixture(scope="session")
+def vllm_tiny(tiny, request) -> Path:
+    """A tiny Qwen2 (2 heads of 32 dimensions, 1 KV head: vLLM's CPU attention takes them) on
+    the real tokenizer, as a Hugging Face checkpoint."""
+    from benchmarks.tiny_models import build_tiny_hf
+
+    root = Path(request.config.cache.mkdir("tiny-qwen2-vllm-v1"))
+    if not (root / "hf" / "config.json").is_file():
+        build_tiny_hf(tiny["tokenizer"], root / "hf", seed=0, heads=2, kv_heads=1)
+    return root / "hf"

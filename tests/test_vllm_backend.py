@@ -21,7 +21,6 @@ from aiohttp.test_utils import TestServer
 from scipy import stats as scipy_stats
 
 from benchmarks.common import VLLM_INSTALL, vllm_python
-from benchmarks.tiny_models import build_tiny_hf
 from cloud_backend.config import ServerConfig
 from cloud_backend.engine import LLMEngine
 from cloud_backend.server import create_app
@@ -41,15 +40,6 @@ pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "test-token-0123456789"
 QUESTIONS = ["What is a tandem bicycle?", "Write a haiku about autumn rain."]
-
-
-@pytest.fixture(scope="module")
-def vllm_tiny(tiny, request) -> Path:
-    """A tiny Qwen2 (2 heads of 32 dimensions, 1 KV head) on the real tokenizer."""
-    root = Path(request.config.cache.mkdir("tiny-qwen2-vllm-v1"))
-    if not (root / "hf" / "config.json").is_file():
-        build_tiny_hf(tiny["tokenizer"], root / "hf", seed=0, heads=2, kv_heads=1)
-    return root / "hf"
 
 
 @pytest.fixture(scope="module")
