@@ -2,11 +2,11 @@
 
 The device puts private passages in its own prompt only; the cloud puts public passages in
 its prompt. The layout is one function so the sides can never drift apart: the system turn,
-the conversation, then the question's turn holding its numbered sources. Sources sit with the
-question, not in the system turn, so that a conversation's next prompt extends the last one's
-up to that turn and its KV is reused (docs/architecture.md#kv-reuse); DRAGON's per-document
-prompts keep theirs in the system turn, which makes [instructions; document] a cacheable
-prefix."""
+the conversation, the numbered sources in a system turn of their own, the question. The
+sources sit after the conversation, not in the first turn, so that a conversation's next
+prompt extends the last one's up to them and its KV is reused (docs/architecture.md#kv-reuse);
+DRAGON's per-document prompts keep theirs in the first turn, which makes [instructions;
+document] a cacheable prefix."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from model_runtime.tokenizer import chat_prompt_ids, chat_turn_ids
 
 SYSTEM = "You are Tandem, a concise and helpful assistant."
 GROUNDING = "Use these sources when they are relevant and cite them as [n]:"
-QUESTION = "Question:"
 
 
 def build_messages(
@@ -28,24 +27,25 @@ def build_messages(
     passages: Sequence[Source] = (),
     sources_in_system: bool = False,
 ) -> list[dict[str, str]]:
-    """System turn, earlier user/assistant turns, the question's turn; numbered sources, if
-    any, open the question's turn (or close the system turn, `sources_in_system`)."""
+    """System turn, earlier user/assistant turns, the numbered sources if any in a system
+    turn of their own, the question. With `sources_in_system` the sources close the first
+    system turn instead (DRAGON's per-document prompts: a cacheable prefix)."""
     if len(history) % 2:
         raise ValueError("history must hold user/assistant pairs")
-    system, asked = SYSTEM, question
+    sources = ""
     if passages:
         listed = "\n\n".join(
             f"[{p.number or i}] {p.heading}\n{p.text}" for i, p in enumerate(passages, 1)
         )
-        if sources_in_system:
-            system = f"{SYSTEM}\n\n{GROUNDING}\n\n{listed}"
-        else:
-            asked = f"{GROUNDING}\n\n{listed}\n\n{QUESTION}\n{question}"
-    messages = [{"role": "system", "content": system}]
+        sources = f"{GROUNDING}\n\n{listed}"
+    first = f"{SYSTEM}\n\n{sources}" if sources and sources_in_system else SYSTEM
+    messages = [{"role": "system", "content": first}]
     for i in range(0, len(history), 2):
         messages.append({"role": "user", "content": history[i]})
         messages.append({"role": "assistant", "content": history[i + 1]})
-    messages.append({"role": "user", "content": asked})
+    if sources and not sources_in_system:
+        messages.append({"role": "system", "content": sources})
+    messages.append({"role": "user", "content": question})
     return messages
 
 
