@@ -581,7 +581,12 @@ def dragon_kv() -> Built:
 
 
 DRAGON_CACHES = "dragon/caches-ort-100ms-10prompts.json"
-CONVERSATION = "conversation/second-turn-ort.json"
+CONVERSATION = "conversation/second-turn-ort.json"  # sources in the system turn (before)
+CONVERSATION_SOURCES_LAST = "conversation/second-turn-ort-sources-after-conversation.json"
+PROMPT_LAYOUT = (
+    "private-facts/ort-32notes-local-greedy-sources-in-system.json",
+    "private-facts/ort-32notes-local-greedy-sources-after-conversation.json",
+)
 
 
 def dragon_caches() -> Built:
@@ -635,17 +640,53 @@ def conversation_reuse() -> Built:
             ["cloud", "cloud+corpus", "split"],
             "python -m benchmarks.conversation",
         )
-    data = load(CONVERSATION)
     lines = ["| mode | turn 1 TTFT s | turn 2 TTFT s | turn 1 ÷ turn 2 (95 % CI) | prompt tokens "
              "reused |", "|---|---|---|---|---|"]  # fmt: skip
-    for mode, m in data["summary"].items():
-        r = m["turn1_over_turn2"]
-        ratio = "—" if r is None else f"{r[0]:.1f}× ({r[1]:.1f}–{r[2]:.1f})"
-        lines.append(f"| {mode} | {m['ttft1_s']:.2f} | {m['ttft2_s']:.2f} | {ratio} | "
-                     f"{m['reused2']:.0f} |")  # fmt: skip
-    history = mean([r["history_tokens"] for r in data["rows"]])
-    note = f"{len(data['rows'])} answers; earlier exchanges ≈ {num(history, '.0f')} tokens."
-    return Built("\n".join(lines), [CONVERSATION], note)
+    sources = [CONVERSATION]
+    runs = [(CONVERSATION, " (sources in the first turn, before)")]
+    if saved(CONVERSATION_SOURCES_LAST):
+        runs.append((CONVERSATION_SOURCES_LAST, " (sources after the conversation, shipped)"))
+        sources.append(CONVERSATION_SOURCES_LAST)
+    rows = []
+    for src, label in runs:
+        data = load(src)
+        rows += data["rows"]
+        for mode, m in data["summary"].items():
+            r = m["turn1_over_turn2"]
+            ratio = "—" if r is None else f"{r[0]:.1f}× ({r[1]:.1f}–{r[2]:.1f})"
+            name = mode + (label if mode == "cloud+corpus" else "")
+            lines.append(f"| {name} | {m['ttft1_s']:.2f} | {m['ttft2_s']:.2f} | {ratio} | "
+                         f"{m['reused2']:.0f} |")  # fmt: skip
+    history = mean([r["history_tokens"] for r in rows])
+    note = f"{len(rows)} answers; earlier exchanges ≈ {num(history, '.0f')} tokens."
+    return Built("\n".join(lines), sources, note)
+
+
+def prompt_layout() -> Built:
+    """Local mode's answers with the sources in the first turn (before) and in a turn of their
+    own after the conversation (shipped, for conversation reuse), greedy, the same notes."""
+    if not all(saved(f) for f in PROMPT_LAYOUT):
+        return unmeasured_table(
+            ["prompt", "facts right"],
+            ["sources in the first turn", "sources after the conversation"],
+            "python -m benchmarks.private_facts --methods local --temperature 0",
+        )
+    before, after = ({r["note"]: r for r in load(f)["rows"] if r["method"] == "local"}
+                     for f in PROMPT_LAYOUT)  # fmt: skip
+    notes = sorted(set(before) & set(after))
+    a = sum(bool(before[n]["right"]) for n in notes)
+    b = sum(bool(after[n]["right"]) for n in notes)
+    lost = sum(bool(before[n]["right"]) and not after[n]["right"] for n in notes)
+    won = sum(bool(after[n]["right"]) and not before[n]["right"] for n in notes)
+    p_value = fisher_exact(a, len(notes), b, len(notes))
+    lines = ["| local mode's prompt | facts right |", "|---|---|",
+             f"| sources in the first (system) turn (before) | {a} of {len(notes)} |",
+             f"| sources in a system turn after the conversation (shipped) | {b} of "
+             f"{len(notes)} |",
+             "", f"Right only before: {lost}; right only after: {won}. Fisher's exact test, "
+             f"two-sided: p = {p_value:.2f}."]  # fmt: skip
+    note = "Local mode (the 0.5B alone, the note retrieved), greedy, 32 tokens."
+    return Built("\n".join(lines), list(PROMPT_LAYOUT), note)
 
 
 def dragon_perplexity() -> Built:
@@ -861,6 +902,7 @@ TABLE_LIST = (
     Table("dragon-schedule", "scheduler model by extra latency", dragon_schedule),
     Table("dragon-caches", "DRAGON with document KV off, cold, warm; a stream", dragon_caches),
     Table("conversation-reuse", "second-turn TTFT with the conversation kept", conversation_reuse),
+    Table("prompt-layout", "local mode's facts with the sources moved", prompt_layout),
     Table("capacity-ort", "tok/s at N sessions, ONNX cloud", capacity_ort),
     Table("batched-decode", "one batched decode pass at B sequences", batched_decode),
     Table("capacity-vllm", "tok/s at N sessions, vLLM", capacity_vllm),

@@ -77,7 +77,7 @@ async def hostile_cloud() -> AsyncIterator[Callable[..., Awaitable[str]]]:
 
         app = web.Application()
         app.router.add_get("/v1/session", session)
-        runner = web.AppRunner(app)
+        runner = web.AppRunner(app, shutdown_timeout=1.0)  # a deaf handler never returns
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
         runners.append(runner)

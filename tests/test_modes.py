@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,6 +30,7 @@ from edge_runtime.split_costs import SplitCosts
 from model_runtime.ort_runtime import OrtCausalLM
 from model_runtime.prompting import prompt_ids
 from model_runtime.torch_runtime import TorchCausalLM
+from tests.concurrent_answers import WORKERS, by_seed
 
 TOKEN = "test-token-0123456789"
 QUESTIONS = ["What is a tandem bicycle?", "Write a haiku about autumn rain."]
@@ -46,10 +48,21 @@ def near_drafter(tiny, tiny_tokenizer) -> DeviceModel:
 
 
 @pytest.fixture(scope="module")
-def far_drafter(tiny, tiny_tokenizer, tmp_path_factory) -> DeviceModel:
+def far_weights(tiny, tmp_path_factory) -> Path:
+    return build_tiny_hf(tiny["tokenizer"], tmp_path_factory.mktemp("far") / "hf", seed=1)
+
+
+@pytest.fixture(scope="module")
+def far_drafter(far_weights, tiny_tokenizer) -> DeviceModel:
     """Different weights, same tokenizer: a drafter that is often wrong."""
-    folder = build_tiny_hf(tiny["tokenizer"], tmp_path_factory.mktemp("far") / "hf", seed=1)
-    return DeviceModel(TorchCausalLM(folder), tiny_tokenizer, "tiny-far")
+    return DeviceModel(TorchCausalLM(far_weights), tiny_tokenizer, "tiny-far")
+
+
+@pytest.fixture(scope="module")
+def far_drafters(far_weights, tiny_tokenizer) -> list[DeviceModel]:
+    """The far drafter once per concurrent session (`tests.concurrent_answers`)."""
+    return [DeviceModel(TorchCausalLM(far_weights), tiny_tokenizer, f"tiny-far-{n}")
+            for n in range(WORKERS)]  # fmt: skip
 
 
 @pytest.fixture
@@ -212,7 +225,7 @@ def chi_square_p(samples: list[int], probs: np.ndarray) -> float:
 
 @pytest.mark.parametrize("variant", ["tk-slt", "dssd", "dsd"])
 async def test_sampled_split_tokens_follow_the_cloud_model(
-    variant, far_drafter, cloud_engine, cloud_url, tiny_tokenizer
+    variant, far_drafter, far_drafters, cloud_engine, cloud_url, tiny_tokenizer
 ):
     """χ² over many short generations. The first token comes from the cloud's prefill; the
     second is the first one decided by a speculative round (the far drafter's draft, accepted
@@ -226,17 +239,20 @@ async def test_sampled_split_tokens_follow_the_cloud_model(
     p = distribution(cloud_engine.lm.prefill([[*ids, first]])[0], params)
     q = distribution(far_drafter.lm.prefill([[*ids, first]])[0], params)
     assert 0.5 * np.abs(p - q).sum() > 0.3  # far apart: a biased sampler would show
-    split = build_mode("split", context(far_drafter, cloud_url, variant))
-    firsts, seconds = [], []
-    for seed in range(1200):
+    splits = [build_mode("split", context(d, cloud_url, variant)) for d in far_drafters]
+
+    async def answer(split, seed: int) -> list[int]:
         options = AnswerOptions(max_new_tokens=2, temperature=1.0, top_k=12, seed=seed)
         split.costs = SplitCosts()  # always one speculative round, never AS²'s cloud decoding
         _, stats, _ = await ask(split, question, options)
         assert stats.rounds == 1 and not stats.cloud_only and len(stats.token_ids) == 2
-        firsts.append(stats.token_ids[0])
-        if stats.token_ids[0] == first:
-            seconds.append(stats.token_ids[1])
-    await split.close()
+        return stats.token_ids
+
+    answers = await by_seed(splits, range(1200), answer)
+    for split in splits:
+        await split.close()
+    firsts = [a[0] for a in answers]
+    seconds = [a[1] for a in answers if a[0] == first]
     assert chi_square_p(firsts, p_first) > 1e-3
     assert len(seconds) > 200
     assert chi_square_p(seconds, p) > 1e-3

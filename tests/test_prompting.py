@@ -49,19 +49,20 @@ def test_question_and_passages_always_stay(tiny_tokenizer):
     assert (ids, dropped) == (bare, len(HISTORY) // 2)  # too long even so: the runtime says so
 
 
-def test_the_next_turns_prompt_extends_the_last_one_up_to_its_question(tiny_tokenizer):
-    """Sources sit in the question's turn, so everything before it (system turn, earlier
-    exchanges) is the previous prompt token for token: its KV is reused (conversation reuse);
-    with the sources in the system turn, as DRAGON's per-document prompts keep them, nothing
-    past the first tokens would be."""
+def test_the_next_turns_prompt_extends_the_last_one_up_to_its_sources(tiny_tokenizer):
+    """Sources sit in a turn of their own after the conversation, so everything before them
+    (system turn, earlier exchanges) is the previous prompt token for token: its KV is reused
+    (conversation reuse); with the sources in the first turn, as DRAGON's per-document prompts
+    keep them, nothing past the first tokens would be."""
     first = prompt_ids(tiny_tokenizer, "Where is the key?", HISTORY, [PASSAGE])
     answer = "Under the blue flower pot [1]."
     follow_up = HISTORY + ["Where is the key?", answer]
     lock = Source("shed.txt", "line 4", text="The bike lock's code is 4-1-7.")  # new sources
     second = prompt_ids(tiny_tokenizer, "And the bike lock?", follow_up, [lock])
-    before_question = prompt_ids(tiny_tokenizer, "", HISTORY)[:-5]  # up to "<|im_start|>user\n"
+    conversation = prompt_ids(tiny_tokenizer, "", HISTORY)[:-8]  # up to its last "<|im_end|>\n"
+    assert tiny_tokenizer.decode(conversation).endswith(HISTORY[-1] + "<|im_end|>\n")
     shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
-    assert shared >= len(before_question) > len(HISTORY) * 10
+    assert shared >= len(conversation) > len(HISTORY) * 10
     assert first[:shared] == second[:shared]
     text = tiny_tokenizer.decode(second[shared:])
     assert "Where is the key?" in text and "4-1-7" in text and "bike lock" in text

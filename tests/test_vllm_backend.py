@@ -10,10 +10,10 @@ exact distribution the samples are checked against (vLLM's raw logits agree with
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
-import threading
-from pathlib import Path
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -34,56 +34,36 @@ from edge_runtime.split_costs import SplitCosts
 from model_runtime.ort_runtime import OrtCausalLM
 from model_runtime.prompting import prompt_ids
 from model_runtime.torch_runtime import TorchCausalLM
+from tests.concurrent_answers import WORKERS, by_seed
+from tests.test_serve_stop import TOKEN, VLLM_CONFIG, VLLM_SERVE, Served, serve, stop_mid_answer
 
 pytestmark = pytest.mark.vllm
 
-REPO = Path(__file__).resolve().parents[1]
-TOKEN = "test-token-0123456789"
 QUESTIONS = ["What is a tandem bicycle?", "Write a haiku about autumn rain."]
 
 
 @pytest.fixture(scope="module")
-def vllm_url(vllm_tiny, tmp_path_factory):
-    """`tandem serve --engine vllm` from the vLLM environment, on a free loopback port."""
+def vllm_served(vllm_tiny, tmp_path_factory) -> Iterator[Served]:
+    """`tandem serve --engine vllm` from the vLLM environment, on a free loopback port (the
+    module's last test stops it with SIGTERM)."""
     python = vllm_python()
     if python is None:
         pytest.skip(VLLM_INSTALL)
-    config = tmp_path_factory.mktemp("vllm") / "cloud.toml"
-    config.write_text(
-        f'[cloud]\ntoken = "{TOKEN}"\nport = 0\ncorpus_enabled = false\n'
-        "kv_budget_bytes = 1073741824\n\n[cloud.vllm]\nenforce_eager = true\n"
-    )
-    command = [
-        str(python.parent / "tandem"), "serve", "--engine", "vllm", "--model-dir", str(vllm_tiny),
-        "--dtype", "float32", "--config", str(config),
-    ]  # fmt: skip
-    server = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO
-    )
-    log: list[str] = []
-    url: list[str] = []
-    ready = threading.Event()
+    served = serve(python, tmp_path_factory.mktemp("vllm"), *VLLM_SERVE, str(vllm_tiny),
+                   more=VLLM_CONFIG)  # fmt: skip
+    yield served
+    if served.process.poll() is None:
+        served.process.terminate()
+        try:
+            served.process.wait(60)
+        except subprocess.TimeoutExpired:
+            served.process.kill()
+    sys.stderr.write("".join(line for line in served.log if "ERROR" in line)[-4000:])
 
-    def read() -> None:  # keep draining: a full pipe would stall vLLM's logging
-        assert server.stdout is not None
-        for line in server.stdout:
-            log.append(line)
-            if match := re.match(r"serving \S+ at (ws://\S+)", line):
-                url.append(match.group(1))
-                ready.set()
-        ready.set()
 
-    threading.Thread(target=read, daemon=True).start()
-    if not ready.wait(600) or not url:
-        server.kill()
-        pytest.fail("the vLLM cloud did not start:\n" + "".join(log[-40:]))
-    yield url[0]
-    server.terminate()
-    try:
-        server.wait(60)
-    except subprocess.TimeoutExpired:
-        server.kill()
-    sys.stderr.write("".join(line for line in log if "ERROR" in line)[-4000:])
+@pytest.fixture(scope="module")
+def vllm_url(vllm_served) -> str:
+    return vllm_served.url
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +95,13 @@ def private_index(tmp_path_factory, embedder_dir):
 def far_drafter(tiny, tiny_tokenizer) -> DeviceModel:
     """Other weights, same tokenizer (the usual tiny model's int8 ONNX): many rejections."""
     return DeviceModel(OrtCausalLM(tiny["onnx-quant"]), tiny_tokenizer, "tiny-far")
+
+
+@pytest.fixture(scope="module")
+def far_drafters(tiny, tiny_tokenizer) -> list[DeviceModel]:
+    """The far drafter once per concurrent session (`tests.concurrent_answers`)."""
+    return [DeviceModel(OrtCausalLM(tiny["onnx-quant"]), tiny_tokenizer, f"tiny-far-{n}")
+            for n in range(WORKERS)]  # fmt: skip
 
 
 @pytest.fixture
@@ -253,7 +240,7 @@ def stratified_chi_square_p(pairs: list[tuple[int, int]], target) -> float:
 
 @pytest.mark.parametrize("variant", ["tk-slt", "dsd"])
 async def test_sampled_split_tokens_follow_the_vllm_cloud_model(
-    variant, far_drafter, cloud_lm, tiny_tokenizer, vllm_url
+    variant, far_drafter, far_drafters, cloud_lm, tiny_tokenizer, vllm_url
 ):
     """Temperature 0.7, top-k 6 (the mode applies them to vLLM's raw logits, so T != 1 is
     exact): the token each speculative round decides, given the first, follows the cloud's P,
@@ -265,17 +252,29 @@ async def test_sampled_split_tokens_follow_the_vllm_cloud_model(
     def target(lm):
         return lambda first: distribution(lm.prefill([[*ids, first]])[0], params)
 
-    split = build_mode("split", context(far_drafter, vllm_url, variant))
-    pairs = []
-    for seed in range(500):
+    splits = [build_mode("split", context(d, vllm_url, variant)) for d in far_drafters]
+
+    async def answer(split, seed: int) -> tuple[int, int]:
         options = AnswerOptions(max_new_tokens=2, temperature=0.7, top_k=6, seed=seed)
         split.costs = SplitCosts()  # always one speculative round, never AS²'s cloud decoding
         _, stats = await ask(split, question, options)
         assert stats.rounds == 1 and not stats.cloud_only and len(stats.token_ids) == 2
-        pairs.append((stats.token_ids[0], stats.token_ids[1]))
-    await split.close()
+        return stats.token_ids[0], stats.token_ids[1]
+
+    pairs = await by_seed(splits, range(500), answer)
+    for split in splits:
+        await split.close()
     p_first = distribution(cloud_lm.prefill([ids])[0], params)
     firsts = [f for f, _ in pairs]
     assert stratified_chi_square_p([(0, f) for f in firsts], lambda _: p_first) > 1e-3
     assert stratified_chi_square_p(pairs, target(cloud_lm)) > 1e-3
     assert stratified_chi_square_p(pairs, target(far_drafter.lm)) < 1e-6
+
+
+async def test_sigterm_stops_the_vllm_cloud_and_its_engine_processes(vllm_served, tiny,
+                                                                      tiny_tokenizer):  # fmt: skip
+    """Last in this module (it stops the module's server): mid-answer, SIGTERM, as systemd or
+    a balancer's drain sends it (SIGINT: tests/test_serve_stop.py)."""
+    assert vllm_served.descendants(), "vLLM runs its engine in processes of its own"
+    device = DeviceModel(OrtCausalLM(tiny["onnx-quant"]), tiny_tokenizer, "tiny")
+    await stop_mid_answer(vllm_served, device, signal.SIGTERM)
