@@ -587,6 +587,7 @@ PROMPT_LAYOUT = (
     "private-facts/ort-32notes-local-greedy-sources-in-system.json",
     "private-facts/ort-32notes-local-greedy-sources-after-conversation.json",
 )
+PROMPT_LAYOUT_REJECTED = "private-facts/ort-32notes-local-greedy-question-label-rejected.json"
 
 
 def dragon_caches() -> Built:
@@ -679,14 +680,18 @@ def prompt_layout() -> Built:
     lost = sum(bool(before[n]["right"]) and not after[n]["right"] for n in notes)
     won = sum(bool(after[n]["right"]) and not before[n]["right"] for n in notes)
     p_value = fisher_exact(a, len(notes), b, len(notes))
+    tried = {r["note"]: r for r in load(PROMPT_LAYOUT_REJECTED)["rows"] if r["method"] == "local"}
+    c = sum(bool(tried[n]["right"]) for n in notes if n in tried)
     lines = ["| local mode's prompt | facts right |", "|---|---|",
              f"| sources in the first (system) turn (before) | {a} of {len(notes)} |",
              f"| sources in a system turn after the conversation (shipped) | {b} of "
              f"{len(notes)} |",
+             f"| sources and a \"Question:\" label in the question's turn (tried) | {c} of "
+             f"{len(notes)} |",
              "", f"Right only before: {lost}; right only after: {won}. Fisher's exact test, "
              f"two-sided: p = {p_value:.2f}."]  # fmt: skip
     note = "Local mode (the 0.5B alone, the note retrieved), greedy, 32 tokens."
-    return Built("\n".join(lines), list(PROMPT_LAYOUT), note)
+    return Built("\n".join(lines), [*PROMPT_LAYOUT, PROMPT_LAYOUT_REJECTED], note)
 
 
 def dragon_perplexity() -> Built:

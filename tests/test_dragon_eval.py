@@ -27,8 +27,8 @@ def test_quick_study_with_the_real_models(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     grid = json.loads((tmp_path / "q-grid.json").read_text())
     assert {(r["method"], r["latency_ms"]) for r in grid["rows"]} == {
-        (m, lat) for m in METHODS for lat in (0.0, 100.0)
-    }
+        (m, 100.0) for m in METHODS
+    }  # one latency: the link emulator is in the path; the grid's shape is the point
     assert not any(r["failures"] for r in grid["rows"])
     assert "per-token latency reduction vs DRDG/TW" in done.stdout
     schedule = json.loads((tmp_path / "schedule-q.json").read_text())
