@@ -27,6 +27,7 @@ from tests.test_modes import QUESTIONS, ask, context
 # the loopback server and the tiny models of tests/test_modes.py, shared
 cloud_engine, cloud_url = test_modes.cloud_engine, test_modes.cloud_url
 near_drafter, far_drafter = test_modes.near_drafter, test_modes.far_drafter
+far_weights = test_modes.far_weights
 
 
 class Frozen(SplitCosts):
