@@ -34,6 +34,7 @@ import argparse
 import asyncio
 import json
 import logging
+import re
 import sys
 import tempfile
 import time
@@ -97,17 +98,33 @@ CpuClock = Callable[[], float] | None  # the cloud process's CPU seconds so far
 
 async def run_round(
     devices: list[Device], cpu: CpuClock
-) -> tuple[list[Outcome], float, float | None]:
-    """All devices at once: their outcomes, the wall time and the cloud's CPU seconds."""
+) -> tuple[list[Outcome], float, float | None, float | None]:
+    """All devices at once: their outcomes, the wall time, the cloud's CPU seconds and the
+    vocabulary rows its engine handed out (vLLM's /metrics; None for another engine)."""
     cpu0 = cpu() if cpu else None
-    t0 = time.perf_counter()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        rows0 = await rows_out(http, devices[0].url)
+        t0 = time.perf_counter()
         outcomes = await asyncio.gather(*(d.run(http) for d in devices))
-    wall = time.perf_counter() - t0
-    return list(outcomes), wall, (cpu() - cpu0) if cpu and cpu0 is not None else None
+        wall = time.perf_counter() - t0
+        rows1 = await rows_out(http, devices[0].url)
+    cpu_s = (cpu() - cpu0) if cpu and cpu0 is not None else None
+    rows = rows1 - rows0 if rows0 is not None and rows1 is not None else None
+    return list(outcomes), wall, cpu_s, rows
 
 
-def summarise(outcomes: list[Outcome], wall: float, cpu_s: float | None) -> dict:
+async def rows_out(http: aiohttp.ClientSession, ws_url: str) -> float | None:
+    """The cloud's tandem_engine_rows_out_total (None where its engine has no such count)."""
+    url = ws_url.replace("ws://", "http://").replace("wss://", "https://")
+    async with http.get(url.split("/v1/")[0] + "/metrics") as response:
+        text = await response.text()
+    found = re.search(r"^tandem_engine_rows_out_total (\S+)", text, re.MULTILINE)
+    return float(found.group(1)) if found else None
+
+
+def summarise(
+    outcomes: list[Outcome], wall: float, cpu_s: float | None, rows: float | None = None
+) -> dict:
     tokens = sum(o.tokens for o in outcomes)
     gaps = [g for o in outcomes for g in o.gaps_s]
     ttft = [o.ttft_s for o in outcomes if o.ttft_s is not None]
@@ -128,6 +145,7 @@ def summarise(outcomes: list[Outcome], wall: float, cpu_s: float | None) -> dict
         "ttft_p99_s": quantile(ttft, 0.99),
         "acceptance": sum(o.accepted for o in outcomes) / drafted if drafted else None,
         "cloud_cpu_ms_per_token": 1000 * cpu_s / tokens if cpu_s is not None and tokens else None,
+        "rows_per_token": rows / tokens if rows is not None and tokens else None,
     }
 
 
@@ -151,14 +169,15 @@ async def measure(url: str, token: str, tokenizer_hash: bytes, questions: list[s
                                                draft_s=args.draft_ms / 1000))  # fmt: skip
                 else:
                     devices.append(Device(**common))
-            outcomes, wall, cpu_s = await run_round(devices, cpu)
-            row = {"mode": mode, **summarise(outcomes, wall, cpu_s)}
+            outcomes, wall, cpu_s, rows_s = await run_round(devices, cpu)
+            row = {"mode": mode, **summarise(outcomes, wall, cpu_s, rows_s)}
             rows.append(row)
             print(f"  {mode:6} N={n:2}: {fmt(row['tokens_per_s'], '6.2f')} tok/s  "
                   f"per token p50 {fmt(row['per_token_p50_s'], '.3f')} s "
                   f"p99 {fmt(row['per_token_p99_s'], '.3f')} s  TTFT p50 "
                   f"{fmt(row['ttft_p50_s'], '.2f')} s  acc {fmt(row['acceptance'], '.2f')}  "
-                  f"cloud {fmt(row['cloud_cpu_ms_per_token'], '.0f')} ms/tok"
+                  f"cloud {fmt(row['cloud_cpu_ms_per_token'], '.0f')} ms/tok  "
+                  f"rows/tok {fmt(row['rows_per_token'], '.2f')}"
                   + (f"  ERRORS {row['errors']}" if row["errors"] else ""),
                   file=sys.stderr, flush=True)  # fmt: skip
     return rows
@@ -197,6 +216,8 @@ def main(argv: list[str] | None = None) -> dict:
         default="ort",
         help="vllm: from its own environment (README 'The cloud on vLLM')",
     )
+    parser.add_argument("--vllm-verify", choices=("decode", "fanout"), default=None,
+                        help="how vLLM verifies split drafts (default: the cloud's setting)")
     parser.add_argument("--tokens", type=int, default=32, help="tokens per answer")
     parser.add_argument("--draft-ms", type=float, default=22.0,
                         help="a split device's time to draft a token")  # fmt: skip
@@ -257,7 +278,8 @@ async def _one_setting(batch: int, questions: list[str], args: argparse.Namespac
 
     core = pin_device(args.device_core, args.cloud_core)
     config = Path(tempfile.mkdtemp()) / "capacity.toml"  # room for every session at once
-    config.write_text(f"[cloud]\nmax_sessions = {2 * max(args.sessions)}\n")
+    verify = f'vllm_verify = "{args.vllm_verify}"\n' if args.vllm_verify else ""
+    config.write_text(f"[cloud]\nmax_sessions = {2 * max(args.sessions)}\n{verify}")
     cloud, url, token = await start_cloud(args.engine, core, corpus=True, corpus_k=2,
                                           extra=["--max-batch", str(batch),
                                                  "--config", str(config)])  # fmt: skip

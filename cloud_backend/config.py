@@ -67,6 +67,9 @@ class ServerConfig:
     auth_window_s: float = 60.0
     requests_per_minute: int = 3000  # per access token, in bursts of a minute's worth; 0: off
     vllm: dict[str, Any] = field(default_factory=dict)  # [cloud.vllm]: vLLM engine arguments
+    # how vLLM verifies split drafts (docs/architecture.md#split-on-vllm): "decode", one
+    # request generating a token per draft; "fanout", a one-token request per draft at once
+    vllm_verify: Literal["decode", "fanout"] = "decode"
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:

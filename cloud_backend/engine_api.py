@@ -11,9 +11,11 @@ from abc import abstractmethod
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Protocol
 
+import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from collab.sampling import SamplingParams
+from collab.variants.base import DraftTarget
 from model_runtime.async_model import AsyncSequence
 from model_runtime.prefix_cache import PrefixCache
 from model_runtime.runtime import RuntimeInputError
@@ -75,6 +77,25 @@ class CloudSequence(AsyncSequence):
         """The rows fed until `release` begin with public documents' prefixes, which an
         engine caching prefixes itself (vLLM) may share within `salt` (the document cache's
         scope, `RequestContext.cache_salt`); the built-in engine shares through `documents`."""
+
+    verifies_inside = False  # whether `draw` is there (an engine that samples itself)
+
+    async def draw(
+        self, feed: Sequence[int], first: int, targets: Sequence[DraftTarget | None],
+        params: SamplingParams,
+    ) -> list[int]:  # fmt: skip
+        """Split verification inside the engine, token ids out (vLLM): `feed` goes into the
+        sequence (as `forward`'s tokens do) and at each of its positions first, first + 1, …
+        (one per target) the engine draws one token — target None: from the model's
+        distribution under `params`; a `DraftTarget`: its verification draw
+        (`collab.verification.draw_distribution`), which is the draft exactly when
+        accepted. The tokens come back up to the first that is not its target's draft."""
+        raise NotImplementedError(f"{type(self).__name__} verifies from rows (`forward`)")
+
+    async def row(self, length: int) -> np.ndarray:
+        """`draw`'s one row: the raw logits [V] after the sequence's first `length` tokens
+        (P_j of a rejection the engine drew only as a coin)."""
+        raise NotImplementedError(f"{type(self).__name__} verifies from rows (`forward`)")
 
     def sampled(
         self, pending: int | None, params: SamplingParams, n: int

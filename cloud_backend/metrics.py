@@ -103,6 +103,12 @@ class ServerMetrics:
         """The public documents' prefix KV cache, read at scrape time: hits, misses, bytes."""
         self.registry.register(_DocumentCacheCollector(cache))
 
+    def watch_rows_out(self, read: Callable[[], int]) -> None:
+        """Vocabulary rows an engine that samples itself (vLLM) handed out of its model
+        runner, read at scrape time: each crosses its output path (~0.6 MB at Qwen's vocabulary);
+        split verified inside the engine needs none (docs/architecture.md#split-on-vllm)."""
+        self.registry.register(_RowsOutCollector(read))
+
     def step(self, kind: str, positions: int, seconds: float) -> None:
         """The engine's `on_step` observer (called from its worker thread)."""
         self.step_seconds.labels(kind=kind).observe(seconds)
@@ -124,6 +130,16 @@ class _DocumentCacheCollector(Collector):
             (GaugeMetricFamily, "budget_bytes", "The document cache's budget", c.budget_bytes),
         ):
             yield family(f"tandem_document_cache_{name}", text, value=value)
+
+
+class _RowsOutCollector(Collector):
+    def __init__(self, read: Callable[[], int]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "tandem_engine_rows_out", "Vocabulary rows handed out of the engine", value=self.read()
+        )
 
 
 class RequestMetrics:

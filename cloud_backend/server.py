@@ -173,6 +173,8 @@ def create_app(
     metrics.watch_kv_cache(lambda: engine.cache_bytes)
     if engine.documents is not None:
         metrics.watch_document_cache(engine.documents)
+    if isinstance(getattr(engine, "rows_out", None), int):  # vLLM's
+        metrics.watch_rows_out(lambda: engine.rows_out)  # type: ignore[attr-defined]
     metrics.sessions.set_function(lambda: len(state.sessions))
     app = web.Application()
     app[STATE] = state

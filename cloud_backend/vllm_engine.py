@@ -23,14 +23,15 @@ Qwen) through its output pipeline as Python lists (README "The cloud on vLLM" ha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
 import os
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from transformers import PreTrainedTokenizerBase
@@ -39,12 +40,15 @@ from cloud_backend.config import ConfigError, ServerConfig
 from cloud_backend.engine_api import CloudSequence, StepObserver
 from cloud_backend.logfmt import kv
 from collab.sampling import SamplingParams
+from collab.variants.base import DraftTarget
 from model_runtime.prefix_cache import PrefixCache
 from model_runtime.runtime import Cancelled, RuntimeInputError, check_feed
 from model_runtime.tokenizer import tokenizer_fingerprint
 
 log = logging.getLogger("tandem.cloud")
+T = TypeVar("T")
 
+DRAWS_PROCESSOR = "cloud_backend.vllm_draws:VerificationDraws"
 SHUTDOWN_S = 10.0  # vLLM's engine processes get this long to stop before they are killed
 INSTALL_HINT = (
     "engine vllm needs vLLM, in a virtual environment of its own (its transformers conflicts "
@@ -74,6 +78,7 @@ class VllmEngine:
         name: str,
         kv_bytes_per_token: int,
         kv_budget_bytes: int = 2 * 1024**3,
+        verify: str = "decode",
     ) -> None:
         from vllm import SamplingParams
 
@@ -86,7 +91,9 @@ class VllmEngine:
         # vLLM's own prefix caching reuses documents (salted by the scope, `share_documents`)
         self.documents: PrefixCache | None = None
         self.on_step: StepObserver | None = None
-        self.requests = 0  # rows asked of vLLM (for tests and benchmarks)
+        self.rows_out = 0  # vocabulary rows vLLM handed out (/metrics, tests, benchmarks)
+        self.draws = 0  # tokens drawn inside vLLM for a verification
+        self.verify = verify
         config = llm.model_config
         self.lm = VllmLimits(int(config.get_vocab_size()), int(config.max_model_len) - 1)
         # One generated token (greedy: no random state in vLLM) and the whole row of raw logits
@@ -138,7 +145,7 @@ class VllmEngine:
             TokensPrompt(prompt_token_ids=prompt, cache_salt=salt), self._params, request_id
         ):
             final = out
-        self.requests += 1
+        self.rows_out += 1
         if final is None or not final.outputs or not final.outputs[0].logprobs:
             raise RuntimeError("vLLM returned no logits row")
         flat = final.outputs[0].logprobs
@@ -179,6 +186,62 @@ class VllmEngine:
                 yield int(token)
             seen = len(tokens)
 
+    async def draw(
+        self, prompts: list[list[int]], targets: Sequence[DraftTarget | None],
+        params: SamplingParams, salt: str,
+    ) -> list[int]:  # fmt: skip
+        """Verification draws inside vLLM (`cloud_backend.vllm_draws`): the token drawn after
+        each prompt (prompts[k] = the one before plus target k-1's draft), up to the first
+        that is not its target's draft. `fanout`: one single-token request per prompt, all
+        in one batch (each recomputes its tail past the last cached block); `decode`: one
+        request on the first prompt generating one token per target (vLLM keeps the KV
+        between them), stopped at the first rejection. Greedy needs no processor: vLLM's
+        argmax is the verdict of every variant."""
+        from vllm import SamplingParams as VllmParams
+        from vllm.inputs import TokensPrompt
+
+        from cloud_backend.vllm_draws import Draws
+
+        greedy = params.temperature == 0.0
+        self.draws += len(targets)
+
+        def request(first: int, n: int) -> AsyncGenerator[Any, None]:
+            extra = None if greedy else Draws(params, list(targets[first : first + n]))
+            sampling = VllmParams(
+                max_tokens=n, temperature=0.0 if greedy else 1.0, ignore_eos=True,
+                detokenize=False, extra_args=None if extra is None else extra.extra_args(),
+            )  # fmt: skip
+            return self.llm.generate(
+                TokensPrompt(prompt_token_ids=prompts[first], cache_salt=salt), sampling,
+                f"tandem-{next(self._ids)}",
+            )  # fmt: skip
+
+        drafts = [None if t is None else t.draft for t in targets]
+        tokens: list[int] = []
+        if self.verify == "fanout":
+
+            async def one(k: int) -> int:
+                final = None
+                async for out in request(k, 1):
+                    final = out
+                assert final is not None
+                return int(final.outputs[0].token_ids[0])
+
+            for token, draft in zip(await asyncio.gather(*map(one, range(len(targets)))), drafts,
+                                    strict=True):  # fmt: skip
+                tokens.append(token)
+                if token != draft:
+                    break
+            return tokens
+        stream = request(0, len(targets))
+        async with contextlib.aclosing(stream):
+            async for out in stream:
+                for token in out.outputs[0].token_ids[len(tokens) :]:
+                    tokens.append(int(token))
+                    if token != drafts[len(tokens) - 1]:
+                        return tokens  # leaving the stream aborts the request
+        return tokens
+
     def forget(self, session: VllmSequence) -> None:
         self._sessions.pop(session.id, None)
 
@@ -194,7 +257,7 @@ class VllmSequence(CloudSequence):
         self.documents_salt: str | None = None  # DRAGON's rows, until `release`
         self.rows: list[list[int]] = []
         self.closed = False
-        self._step: asyncio.Future[list[tuple[np.ndarray, int]]] | None = None
+        self._step: asyncio.Future[Any] | None = None
         self._cancelled = False
 
     @property
@@ -216,18 +279,10 @@ class VllmSequence(CloudSequence):
             if row
         ]
         start = time.perf_counter()
-        self._cancelled = False
         salt = self.salt if self.documents_salt is None else self.documents_salt
-        step = asyncio.gather(*(self.engine.logits(ids, salt) for _, _, ids in wanted))
-        self._step = step
-        try:
-            got = await step
-        except asyncio.CancelledError:
-            if self._cancelled:  # our cancel, not the task's: the session is as it was
-                raise Cancelled("step cancelled") from None
-            raise
-        finally:
-            self._step = None
+        got = await self._cancellable(
+            asyncio.gather(*(self.engine.logits(ids, salt) for _, _, ids in wanted))
+        )
         width = 1 if last_only else max(map(len, batch), default=0)
         out = np.zeros((len(batch), width, self.lm.vocab_size), dtype=np.float32)
         cached = [0] * len(batch)
@@ -240,6 +295,51 @@ class VllmSequence(CloudSequence):
         if self.engine.on_step is not None:
             self.engine.on_step(kind, sum(map(len, batch)), time.perf_counter() - start)
         return out
+
+    async def _cancellable(self, step: Awaitable[T]) -> T:
+        """Run a step that `cancel` can stop (then `Cancelled`; the session is as it was)."""
+        self._cancelled = False
+        self._step = asyncio.ensure_future(step)
+        try:
+            return await self._step
+        except asyncio.CancelledError:
+            if self._cancelled:  # our cancel, not the task's
+                raise Cancelled("step cancelled") from None
+            raise
+        finally:
+            self._step = None
+
+    verifies_inside = True
+
+    async def draw(
+        self, feed: Sequence[int], first: int, targets: Sequence[DraftTarget | None],
+        params: SamplingParams,
+    ) -> list[int]:  # fmt: skip
+        if self.closed:
+            raise RuntimeError("session closed")
+        if len(self.rows) != 1:
+            raise RuntimeInputError("draws verify one sequence")
+        ids = self.rows[0] + list(feed)
+        self.lm.check([list(feed)], [len(self.rows[0])])
+        at = len(self.rows[0]) + first
+        prompts = [ids[: at + k] for k in range(len(targets))]
+        start = time.perf_counter()
+        salt = self.salt
+        tokens = await self._cancellable(self.engine.draw(prompts, targets, params, salt))
+        if len(tokens) < len(targets) and all(
+            t is not None and t.draft == token for t, token in zip(targets, tokens, strict=False)
+        ):
+            raise RuntimeError(f"vLLM drew {len(tokens)} of {len(targets)} tokens")
+        self.rows = [ids]
+        if self.engine.on_step is not None:
+            self.engine.on_step("verify", len(feed), time.perf_counter() - start)
+        return tokens
+
+    async def row(self, length: int) -> np.ndarray:
+        if not 0 < length <= self.length:
+            raise RuntimeInputError(f"no row after {length} of {self.length} tokens")
+        row, _ = await self._cancellable(self.engine.logits(self.rows[0][:length], self.salt))
+        return row
 
     async def rewind(self, lengths: int | Sequence[int]) -> None:
         targets = [lengths] * len(self.rows) if isinstance(lengths, int) else list(lengths)
@@ -317,6 +417,7 @@ def build_vllm_engine(
         "enable_prefix_caching": True,
         "max_logprobs": -1,  # the whole row...
         "logprobs_mode": "raw_logits",  # ...of logits, before any temperature or penalty
+        "logits_processors": [DRAWS_PROCESSOR],  # split verified inside (`vllm_draws`)
     }
     if current_platform.is_cpu():
         _cpu_environment(config)
@@ -329,7 +430,7 @@ def build_vllm_engine(
         raise ConfigError(f"vLLM refused its settings: {exc}") from None
     return VllmEngine(
         llm, tokenizer, name, _kv_bytes_per_token(hf_config, config.torch_dtype),
-        kv_budget_bytes=config.kv_budget_bytes,
+        kv_budget_bytes=config.kv_budget_bytes, verify=config.vllm_verify,
     )  # fmt: skip
 
 

@@ -304,6 +304,50 @@ def picospec_topk_bias_tv(p: np.ndarray, q: np.ndarray, k: int) -> float:
     return 0.5 * float(np.abs(picospec_topk_output(p, q, k) - p).sum())
 
 
+def draw_distribution(
+    p: np.ndarray, draft: int, q_ids: np.ndarray, q_probs: np.ndarray, eta: float = 0.0,
+    coin: bool = False,
+) -> np.ndarray:  # fmt: skip
+    """One verification of draft x ~ q as ONE draw from a distribution, for an engine that
+    samples tokens itself (vLLM: docs/architecture.md#split-on-vllm): the token drawn equals x
+    exactly when x is accepted.
+
+    - `coin` False: a·δ_x + (1 − a)·norm(max(0, p − q)), a = min(1, p(x)/q(x)) — the law of
+      :func:`verify_one`'s token (a rejection never lands on x: a < 1 means p(x) < q(x), so
+      the residual is 0 there). η must be 0.
+    - `coin` True: a·δ_x + (1 − a)·δ_s with s = x + 1 (mod V), a = min(1, p̂(x)/q(x)),
+      p̂ = rapid_shift(p, q, η): only the accept coin, where the correction needs what the
+      engine lacks (DSSD's device Q, RAPID's residual over p, q and p̂ — with η > 0 a
+      rejection may land on x, which a single draw could not tell from an acceptance).
+
+    q comes sparse (ids, probabilities that sum to 1; DSSD: just x and q(x)); p is the
+    target's distribution at the draft's position (`collab.sampling.distribution`)."""
+    q_probs = np.asarray(q_probs, dtype=np.float64)
+    q_ids = np.asarray(q_ids, dtype=np.int64)
+    at = np.flatnonzero(q_ids == draft)
+    if at.size != 1:
+        raise ValueError("a draft lies outside its q's support")
+    q_x = float(q_probs[at[0]])
+    if eta == 0.0:
+        a = accept_probability(float(p[draft]), q_x)
+    else:
+        q = np.zeros_like(p)
+        q[q_ids] = q_probs
+        a = accept_probability(float(rapid_shift(p, q, eta)[draft]), q_x)
+    if coin or a >= 1.0:
+        out = np.zeros_like(p, dtype=np.float64)
+        out[draft] = a
+        out[(draft + 1) % p.size] += 1.0 - a
+        return out
+    if eta != 0.0:
+        raise ValueError("a verification against RAPID's target (η > 0) draws only the coin")
+    q = np.zeros_like(p, dtype=np.float64)
+    q[q_ids] = q_probs
+    out = (1.0 - a) * residual(p, q)
+    out[draft] += a
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # 5.4 RAPID retrieval-augmented target
 # ---------------------------------------------------------------------------------------------

@@ -137,8 +137,10 @@ async def test_greedy_split_equals_greedy_cloud_on_vllm(drafter, request, vllm_u
         for variant in variant_names():
             split = build_mode("split", context(device, vllm_url, variant))
             split.costs = SplitCosts()  # unmeasured: speculate
+            rows = await rows_out(vllm_url)
             got_text, got = await ask(split, question, options)
             assert got.token_ids == want.token_ids and got_text == want_text, variant
+            assert await rows_out(vllm_url) == rows, variant  # greedy: ids only, every variant
             assert got.rounds > 0 and got.drafted > 0 and got.accepted <= got.drafted
             if drafter == "far":
                 assert got.accepted < got.drafted  # rejections: the residual path ran
@@ -181,15 +183,24 @@ async def test_greedy_dragon_on_vllm_equals_dragon_on_the_builtin_engine(
     assert answers[0] == answers[1] and len(answers[0]) > 0
 
 
-async def reused_documents(ws_url: str) -> float:
-    """The cloud's tandem_reused_prompt_tokens_total{kind="document"}, from its /metrics."""
+async def metric(ws_url: str, sample: str) -> float:
+    """One sample of the cloud's /metrics (0 where it is not there yet)."""
     import aiohttp
 
     url = ws_url.replace("ws://", "http://").replace("/v1/session", "/metrics")
     async with aiohttp.ClientSession() as http, http.get(url) as response:
         text = await response.text()
-    found = re.search(r'tandem_reused_prompt_tokens_total\{kind="document"\} (\S+)', text)
+    found = re.search(re.escape(sample) + r" (\S+)", text)
     return float(found.group(1)) if found else 0.0
+
+
+async def reused_documents(ws_url: str) -> float:
+    return await metric(ws_url, 'tandem_reused_prompt_tokens_total{kind="document"}')
+
+
+async def rows_out(ws_url: str) -> float:
+    """Vocabulary rows vLLM handed out so far (split verified inside it needs none)."""
+    return await metric(ws_url, "tandem_engine_rows_out_total")
 
 
 async def test_dragon_rows_reuse_vllm_prefix_cache_across_one_users_sessions(
@@ -242,9 +253,10 @@ def stratified_chi_square_p(pairs: list[tuple[int, int]], target) -> float:
 async def test_sampled_split_tokens_follow_the_vllm_cloud_model(
     variant, far_drafter, far_drafters, cloud_lm, tiny_tokenizer, vllm_url
 ):
-    """Temperature 0.7, top-k 6 (the mode applies them to vLLM's raw logits, so T != 1 is
-    exact): the token each speculative round decides, given the first, follows the cloud's P,
-    not the drafter's Q (the negative control shows the test tells them apart)."""
+    """Temperature 0.7, top-k 6, verified inside vLLM (its sampler draws each verdict from the
+    distribution `cloud_backend.vllm_draws` makes of the raw row, so T != 1 is exact): the
+    token each speculative round decides, given the first, follows the cloud's P, not the
+    drafter's Q (the negative control shows the test tells them apart); no row leaves vLLM."""
     params = SamplingParams(temperature=0.7, top_k=6)
     question = QUESTIONS[0]
     ids = prompt_ids(tiny_tokenizer, question)
@@ -261,7 +273,9 @@ async def test_sampled_split_tokens_follow_the_vllm_cloud_model(
         assert stats.rounds == 1 and not stats.cloud_only and len(stats.token_ids) == 2
         return stats.token_ids[0], stats.token_ids[1]
 
+    rows = await rows_out(vllm_url)
     pairs = await by_seed(splits, range(500), answer)
+    assert await rows_out(vllm_url) == rows  # verified inside vLLM: token ids out
     for split in splits:
         await split.close()
     p_first = distribution(cloud_lm.prefill([ids])[0], params)

@@ -122,9 +122,8 @@ class SplitRequest(Request):
         return verify_line(pace.passes, fed) <= more * pace.gap
 
     async def verify(self) -> None:
-        """Score every part held in one forward pass and judge them in order, as one batch
-        (a part accepted whole goes on at its last row; its bonus token is dropped, drawn from
-        a coin of its own). A verdict goes out at a rejection or at the batch's end."""
+        """Verify every part held at once and judge them in order, as one batch (from rows, or
+        inside the engine). A verdict goes out at a rejection or at the batch's end."""
         parts, self.parts = self.parts, []
         batch = self.batch
         assert batch is not None
@@ -136,29 +135,16 @@ class SplitRequest(Request):
         room = self.transcript.remaining
         fit = min(drafts.size, room)
         feed = ([self.pending] if self.pending is not None else []) + drafts[:fit].tolist()
-        base = self.ctx.session.length
-        rows = await self.ctx.session.forward(feed)
-        if self.pending is None:
-            assert self.next_logits is not None
-            rows = np.vstack([self.next_logits[None, :], rows])
-        P = np.stack([distribution(r, self.params) for r in rows])
-        if fit < drafts.size:
-            P = np.vstack([P, np.repeat(P[-1:], drafts.size - fit, axis=0)])
-        n, at = 0, 0
-        for part in parts:
-            size = part.token_ids.size
-            try:
-                judgement = self.scheme.judge(
-                    part, P[at : at + size + 1], self.rng, eta=self.gen.eta
-                )
-            except ValueError as exc:  # a draft that cannot have been sampled as announced
-                await self.ctx.session.rollback(base)  # forget the scored drafts, keep the state
-                self.batch = None
-                await self.link.error(ErrorCode.MALFORMED, f"draft refused: {exc}")
-                return
-            n, at = n + judgement.accepted, at + size
-            if judgement.accepted < size:
-                break
+        session = self.ctx.session
+        base = session.length
+        try:
+            judge = self.judge_inside if session.verifies_inside else self.judge_rows
+            n, judgement, last_row = await judge(parts, feed, fit)
+        except ValueError as exc:  # a draft that cannot have been sampled as announced
+            await session.rollback(base)  # forget the scored drafts, keep the state
+            self.batch = None
+            await self.link.error(ErrorCode.MALFORMED, f"draft refused: {exc}")
+            return
         if n >= room:
             # the answer ends at its room in this batch: no token after it (a verdict with
             # neither a token nor P_j tells the device so; Done follows)
@@ -169,7 +155,7 @@ class SplitRequest(Request):
             judgement = judgement._replace(token=None)
         token = judgement.token
         keep = base + (len(feed) - fit) + n
-        await self.ctx.session.rollback(keep)
+        await session.rollback(keep)
         seconds = time.perf_counter() - t0
         self.ctx.pace.passes.append((len(feed), seconds))
         self.rounds += 1
@@ -179,7 +165,7 @@ class SplitRequest(Request):
         self.pending, self.next_logits = None, None
         if n == drafts.size and token is None:  # accepted whole, no bonus: go on from the last row
             self.commit(drafts.tolist())
-            self.next_logits = rows[-1]
+            self.next_logits = last_row
             batch.accepted += n
             if not ended and self.transcript.finish is None:
                 return  # fast verification passed: the verdict waits for the batch's end
@@ -199,6 +185,62 @@ class SplitRequest(Request):
         if n < drafts.size:
             self.epoch += 1
         self.batch = None
+
+    async def judge_rows(
+        self, parts: list[Draft], feed: list[int], fit: int
+    ) -> tuple[int, Judgement, np.ndarray]:
+        """Verify from the target's rows: one forward pass scores the feed (γ+1 rows of P),
+        each part is judged in order (a part accepted whole goes on at its last row; its bonus
+        token is dropped). The drafts accepted, the last judgement and the last row."""
+        rows = await self.ctx.session.forward(feed)
+        if self.pending is None:
+            assert self.next_logits is not None
+            rows = np.vstack([self.next_logits[None, :], rows])
+        P = np.stack([distribution(r, self.params) for r in rows])
+        size = sum(p.token_ids.size for p in parts)
+        if fit < size:  # stand-ins past the answer's room, never used
+            P = np.vstack([P, np.repeat(P[-1:], size - fit, axis=0)])
+        n, at = 0, 0
+        for part in parts:
+            size = part.token_ids.size
+            judgement = self.scheme.judge(part, P[at : at + size + 1], self.rng, eta=self.gen.eta)
+            n, at = n + judgement.accepted, at + size
+            if judgement.accepted < size:
+                break
+        return n, judgement, rows[-1]
+
+    async def judge_inside(
+        self, parts: list[Draft], feed: list[int], fit: int
+    ) -> tuple[int, Judgement, None]:
+        """Verify inside an engine that samples itself (vLLM; docs/architecture.md#split-on-vllm):
+        it draws each position's verdict as one token, the draft exactly when accepted, so
+        only ids come back. The same law as `judge_rows`: each draft's draw is its
+        verification, the positions' coins are independent, and the first rejection ends the
+        round. A rejection the engine drew only as a coin (DSSD, RAPID with η > 0) takes P_j:
+        one row, or none at temperature 0 (P_j is the one-hot of the argmax drawn)."""
+        session, eta = self.ctx.session, self.gen.eta
+        vocab = self.ctx.engine.lm.vocab_size
+        targets = [
+            t for part in parts
+            for t in self.scheme.draft_targets(part, np.asarray(part.token_ids), vocab, eta)
+        ][:fit]  # fmt: skip
+        whole = fit == sum(part.token_ids.size for part in parts)  # else the room ends first
+        bonus = whole and not (parts[-1].more or parts[-1].ahead)
+        first = len(feed) - fit  # the pending token, if any, goes in first
+        base = session.length
+        tokens = await session.draw(feed, first, [*targets, *([None] if bonus else [])],
+                                    self.params)  # fmt: skip
+        n = next((k for k, t in enumerate(targets) if tokens[k] != t.draft), len(targets))
+        if n == len(targets):
+            return n, Judgement(n, tokens[n] if bonus else None), None
+        if not targets[n].coin:
+            return n, Judgement(n, tokens[n]), None
+        if self.params.temperature == 0.0:
+            p = np.zeros(vocab)
+            p[tokens[n]] = 1.0
+        else:
+            p = distribution(await session.row(base + first + n), self.params)
+        return n, self.scheme.coin_rejection(n, p, targets[n], self.rng), None
 
 
 @dataclass

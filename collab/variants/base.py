@@ -13,7 +13,8 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from collab.protocol import Draft, Verdict
-from collab.verification import rapid_round
+from collab.sampling import sample_from
+from collab.verification import rapid_residual, rapid_round, rapid_shift
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,18 @@ class DraftToken:
     token: int
     q: np.ndarray
     row: Any
+
+
+class DraftTarget(NamedTuple):
+    """What an engine that samples tokens itself needs to verify one draft in a single draw
+    (`collab.verification.draw_distribution`): the draft, its q (sparse; DSSD: the draft and
+    q(x) alone), RAPID's η and whether the engine draws only the accept coin."""
+
+    draft: int
+    q_ids: np.ndarray
+    q_probs: np.ndarray
+    eta: float = 0.0
+    coin: bool = False
 
 
 class Judgement(NamedTuple):
@@ -95,6 +108,35 @@ class SplitVariant(ABC):
                              "cloud never holds the drafts' distributions")  # fmt: skip
         Q = self.draft_rows(frame, drafts, P.shape[1])
         return Judgement(*rapid_round(drafts, P, Q, eta, rng))
+
+    def draft_targets(
+        self, frame: Draft, drafts: np.ndarray, vocab_size: int, eta: float = 0.0
+    ) -> list[DraftTarget]:
+        """Each draft's verification as one draw inside the engine (vLLM), after the same
+        checks as `judge`: a ValueError for a frame that cannot have been sampled as it
+        claims. With η > 0 the engine draws only the accept coin (the rejection's residual
+        is drawn here, from one row)."""
+        if not isinstance(frame, self.frame):
+            raise ValueError(f"{self.name} drafts come as {self.frame.__name__}")
+        if eta and not self.rapid:
+            raise ValueError(f"{self.name} cannot verify against RAPID's target (η > 0): its "
+                             "cloud never holds the drafts' distributions")  # fmt: skip
+        Q = self.draft_rows(frame, drafts, vocab_size)
+        targets = []
+        for x, q in zip(drafts.tolist(), Q, strict=True):
+            ids = np.flatnonzero(q)
+            targets.append(DraftTarget(int(x), ids, q[ids], eta, coin=eta > 0))
+        return targets
+
+    def coin_rejection(
+        self, n: int, p: np.ndarray, target: DraftTarget, rng: np.random.Generator
+    ) -> Judgement:
+        """Draft n rejected by a coin the engine drew (`DraftTarget.coin`), P_n = p: RAPID's
+        correction from norm(max(0, p − q, p − p̂)), drawn here."""
+        q = np.zeros_like(p)
+        q[target.q_ids] = target.q_probs
+        p_hat = rapid_shift(p, q, target.eta)
+        return Judgement(n, sample_from(rapid_residual(p, p_hat, q), rng))
 
     def draft_rows(self, frame: Any, drafts: np.ndarray, vocab_size: int) -> np.ndarray:
         """The drafts' distributions [γ, V] as the cloud rebuilds them from `frame`; ValueError

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from collab.protocol import DssdDraft, Verdict
+from collab.protocol import Draft, DssdDraft, Verdict
 from collab.sampling import sample_from, top_candidates
-from collab.variants.base import DraftToken, Judgement, SplitVariant
+from collab.variants.base import DraftTarget, DraftToken, Judgement, SplitVariant
 from collab.verification import dssd_cloud_verify, dssd_device_resample, picospec_residual_topk
 
 P_TOPK = 64  # P_j entries sent back by dssd-topk
@@ -42,6 +42,23 @@ class Dssd(SplitVariant):
         if rejected is None:
             return Judgement(n, bonus)
         return self.rejection(n, P[n])
+
+    def draft_targets(
+        self, frame: Draft, drafts: np.ndarray, vocab_size: int, eta: float = 0.0
+    ) -> list[DraftTarget]:
+        """Only the accept coin: the correction needs the device's Q (P_j goes back)."""
+        if not isinstance(frame, DssdDraft) or eta:
+            return super().draft_targets(frame, drafts, vocab_size, eta)  # its ValueError
+        q = np.asarray(frame.q, dtype=np.float64)
+        if q.shape != drafts.shape or not np.all((q > 0.0) & (q <= 1.0)):
+            raise ValueError("q(x) of a sampled draft must lie in (0, 1]")
+        return [DraftTarget(int(x), np.asarray([x]), np.asarray([qx]), coin=True)
+                for x, qx in zip(drafts.tolist(), q.tolist(), strict=True)]  # fmt: skip
+
+    def coin_rejection(
+        self, n: int, p: np.ndarray, target: DraftTarget, rng: np.random.Generator
+    ) -> Judgement:
+        return self.rejection(n, p)
 
     def rejection(self, n: int, p_j: np.ndarray) -> Judgement:
         """What the cloud sends back at a rejection: dense P_j in float32 (608 KB at Qwen's
