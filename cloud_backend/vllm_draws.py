@@ -1,9 +1,10 @@
-"""Split verification inside vLLM: a logits processor that turns the model's raw row at a
-position into the distribution of that position's verification draw, so vLLM's own sampler
-draws the verdict and only a token id comes back (docs/architecture.md#split-on-vllm).
+"""Split verification inside vLLM, the math: what its logits processor
+(`cloud_backend.vllm_processor`) makes of the model's raw row at a position — the
+distribution of that position's verification draw — so vLLM's own sampler draws the verdict
+and only a token id comes back (docs/architecture.md#split-on-vllm). No vLLM import here: the
+row math is tested where vLLM is not installed.
 
-vLLM loads it by name (`build_vllm_engine`: `logits_processors`) in its worker process. A
-request asks for it in `SamplingParams.extra_args[KEY]`, a `Draws` as plain data:
+A request asks for it in `SamplingParams.extra_args[KEY]`, a `Draws` as plain data:
 
     {"temperature": T, "top_k": k, "top_p": p,
      "steps": [[draft, q_ids, q_probs, eta, coin] or None, ...]}
@@ -19,19 +20,14 @@ context holds a correction, not the draft): a cheap one-hot goes back while the 
 
 from __future__ import annotations
 
-import logging
 from typing import Any, NamedTuple
 
 import numpy as np
-import torch
-from vllm import SamplingParams as VllmParams
-from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
 from collab.sampling import SamplingParams, distribution
 from collab.variants.base import DraftTarget
 from collab.verification import draw_distribution
 
-log = logging.getLogger("tandem.cloud")
 KEY = "tandem_draws"
 
 
@@ -81,33 +77,3 @@ def step_logits(row: np.ndarray, draws: Draws, i: int, output: list[int]) -> np.
         p = draw_distribution(p, *step)
     with np.errstate(divide="ignore"):
         return np.log(p).astype(np.float32)
-
-
-class VerificationDraws(AdapterLogitsProcessor):
-    """vLLM's per-request logits processor for `Draws` (see the module docstring)."""
-
-    @classmethod
-    def validate_params(cls, sampling_params: VllmParams) -> None:
-        extra = (sampling_params.extra_args or {}).get(KEY)
-        if extra is not None:
-            Draws.read(extra)
-
-    def is_argmax_invariant(self) -> bool:
-        return False  # it changes which token wins
-
-    def new_req_logits_processor(self, params: VllmParams) -> Any:
-        extra = (params.extra_args or {}).get(KEY)
-        if extra is None:
-            return None
-        draws = Draws.read(extra)
-
-        def apply(output: list[int], logits: torch.Tensor) -> torch.Tensor:
-            row = logits.detach().to("cpu", torch.float32).numpy()
-            try:
-                out = step_logits(row, draws, len(output), output)
-            except ValueError:  # cannot happen for what the cloud checked; never kill vLLM
-                log.exception("verification draw failed; the raw row is sampled instead")
-                return logits
-            return torch.from_numpy(out).to(logits.device)
-
-        return apply

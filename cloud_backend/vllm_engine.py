@@ -48,7 +48,7 @@ from model_runtime.tokenizer import tokenizer_fingerprint
 log = logging.getLogger("tandem.cloud")
 T = TypeVar("T")
 
-DRAWS_PROCESSOR = "cloud_backend.vllm_draws:VerificationDraws"
+DRAWS_PROCESSOR = "cloud_backend.vllm_processor:VerificationDraws"
 SHUTDOWN_S = 10.0  # vLLM's engine processes get this long to stop before they are killed
 INSTALL_HINT = (
     "engine vllm needs vLLM, in a virtual environment of its own (its transformers conflicts "
@@ -417,7 +417,7 @@ def build_vllm_engine(
         "enable_prefix_caching": True,
         "max_logprobs": -1,  # the whole row...
         "logprobs_mode": "raw_logits",  # ...of logits, before any temperature or penalty
-        "logits_processors": [DRAWS_PROCESSOR],  # split verified inside (`vllm_draws`)
+        "logits_processors": [DRAWS_PROCESSOR],  # split verified inside (`vllm_processor`)
     }
     if current_platform.is_cpu():
         _cpu_environment(config)
