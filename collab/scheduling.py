@@ -10,7 +10,9 @@ docs/math.md#picospec, docs/math.md#dragon):
 - DRAGON's greedy aggregator scheduler (eq. 6–8) and its profiler (§5.2): least-squares decode
   latency against context length offline, EWMA updates online; its expected acceptance (eq. 5).
 
-Times are in seconds (any unit works if used consistently). numpy and scipy only."""
+Times are in seconds (any unit works if used consistently). numpy only at import; scipy's
+Lambert W is imported where the closed-form optimum γ₀ needs it (`tk_slt_gamma0`), so the cost
+models load where scipy is not installed (benchmarks/gpu_check.py on a GPU machine)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import overload
 
 import numpy as np
-from scipy.special import lambertw
 
 # --------------------------------------------------------------------------------------------
 # TK-SLT: closed-form draft length (docs/math.md#split-verification)
@@ -69,6 +70,8 @@ def _lambertw_m1_of_minus_exp(y: float) -> float:
     Uses scipy's branch −1 when e^y is a normal float (scipy returns NaN for a subnormal
     argument: (α, L) = (0.23, 0.002) gives e^y ≈ 1e-319); otherwise solves w + ln(−w) = y (the
     logarithm of w·e^w = −e^y) by Newton's method from the asymptotic start y − ln(−y)."""
+    from scipy.special import lambertw  # here, not at import: see the module's docstring
+
     arg = -math.exp(y)
     if -arg >= sys.float_info.min:
         w = float(lambertw(arg, k=-1).real)
