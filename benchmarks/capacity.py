@@ -216,6 +216,8 @@ def main(argv: list[str] | None = None) -> dict:
         default="ort",
         help="vllm: from its own environment (README 'The cloud on vLLM')",
     )
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                        help="torch's and vLLM's (bfloat16 runs slowly where the CPU lacks it)")
     parser.add_argument("--vllm-verify", choices=("decode", "fanout"), default=None,
                         help="how vLLM verifies split drafts (default: the cloud's setting)")
     parser.add_argument("--tokens", type=int, default=32, help="tokens per answer")
@@ -282,7 +284,8 @@ async def _one_setting(batch: int, questions: list[str], args: argparse.Namespac
     config.write_text(f"[cloud]\nmax_sessions = {2 * max(args.sessions)}\n{verify}")
     cloud, url, token = await start_cloud(args.engine, core, corpus=True, corpus_k=2,
                                           extra=["--max-batch", str(batch),
-                                                 "--config", str(config)])  # fmt: skip
+                                                 "--config", str(config)],
+                                          dtype=args.dtype)  # fmt: skip
     try:
         return await measure(url, token, _tokenizer_hash(), questions, args,
                              lambda: cpu_seconds(cloud.proc.pid))  # fmt: skip

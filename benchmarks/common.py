@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 async def start_cloud(
     engine: str, core: int | None, corpus: bool = False, corpus_k: int | None = None,
-    extra: Sequence[str] = (),
+    extra: Sequence[str] = (), dtype: str = "bfloat16",
 ) -> tuple[EmbeddedCloud, str, str]:  # fmt: skip
     """`tandem serve` with `engine` on one thread (pinned to `core`), with or without the
     public corpus (`corpus_k` passages per cloud-mode answer), and `extra` flags: the cloud,
@@ -34,7 +34,7 @@ async def start_cloud(
     elif corpus_k is not None:
         serve += ["--corpus-k", str(corpus_k)]
     if engine in ("torch", "vllm"):
-        serve += ["--dtype", "bfloat16"]
+        serve += ["--dtype", dtype]
     cloud = await EmbeddedCloud.start(serve, cores=None if core is None else {core}, python=python)
     return cloud, cloud.url, cloud.token
 

@@ -78,6 +78,11 @@ class CloudSequence(AsyncSequence):
         engine caching prefixes itself (vLLM) may share within `salt` (the document cache's
         scope, `RequestContext.cache_salt`); the built-in engine shares through `documents`."""
 
+    async def begin(self, ids: Sequence[int]) -> np.ndarray | None:
+        """Start an answer's sequence (`prefill`): its next-token logits, or None where the
+        engine samples every token itself and a row would only cost (vLLM)."""
+        return await self.prefill(ids)
+
     verifies_inside = False  # whether `draw` is there (an engine that samples itself)
 
     async def draw(

@@ -3,21 +3,26 @@ protocol as the built-in engine, with vLLM's continuous batching and prefix cach
 the model. It needs vLLM, which installs apart from the device's toolchain (README "The
 cloud on vLLM").
 
-vLLM owns the KV cache; a session here holds only its sequences' token ids. A step asks vLLM
-for the model's raw logits at each position the mode needs: one request per position (the
-sequence's ids up to it, one token generated, the whole row of raw logits returned with it).
-So every mode's math — verification, residual resampling, aggregation, at any temperature —
-runs on exactly the model's distribution, as on the built-in engine; no variant's exactness
-rests on top-K rows, and temperature is applied by the mode, never by vLLM's prompt-logprob
-rows (which are temperature 1). The requests of one step and of every session share vLLM's
-batches; with prefix caching each recomputes only its tail past the last full cached block.
+vLLM owns the KV cache; a session here holds only its sequences' token ids. Three kinds of
+request, all sharing vLLM's batches with every session's (prefix caching spares each the
+blocks already cached):
+
+- Plain decoding (`sampled`): vLLM's own sampler draws the whole run (cloud mode; split's first
+  token and its AS² fallback).
+- Split verification (`draw`): vLLM's sampler draws each draft's verdict from what the
+  logits processor `cloud_backend.vllm_processor` makes of the raw row; token ids come back
+  (docs/architecture.md#split-on-vllm).
+- DRAGON's per-document steps (`feed_top`): each document's top `collab.dragon.top.TOP_K`
+  tokens with their exact log-probabilities at the answer's temperature (vLLM's processed
+  logprobs), which settle the transmitted mixture as the rows would
+  (docs/architecture.md#dragon-on-vllm).
+- Rows (`feed`, `row`, `last_rows`): the model's whole row at a position (log softmax of the
+  logits, which the mode turns into its distribution at any temperature), where nothing less
+  will do: a coin rejection's P_j, a DRAGON step the top tokens do not settle, DRDG/SW. Each
+  row (151,936 floats for Qwen) crosses vLLM's Python output path; counted in `rows_out`.
+
 A rewind costs nothing (the ids are cut; vLLM keeps what it cached). A cancel aborts the
 step's requests. There is no eviction to report: vLLM pre-empts and recomputes instead.
-Plain decoding needs no rows: `sampled` hands vLLM the whole run and its own sampler draws
-the tokens (continuous batching, the cache kept between tokens).
-
-The price of exactness this way is the full row: vLLM hands each one (151,936 floats for
-Qwen) through its output pipeline as Python lists (README "The cloud on vLLM" has the cost).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from transformers import PreTrainedTokenizerBase
 from cloud_backend.config import ConfigError, ServerConfig
 from cloud_backend.engine_api import CloudSequence, StepObserver
 from cloud_backend.logfmt import kv
+from collab.dragon.top import TopDocuments
 from collab.sampling import SamplingParams
 from collab.variants.base import DraftTarget
 from model_runtime.prefix_cache import PrefixCache
@@ -96,7 +102,7 @@ class VllmEngine:
         self.verify = verify
         config = llm.model_config
         self.lm = VllmLimits(int(config.get_vocab_size()), int(config.max_model_len) - 1)
-        # One generated token (greedy: no random state in vLLM) and the whole row of raw logits
+        # One generated token (greedy: no random state in vLLM) and the whole row of logits
         # at its position; ids in, nothing detokenized.
         self._params = SamplingParams(
             max_tokens=1, temperature=0.0, logprobs=-1, flat_logprobs=True, detokenize=False
@@ -135,8 +141,9 @@ class VllmEngine:
         self.llm.shutdown(timeout=SHUTDOWN_S)
 
     async def logits(self, prompt: list[int], salt: str) -> tuple[np.ndarray, int]:
-        """The model's raw logits [V] after `prompt`, and how many of its tokens vLLM took
-        from its prefix cache (shared within `salt`)."""
+        """The model's logits [V] after `prompt`, as log softmax (the same distribution at any
+        temperature: `collab.sampling.distribution` is shift-invariant), and how many of its
+        tokens vLLM took from its prefix cache (shared within `salt`)."""
         from vllm.inputs import TokensPrompt
 
         final = None
@@ -156,6 +163,38 @@ class VllmEngine:
         if np.isnan(row).any():  # every id must be there: a partial row is not a distribution
             raise RuntimeError(f"vLLM returned {len(set(ids.tolist()))} of {len(row)} logits")
         return row, int(final.num_cached_tokens or 0)
+
+    async def top(
+        self, prompt: list[int], k: int, temperature: float, salt: str,
+        token_ids: Sequence[int] = (),
+    ) -> tuple[np.ndarray, np.ndarray, int]:  # fmt: skip
+        """The k likeliest next tokens after `prompt` (or, with `token_ids`, those tokens)
+        and log softmax(logits / T) there (T 0: 1, vLLM's greedy logprobs), normalised over
+        the whole vocabulary (vLLM's processed logprobs); and the prompt tokens vLLM took from
+        its prefix cache."""
+        from vllm import SamplingParams as VllmParams
+        from vllm.inputs import TokensPrompt
+
+        asked = [int(t) for t in token_ids]
+        sampling = VllmParams(
+            max_tokens=1, temperature=temperature, logprobs=None if asked else k,
+            logprob_token_ids=asked or None, flat_logprobs=True, detokenize=False,
+        )  # fmt: skip
+        final = None
+        async for out in self.llm.generate(
+            TokensPrompt(prompt_token_ids=prompt, cache_salt=salt), sampling,
+            f"tandem-{next(self._ids)}",
+        ):  # fmt: skip
+            final = out
+        if final is None or not final.outputs or not final.outputs[0].logprobs:
+            raise RuntimeError("vLLM returned no logprobs")
+        flat = final.outputs[0].logprobs
+        start, end = flat.start_indices[0], flat.end_indices[0]
+        got = dict(zip(flat.token_ids[start:end], flat.logprobs[start:end], strict=True))
+        # the sampled token comes too and may be neither asked for nor in the top k
+        ids = asked if asked else sorted(got, key=lambda t: (-got[t], t))[:k]
+        return (np.asarray(ids, dtype=np.int64), np.asarray([got[t] for t in ids]),
+                int(final.num_cached_tokens or 0))  # fmt: skip
 
     async def sample(
         self, prompt: list[int], params: SamplingParams, n: int, salt: str
@@ -311,6 +350,12 @@ class VllmSequence(CloudSequence):
 
     verifies_inside = True
 
+    async def begin(self, ids: Sequence[int]) -> None:
+        """The ids only: the first request that samples after them (plain decoding, a draw)
+        prefills them, reusing what vLLM's prefix cache holds (the last answer's too)."""
+        self.lm.check([list(ids)], [0])
+        self.rows = [list(ids)]
+
     async def draw(
         self, feed: Sequence[int], first: int, targets: Sequence[DraftTarget | None],
         params: SamplingParams,
@@ -334,6 +379,49 @@ class VllmSequence(CloudSequence):
         if self.engine.on_step is not None:
             self.engine.on_step("verify", len(feed), time.perf_counter() - start)
         return tokens
+
+    tops_inside = True
+
+    async def feed_top(
+        self, kind: str, rows: Sequence[Sequence[int]], k: int, temperature: float, *,
+        fresh: bool = False,
+    ) -> TopDocuments:  # fmt: skip
+        if self.closed:
+            raise RuntimeError("session closed")
+        batch, _ = self.checked(rows, fresh, [len(r) for r in self.rows] if self.rows else None)
+        base = self.rows if self.rows and not fresh else [[] for _ in batch]
+        start = time.perf_counter()
+        salt = self.salt if self.documents_salt is None else self.documents_salt
+        got = await self._cancellable(asyncio.gather(
+            *(self.engine.top(old + row, k, temperature, salt) for old, row in zip(base, batch,
+                                                                                 strict=True))
+        ))  # fmt: skip
+        if kind == "prefill":
+            self.reused_tokens += sum(hit for _, _, hit in got)
+        self.rows = [old + new for old, new in zip(base, batch, strict=True)]
+        if self.engine.on_step is not None:
+            self.engine.on_step(kind, sum(map(len, batch)), time.perf_counter() - start)
+        return TopDocuments.of([ids for ids, _, _ in got], [logp for _, logp, _ in got])
+
+    async def top_values(
+        self, token_ids: Sequence[np.ndarray], temperature: float
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        salt = self.salt if self.documents_salt is None else self.documents_salt
+        asked = [(ids, wanted) for ids, wanted in zip(self.rows, token_ids, strict=True)]
+        got = await self._cancellable(asyncio.gather(
+            *(self.engine.top(list(ids), 0, temperature, salt, wanted.tolist())
+              for ids, wanted in asked if wanted.size)
+        ))  # fmt: skip
+        values = iter(got)
+        out = [next(values)[:2] if wanted.size else (wanted, np.zeros(0)) for _, wanted in asked]
+        return [ids for ids, _ in out], [logp for _, logp in out]
+
+    async def last_rows(self) -> np.ndarray:
+        salt = self.salt if self.documents_salt is None else self.documents_salt
+        got = await self._cancellable(
+            asyncio.gather(*(self.engine.logits(list(ids), salt) for ids in self.rows))
+        )
+        return np.stack([row for row, _ in got])
 
     async def row(self, length: int) -> np.ndarray:
         if not 0 < length <= self.length:
@@ -415,8 +503,11 @@ def build_vllm_engine(
         "dtype": config.torch_dtype,
         "skip_tokenizer_init": True,  # ids in and out; the server tokenizes
         "enable_prefix_caching": True,
-        "max_logprobs": -1,  # the whole row...
-        "logprobs_mode": "raw_logits",  # ...of logits, before any temperature or penalty
+        "max_logprobs": -1,  # the whole row where one is asked for...
+        # ...as log softmax(logits / T) over the whole vocabulary (T 1 for the rows, asked
+        # for greedy; DRAGON's top tokens at the answer's T): exact log-probabilities, which
+        # the modes' softmax turns back into the model's distribution
+        "logprobs_mode": "processed_logprobs",
         "logits_processors": [DRAWS_PROCESSOR],  # split verified inside (`vllm_processor`)
     }
     if current_platform.is_cpu():

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
+from collab.dragon.top import TopDocuments
 from model_runtime.runtime import CausalLM, SequenceState, StateLost
 
 if TYPE_CHECKING:
@@ -68,6 +69,29 @@ class AsyncSequence(ABC):
         """Copies of the KV of the first `lengths[b]` tokens of each sequence b (0: None), to
         cache (`CausalLM.prefix_state`). Only where `reuses_kv`."""
         raise NotImplementedError(f"{type(self).__name__} keeps no KV to reuse")
+
+    tops_inside = False  # `feed_top` and `last_rows` work (an engine that samples itself)
+
+    async def feed_top(
+        self, kind: str, rows: Sequence[Sequence[int]], k: int, temperature: float, *,
+        fresh: bool = False,
+    ) -> TopDocuments:  # fmt: skip
+        """`feed` with `last_only`, returning each sequence's k likeliest next tokens with
+        their log-probabilities at `temperature` (0: at 1) instead of its whole row: DRAGON's
+        per-document rows where an engine hands rows out at a price (vLLM)."""
+        raise NotImplementedError(f"{type(self).__name__} hands out whole rows (`feed`)")
+
+    async def top_values(
+        self, token_ids: Sequence[np.ndarray], temperature: float
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Each sequence's next-token log-probabilities at `temperature` of these tokens (one
+        array per sequence), as `feed_top` gives them: (ids, log-probabilities)."""
+        raise NotImplementedError(f"{type(self).__name__} hands out whole rows (`feed`)")
+
+    async def last_rows(self) -> np.ndarray:
+        """Each sequence's next-token logits [B, V] as it stands (what `feed_top`'s tokens
+        could not settle)."""
+        raise NotImplementedError(f"{type(self).__name__} hands out whole rows (`feed`)")
 
     reuses_kv = False  # `resume`, `snapshot` and conversation reuse work (we hold the KV)
     held: list[int] | None = None  # the tokens of the one sequence held, while known
@@ -223,9 +247,60 @@ class DocumentBatch:
         self.answer_tokens += len(tokens)
         return logits
 
+    async def rows(self) -> np.ndarray:
+        """Every document's next-token logits [D, V] now (where `TopDocumentBatch`'s tokens
+        do not settle a draft)."""
+        return await self.seq.last_rows()
+
+    async def completed(self, top: TopDocuments, scores: np.ndarray) -> TopDocuments:
+        raise NotImplementedError("a batch that hands out rows never gives top tokens")
+
     async def rewind(self, answer_tokens: int) -> None:
         await self.seq.rewind([p + answer_tokens for p in self.prompt_lengths])
         self.answer_tokens = answer_tokens
 
     def cancel(self) -> None:
         self.seq.cancel()
+
+
+class TopDocumentBatch:
+    """DRAGON's documents (a `DocumentBatch`) on an engine that hands rows out at a price
+    (vLLM, `tops_inside`): a step gives each document's k likeliest tokens at `temperature`
+    (`collab.dragon.top`), its rows only on request."""
+
+    def __init__(self, batch: DocumentBatch, k: int, temperature: float) -> None:
+        self.batch, self.k, self.temperature = batch, k, temperature
+
+    @property
+    def answer_tokens(self) -> int:
+        return self.batch.answer_tokens
+
+    @answer_tokens.setter
+    def answer_tokens(self, n: int) -> None:
+        self.batch.answer_tokens = n
+
+    async def start(self, prompts: Sequence[Sequence[int]]) -> TopDocuments:
+        seq = self.batch.seq
+        top = await seq.feed_top("prefill", prompts, self.k, self.temperature, fresh=True)
+        self.batch.prompt_lengths, self.batch.answer_tokens = [len(p) for p in prompts], 0
+        return top
+
+    async def advance(self, token: int) -> TopDocuments:
+        rows = [[token]] * self.batch.size
+        top = await self.batch.seq.feed_top("decode", rows, self.k, self.temperature)
+        self.batch.answer_tokens += 1
+        return top
+
+    async def rows(self) -> np.ndarray:
+        return await self.batch.rows()
+
+    async def completed(self, top: TopDocuments, scores: np.ndarray) -> TopDocuments:
+        """`top` with the values of the tokens some documents listed and others did not."""
+        ids, logp = await self.batch.seq.top_values(top.missing(scores), self.temperature)
+        return top.with_values(ids, logp)
+
+    async def rewind(self, answer_tokens: int) -> None:
+        await self.batch.rewind(answer_tokens)
+
+    def cancel(self) -> None:
+        self.batch.cancel()

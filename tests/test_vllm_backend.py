@@ -190,7 +190,7 @@ async def metric(ws_url: str, sample: str) -> float:
     url = ws_url.replace("ws://", "http://").replace("/v1/session", "/metrics")
     async with aiohttp.ClientSession() as http, http.get(url) as response:
         text = await response.text()
-    found = re.search(re.escape(sample) + r" (\S+)", text)
+    found = re.search("^" + re.escape(sample) + r" (\S+)", text, re.MULTILINE)
     return float(found.group(1)) if found else 0.0
 
 

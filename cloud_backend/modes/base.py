@@ -109,7 +109,7 @@ class Request(ABC):
         self.transcript.max_new_tokens = min(self.transcript.max_new_tokens, room)
         session = self.ctx.session
         reused = session.reused_tokens
-        self.next_logits = await session.prefill(ids)  # extends the last answer's KV if it can
+        self.next_logits = await session.begin(ids)  # extends the last answer's KV if it can
         self.ctx.metrics.reused("conversation", session.reused_tokens - reused)
         await self.decode_answer()
 

@@ -25,6 +25,7 @@ from cloud_backend.modes.dragon_sequence import PublicSide, answer_alone
 from cloud_backend.modes.link import Stop
 from collab.dragon.ledger import NO_DOCUMENT_COSINE, Ledger, Scheduler, relevance
 from collab.dragon.peer import DragonPeer, first_aggregator
+from collab.dragon.top import TOP_K, TopDocuments
 from collab.protocol import (
     AggregatorPolicy,
     Citations,
@@ -35,7 +36,7 @@ from collab.protocol import (
     Side,
 )
 from collab.sources import SOURCE_CHARS, Source
-from model_runtime.async_model import DocumentBatch
+from model_runtime.async_model import DocumentBatch, TopDocumentBatch
 from model_runtime.prefix_cache import PrefixReuse
 from model_runtime.prompting import document_prompt, prompt_budget
 
@@ -54,9 +55,10 @@ class DragonRequest(Request):
         super().__init__(gen, ctx, start)
         self.passages: list[Source] = []
         self.batch = DocumentBatch(ctx.session)
+        self.decoder: DocumentBatch | TopDocumentBatch = self.batch  # what DRAGON steps
         self.setup = DragonSetup()
         self.scores = np.zeros(1)
-        self.first_logits = np.zeros((1, 1))
+        self.first_logits: np.ndarray | TopDocuments = np.zeros((1, 1))
         self.prefill_s = 0.0
         self.reuse: PrefixReuse | None = None
 
@@ -71,14 +73,20 @@ class DragonRequest(Request):
             await self.link.error(ErrorCode.LIMIT, "the documents and question fill the context")
             raise Stop(FinishReason.ERROR)
         self.transcript.max_new_tokens = min(self.transcript.max_new_tokens, room)
+        token_wise = self.setup.policy not in (AggregatorPolicy.SEQUENCE, AggregatorPolicy.SCORE)
         t0, reused = time.perf_counter(), self.ctx.session.reused_tokens
-        self.first_logits = await self.batch.start(prompts, self.reuse)
+        if token_wise and self.ctx.session.tops_inside:  # vLLM: no rows (collab.dragon.top)
+            self.decoder = TopDocumentBatch(self.batch, TOP_K, self.params.temperature)
+            self.first_logits = await self.decoder.start(prompts)
+        else:
+            self.first_logits = await self.batch.start(prompts, self.reuse)
         self.prefill_s = time.perf_counter() - t0
         if self.reuse is not None:
             self.ctx.metrics.reused("document", self.reuse.reused)
         else:  # an engine that reuses prefixes itself counts them (vLLM)
             self.ctx.metrics.reused("document", self.ctx.session.reused_tokens - reused)
-        if self.setup.policy in (AggregatorPolicy.SEQUENCE, AggregatorPolicy.SCORE):
+        if not token_wise:
+            assert isinstance(self.first_logits, np.ndarray)
             side = PublicSide(self.batch, self.first_logits, self.scores)
             room = self.ctx.engine.lm.max_context - max(self.batch.prompt_lengths)
             await answer_alone(
@@ -95,7 +103,7 @@ class DragonRequest(Request):
         setup, seed = self.setup, self.gen.seed
         ledger = Ledger(Side.CLOUD, self.transcript, aggregator=first_aggregator(setup))
         peer = DragonPeer(
-            ledger, self.batch, self.link, setup, self.params, self.scores,
+            ledger, self.decoder, self.link, setup, self.params, self.scores,
             request_id=self.gen.request_id, rng=self.rng,
             coin=np.random.default_rng(None if seed is None else [seed, 1]),
             scheduler=Scheduler(setup.policy),

@@ -30,6 +30,7 @@ from collab.dragon.aggregation import (
     speculative_aggregation,
 )
 from collab.dragon.schedule import dragon_choose_aggregator
+from collab.dragon.top import TopDocuments
 from collab.protocol import AggregatorPolicy, DragonDraft, DragonTarget, Side
 from collab.sampling import SamplingParams, sample_from, softmax, top_candidates
 from collab.scheduling import DecodeSlopeEstimator, ewma_update, fit_decode_latency
@@ -58,7 +59,7 @@ def relevance(cosines: np.ndarray) -> np.ndarray:
 
 
 def side_distribution(
-    logits: np.ndarray,
+    logits: np.ndarray | TopDocuments,
     scores: np.ndarray,
     params: SamplingParams,
     top_p: float,
@@ -69,16 +70,20 @@ def side_distribution(
     per-document logits [D, V], cut to the fewest most likely tokens that reach `top_p` of its
     mass (at most `max_sparse`), renormalised and rounded to the wire dtype (float16 unless
     f32). Temperature 0 mixes the T = 1 distributions (the draft is then the argmax).
-    Ids are sorted by probability, most likely first."""
-    temperature = params.temperature or 1.0
-    per_doc = softmax(np.atleast_2d(logits), temperature)
-    mix = local_mixture(per_doc, np.asarray(scores, dtype=np.float64))
-    cand = top_candidates(mix, need=1, mass=top_p)
-    order = cand[np.argsort(-mix[cand], kind="stable")]
-    cum = np.cumsum(mix[order])  # of all the mass: the candidates may hold less than 1
-    n = min(int(np.searchsorted(cum, min(top_p, cum[-1]))) + 1, max_sparse, order.size)
-    ids = order[:n]
-    probs = wire_probs(mix[ids] / mix[ids].sum(), f32)
+    Ids are sorted by probability, most likely first. From the documents' top tokens
+    (`TopDocuments`, vLLM) the same, or `Unsettled` where they cannot tell."""
+    if isinstance(logits, TopDocuments):
+        ids, kept = logits.settle(scores, top_p, max_sparse)
+    else:
+        temperature = params.temperature or 1.0
+        per_doc = softmax(np.atleast_2d(logits), temperature)
+        mix = local_mixture(per_doc, np.asarray(scores, dtype=np.float64))
+        cand = top_candidates(mix, need=1, mass=top_p)
+        order = cand[np.argsort(-mix[cand], kind="stable")]
+        cum = np.cumsum(mix[order])  # of all the mass: the candidates may hold less than 1
+        n = min(int(np.searchsorted(cum, min(top_p, cum[-1]))) + 1, max_sparse, order.size)
+        ids, kept = order[:n], mix[order[:n]]
+    probs = wire_probs(kept / kept.sum(), f32)
     keep = probs > 0  # float16 underflow: a token the wire says is impossible is never drawn
     return ids[keep].astype(np.int64), probs[keep].astype(np.float32 if f32 else np.float16)
 
@@ -138,7 +143,7 @@ def draft_token(ids: np.ndarray, probs: np.ndarray, greedy: bool, rng: np.random
 
 
 def make_draft(
-    logits: np.ndarray,
+    logits: np.ndarray | TopDocuments,
     scores: np.ndarray,
     params: SamplingParams,
     top_p: float,

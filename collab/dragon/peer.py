@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
 import numpy as np
 
 from collab.dragon.ledger import Ledger, Scheduler, aggregate, make_draft
+from collab.dragon.top import TopDocuments, Unsettled
 from collab.model_step import ModelStep
 from collab.protocol import AggregatorPolicy, DragonDraft, DragonSetup, DragonTarget, Message, Side
 from collab.sampling import SamplingParams
@@ -34,8 +36,16 @@ class Decoder(Protocol):
 
     answer_tokens: int  # answer tokens fed to every sequence
 
-    async def advance(self, token: int) -> np.ndarray:
-        """Feed one answer token to every sequence; next-token logits [D, V]."""
+    async def advance(self, token: int) -> np.ndarray | TopDocuments:
+        """Feed one answer token to every sequence; next-token logits [D, V] (or each
+        document's top tokens, `collab.dragon.top`)."""
+
+    async def rows(self) -> np.ndarray:
+        """Every sequence's next-token logits [D, V] now (where the top tokens did not settle
+        the draft)."""
+
+    async def completed(self, top: TopDocuments, scores: np.ndarray) -> TopDocuments:
+        """`top` with the values of the tokens some documents listed and others did not."""
 
     async def rewind(self, answer_tokens: int) -> None:
         """Roll every sequence back to its prompt plus this many answer tokens."""
@@ -93,12 +103,15 @@ class DragonPeer:
         self.rescore, self.on_error = rescore, on_error
         self.me = ledger.me
         self.greedy = params.temperature == 0.0
-        self._logits: tuple[np.ndarray, float] | None = None  # next draft's logits, decode time
-        self._step: ModelStep[np.ndarray] = ModelStep(decoder.cancel)  # decoding ahead
+        # the next draft's logits (or top tokens) and decode time
+        self._logits: tuple[np.ndarray | TopDocuments, float] | None = None
+        self._step: ModelStep[np.ndarray | TopDocuments] = ModelStep(decoder.cancel)
         self._commits: list[int] = []
         self.rollbacks = 0
 
-    async def run(self, logits: np.ndarray, decode_time: float) -> AsyncIterator[list[int]]:
+    async def run(
+        self, logits: np.ndarray | TopDocuments, decode_time: float
+    ) -> AsyncIterator[list[int]]:
         """Decode and aggregate until the answer ends; yields committed tokens as they come.
         `logits` [D, V] are the prefill's, for the answer's first position."""
         ledger = self.ledger
@@ -142,11 +155,25 @@ class DragonPeer:
         logits, seconds = self._logits
         self._logits = None
         ledger = self.ledger
-        draft = make_draft(
-            logits, self.scores, self.params, self.setup.top_p, self.setup.max_sparse, self.rng,
-            decode_time=seconds, epoch=ledger.epochs[self.me],
-            step=ledger.next_draft_step(self.me), request_id=self.request_id,
-        )  # fmt: skip
+
+        def drafted(logits: np.ndarray | TopDocuments, seconds: float) -> DragonDraft:
+            return make_draft(
+                logits, self.scores, self.params, self.setup.top_p, self.setup.max_sparse,
+                self.rng, decode_time=seconds, epoch=ledger.epochs[self.me],
+                step=ledger.next_draft_step(self.me), request_id=self.request_id,
+            )  # fmt: skip
+
+        t0 = time.perf_counter()
+        try:
+            draft = drafted(logits, seconds)
+        except Unsettled:  # the documents' top tokens cannot tell: ask what they missed...
+            assert isinstance(logits, TopDocuments)
+            try:
+                completed = await self.decoder.completed(logits, self.scores)
+                draft = drafted(completed, seconds + time.perf_counter() - t0)
+            except Unsettled:  # ...or, failing that, their rows
+                rows = await self.decoder.rows()
+                draft = drafted(rows, seconds + time.perf_counter() - t0)
         ledger.add_own(draft)
         self.scheduler.observe_draft(self.me, draft)
         await self.link.send(draft)
