@@ -790,6 +790,294 @@ def capacity_vllm() -> Built:
     return Built("\n".join(lines), [a, b], "One run per cell.")
 
 
+GPU_CHECK = "gpu-check/h200-repeats30.json"  # 30 timed calls a figure: the primary run
+GPU_CHECK_10 = "gpu-check/h200.json"  # 10 a figure, an earlier machine start, the same code
+GPU_CHECK_COMMAND = (
+    "python3 -m benchmarks.gpu_check --device cuda --repeats 30 --warmup 5 "
+    f"--out benchmarks/results/{GPU_CHECK}"
+)
+GPU_MODELS = (("target", "target 1.5B"), ("draft", "draft 0.5B"))
+GPU_BASES = (("events", "host"), ("events", "gpu"), ("busy", "host"), ("busy", "gpu"))
+
+
+def _ms_busy(t: Mapping[str, Any] | None) -> str:
+    """'17.20 (3.19)': the median ms and, in brackets, the GPU-busy ms."""
+    if not t:
+        return "—"
+    busy = t.get("busy_ms")
+    return f"{t['ms']:.2f}" + (f" ({busy:.2f})" if busy is not None else "")
+
+
+def _gpu_name(data: Mapping[str, Any]) -> str:
+    gpu = data["measured"]["gpu"]
+    return (
+        f"{gpu.get('name', gpu['device'])} ({gpu.get('memory_gib', '?')} GiB, CUDA "
+        f"{gpu.get('torch_cuda', '?')}, torch {gpu.get('torch', '?')}, transformers "
+        f"{data['provenance'].get('transformers', '?')})"
+    )
+
+
+def _timings(measured: Mapping[str, Any]) -> dict[tuple[str, str, int, int], dict[str, Any]]:
+    """(model, 'decode' | 'verify', batch, rows per session) → the timing record."""
+    return {
+        (model, kind, t["batch"], t["rows_per_session"]): t
+        for model, mm in measured["models"].items()
+        for kind in ("decode", "verify")
+        for t in mm[kind]
+    }
+
+
+def gpu_check_noise(primary: Mapping[str, Any], other: Mapping[str, Any]) -> dict[str, Any]:
+    """How far the decode and verification medians of two runs differ, relative to `primary`'s:
+    the largest difference (with its figure), the median one, how many figures the other run has
+    slower, and the largest relative difference of the GPU-busy times."""
+    a, b = _timings(primary), _timings(other)
+    diffs, busy = [], []
+    for key, t in a.items():
+        u = b.get(key)
+        if u is None:
+            continue
+        diffs.append((abs(u["ms"] - t["ms"]) / t["ms"], key, t["ms"], u["ms"]))
+        if t.get("busy_ms") and u.get("busy_ms") is not None:
+            busy.append(abs(u["busy_ms"] - t["busy_ms"]) / t["busy_ms"])
+    worst = max(diffs)
+    return {
+        "figures": len(diffs),
+        "max": worst[0],
+        "max_figure": worst[1],
+        "max_ms": (worst[2], worst[3]),
+        "median": statistics.median(d[0] for d in diffs),
+        "other_slower": sum(1 for d in diffs if d[3] > d[2]),
+        "busy_max": max(busy) if busy else None,
+    }
+
+
+def gpu_check_measured() -> Built:
+    if not saved(GPU_CHECK):
+        return unmeasured_table(
+            ["model", "N", "decode", "verify 5 rows", "verify 9 rows"],
+            ["target 1.5B", "draft 0.5B"],
+            GPU_CHECK_COMMAND,
+        )
+    data = load(GPU_CHECK)
+    m = data["measured"]
+    plan = m["plan"]
+    timing = _timings(m)
+    lines = [
+        f"Measured on {_gpu_name(data)}, {plan['dtype']}, random weights, {plan['context']} tokens "
+        f"cached per session; ms, median of {plan['repeats']} calls (CUDA events), GPU-busy ms in "
+        "brackets (kernels alone, launch gaps left out). N: sessions in one batch (a decode step "
+        "runs N rows, a verification 5N or 9N).",
+        "",
+        "| model | N | decode, 1 row | verify 5 rows | verify 9 rows |",
+        "|---|---|---|---|---|",
+    ]
+    rows5, rows9 = plan["verify_rows"]
+    for model, label in GPU_MODELS:
+        mm = m["models"][model]
+        batches = sorted({t["batch"] for t in mm["decode"] + mm["verify"]})
+        for n in batches:
+            cells = [
+                _ms_busy(timing.get((model, "decode", n, 1))),
+                _ms_busy(timing.get((model, "verify", n, rows5))),
+                _ms_busy(timing.get((model, "verify", n, rows9))),
+            ]
+            lines.append(f"| {label} | {n} | " + " | ".join(cells) + " |")
+    sessions = plan["sessions"]
+    docs = plan["documents"]
+    lines += [
+        "",
+        "| model | "
+        + " | ".join(f"DRAGON rows, {n} × {docs} docs" for n in sessions)
+        + f" | prefill {plan['context']} tokens, batch 1 |",
+        "|---|" + "---|" * (len(sessions) + 1),
+    ]
+    for model, label in GPU_MODELS:
+        mm = m["models"][model]
+        by_n = {d["sessions"]: d for d in mm["dragon_rows"]}
+        cells = [_ms_busy(by_n.get(n)) for n in sessions] + [f"{mm['prefill']['ms']:.2f}"]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    rows = {r["rows"]: r for r in m["rows"]}
+    modes = (("cloud", 1), (f"split γ = {rows5 - 1}", rows5), (f"DRAGON k = {docs}", docs))
+    lines += [
+        "",
+        "Rows a step needs, ms: pulled to the host as float32 numpy (Tandem today) / sampled on "
+        "the GPU (softmax + multinomial, ids back):",
+        "",
+        "| N | " + " | ".join(f"{mode} ({per}N rows)" if per > 1 else f"{mode} (N rows)"
+                             for mode, per in modes) + " |",
+        "|---|" + "---|" * len(modes),
+    ]  # fmt: skip
+    for n in sessions:
+        cells = []
+        for _, per in modes:
+            r = rows.get(per * n)
+            cells.append(
+                "—" if r is None else f"{r['host_pull_ms']:.2f} / {r['gpu_sample_ms']:.2f}"
+            )
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    hm = m["host_math"]
+    lines += [
+        "",
+        f"Host math per session (numpy, the GPU machine's CPU, serial across sessions): cloud "
+        f"token {hm['cloud_ms_per_session']:.2f} ms, split round {hm['split_ms_per_session']:.2f}"
+        f" ms, DRAGON step {hm['dragon_ms_per_session']:.2f} ms.",
+    ]
+    note = (
+        f"Busy: torch.profiler, mean of 3 calls. Rows: host-clock medians of "
+        f"{max(2, plan['repeats'] // 2)} calls."
+    )
+    sources = [GPU_CHECK]
+    if saved(GPU_CHECK_10):
+        other = load(GPU_CHECK_10)["measured"]
+        d = gpu_check_noise(m, other)
+        model, kind, batch, per = d["max_figure"]
+        what = "decode" if kind == "decode" else f"verify {per} rows"
+        note += (
+            f" A {other['plan']['repeats']}-repeat run on another start of the machine, the same "
+            f"code (`results/{GPU_CHECK_10}`), is not shown: its decode and verification medians "
+            f"differ from these by up to {d['max']:.0%} ({model} {what} at N = {batch}: "
+            f"{d['max_ms'][1]:.2f} ms against {d['max_ms'][0]:.2f}), median {d['median']:.0%} "
+            f"over {d['figures']} figures, {d['other_slower']} of them slower there"
+        )
+        if d["busy_max"] is not None:
+            note += f", while their GPU-busy times agree within {d['busy_max']:.1%}"
+        note += ": run-to-run noise of eager, launch-bound timing."
+        sources.append(GPU_CHECK_10)
+    return Built("\n".join(lines), sources, note)
+
+
+def _dev_choice(r: Mapping[str, Any]) -> str:
+    if r["split_device_as2_cloud_only"]:
+        return "cloud-only (AS²)"
+    return f"γ {r['split_device_gamma']}, {r['split_device_ratio']:.2f}×"
+
+
+def _gpu_basis(basis: str, sampling: str) -> str:
+    return f"{basis} / {sampling}"
+
+
+def gpu_check_predicted() -> Built:
+    if not saved(GPU_CHECK):
+        return unmeasured_table(
+            ["PREDICTION: RTT ms", "N", "cloud-only tok/s", "split γ = 4", "DRAGON"],
+            ["20", "50"],
+            GPU_CHECK_COMMAND,
+        )
+    data = load(GPU_CHECK)
+    p, inp = data["predictions"], data["inputs"]
+    par = p["parameters"]
+    recs = [r for r in p["per_session"] if r["alpha"] == "per_token"]
+    alpha = recs[0]["alpha_value"]
+    sessions = sorted({r["sessions"] for r in recs})
+    rtts = sorted({r["rtt_ms"] for r in recs})
+    bases = [b for b in GPU_BASES if any((r["basis"], r["sampling"]) == b for r in recs)]
+    full, rest = bases[0], bases[1:]
+
+    def pick(basis: tuple[str, str], rtt: float, n: int) -> dict[str, Any]:
+        return next(
+            r for r in recs
+            if (r["basis"], r["sampling"]) == basis and r["rtt_ms"] == rtt and r["sessions"] == n
+        )  # fmt: skip
+
+    g = par["gamma"]
+    lines = [
+        f"**PREDICTION**, basis {full[0]}, rows to the {full[1]} (Tandem's path today): tokens/s "
+        f"per session, and each mode ÷ cloud-only at the same N; α per token {alpha:.3f}.",
+        "",
+        f"| PREDICTION: RTT ms | N | cloud-only tok/s | split γ = {g} | best γ (×) | "
+        "pipelined γ (×) | device's choice | DRAGON × (aggregator) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for rtt in rtts:
+        for n in sessions:
+            r = pick(full, rtt, n)
+            lines.append(
+                f"| {rtt:g} | {n} | {r['cloud_only_tok_s']:.1f} | "
+                f"{r['split_gamma4_ratio']:.2f}× | γ {r['split_best_gamma']} "
+                f"({r['split_best_ratio']:.2f}×) | γ {r['split_pipelined_gamma']} "
+                f"({r['split_pipelined_ratio']:.2f}×) | {_dev_choice(r)} | "
+                f"{r['dragon_ratio']:.2f}× ({r['dragon_aggregator']}) |"
+            )
+    if rest:
+        ns = " / ".join(map(str, sessions))
+        lines += [
+            "",
+            "**PREDICTION**, the other bases (basis / rows; events: the measured forward times, "
+            "busy: the GPU's kernel time alone; host: rows pulled to the host, gpu: sampled on "
+            f"the GPU), at N = {ns}:",
+            "",
+            f"| PREDICTION: basis / rows | RTT ms | cloud-only tok/s | split γ = {g} × | "
+            "best γ × | pipelined × | device's choice | DRAGON × |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for b in rest:
+            for rtt in rtts:
+                rs = [pick(b, rtt, n) for n in sessions]
+                choices = {_dev_choice(r) for r in rs}
+                lines.append(
+                    f"| {_gpu_basis(*b)} | {rtt:g} | "
+                    + " | ".join(
+                        " / ".join(fmt.format(r[key]) for r in rs)
+                        for key, fmt in (
+                            ("cloud_only_tok_s", "{:.1f}"),
+                            ("split_gamma4_ratio", "{:.2f}"),
+                            ("split_best_ratio", "{:.2f}"),
+                            ("split_pipelined_ratio", "{:.2f}"),
+                        )
+                    )
+                    + " | "
+                    + (choices.pop() if len(choices) == 1 else " / ".join(map(_dev_choice, rs)))
+                    + " | "
+                    + " / ".join(f"{r['dragon_ratio']:.2f}" for r in rs)
+                    + " |"
+                )
+    floor = par["floor_tok_s"]
+    lines += [
+        "",
+        f"**PREDICTION**, capacity: sessions one GPU serves at ≥ {floor:g} tokens/s each "
+        "(aggregate tokens/s in brackets; ≥: held at the largest batch measured, "
+        f"{par['capacity_n_max']} sessions, {par['capacity_n_max'] // par['documents']} for "
+        "DRAGON, whose cloud runs 2N rows):",
+        "",
+        f"| PREDICTION: basis / rows | RTT ms | cloud-only | split γ = {g} | "
+        "split (device's choice) | DRAGON |",
+        "|---|---|---|---|---|---|",
+    ]
+
+    def cap(x: Mapping[str, Any]) -> str:
+        n = ("≥ " if x["at_most_measured"] else "") + str(x["sessions"])
+        agg = x.get("aggregate_tok_s")
+        return n if agg is None else f"{n} ({agg:,.0f})"
+
+    order = {b: i for i, b in enumerate(GPU_BASES)}
+    caps = sorted(
+        (c for c in p["capacity"] if c.get("alpha", "per_token") == "per_token"),
+        key=lambda c: (order.get((c["basis"], c["sampling"]), 99), c["rtt_ms"]),
+    )
+    for c in caps:
+        lines.append(
+            f"| {_gpu_basis(c['basis'], c['sampling'])} | {c['rtt_ms']:g} | "
+            + " | ".join(
+                cap(c[k]) for k in ("cloud_only", "split_gamma4", "split_device_choice", "dragon")
+            )
+            + " |"
+        )
+    s, d, dev = inp["split"], inp["dragon"], inp["device"]
+    note = (
+        f"Every number is a PREDICTION: the timings of `gpu-check-measured` put through the "
+        "modes' cost models (formulas in the JSON under `predictions.formulas`); nothing here ran "
+        f"a mode. Inputs measured on the CPU machine: TK-SLT α per token {alpha:.3f} "
+        f"(`results/split/`; the JSON also holds every row at accepted ÷ drafted, "
+        f"{s['alpha_accepted_fraction']['value']:.3f}), DRAGON α device "
+        f"{d['alpha_device']:.3f} / cloud {d['alpha_cloud']:.3f} and its device step "
+        f"{d['device_step_ms']:.1f} ms (`results/dragon/`), the device's draft step "
+        f"{dev['draft_ms']:.1f} ms (`{dev['row']}`, `results/device/runtime.json`); uplink "
+        f"{par['mbit']:g} Mbit/s."
+    )
+    return Built("\n".join(lines), [GPU_CHECK], note)
+
+
 LOAD = (
     "load/100-sessions-batched.json",
     "load/100-sessions-step-a-pass.json",
@@ -911,6 +1199,10 @@ TABLE_LIST = (
     Table("capacity-ort", "tok/s at N sessions, ONNX cloud", capacity_ort),
     Table("batched-decode", "one batched decode pass at B sequences", batched_decode),
     Table("capacity-vllm", "tok/s at N sessions, vLLM", capacity_vllm),
+    Table("gpu-check-measured", "the pair timed on a GPU, eager torch", gpu_check_measured),
+    Table(
+        "gpu-check-predicted", "PREDICTION: split, DRAGON, capacity on a GPU", gpu_check_predicted
+    ),
     Table("load", "100 sessions against capacity 90", load_table),
 )
 README_TABLE = Table("readme-speed", "the README's short speed table", readme_speed)

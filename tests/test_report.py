@@ -3,6 +3,7 @@ every result file says where it came from, and no difference inside its interval
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -89,3 +90,17 @@ def test_a_fresh_result_records_its_provenance(tmp_path: Path) -> None:
     prov = json.loads(out.read_text())["provenance"]
     assert prov["command"] == f"python -m benchmarks.dragon_schedule --quick --out {out}"
     assert prov["cpu_count"] and isinstance(prov["affinity"], list) and prov["commit"]
+
+
+def test_the_gpu_check_tables_label_predictions_and_compare_runs(tables: dict[str, str]) -> None:
+    predicted = tables["gpu-check-predicted"]
+    lines = predicted.splitlines()
+    headers = [h for h, sep in itertools.pairwise(lines) if sep.startswith("|---")]
+    assert len(headers) == 3 and all(h.startswith("| PREDICTION") for h in headers)
+    assert predicted.count("**PREDICTION**") >= 2 and "nothing here ran a mode" in predicted
+    one = {"batch": 1, "rows_per_session": 1}
+    a = {"models": {"m": {"decode": [{**one, "ms": 10.0, "busy_ms": 2.0}], "verify": []}}}
+    b = {"models": {"m": {"decode": [{**one, "ms": 15.0, "busy_ms": 2.0}], "verify": []}}}
+    noise = report.gpu_check_noise(a, b)
+    assert noise["max"] == 0.5 and noise["other_slower"] == 1 and noise["busy_max"] == 0.0
+    assert "10-repeat run" in tables["gpu-check-measured"]
