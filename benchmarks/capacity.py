@@ -216,10 +216,18 @@ def main(argv: list[str] | None = None) -> dict:
         default="ort",
         help="vllm: from its own environment (README 'The cloud on vLLM')",
     )
-    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
-                        help="torch's and vLLM's (bfloat16 runs slowly where the CPU lacks it)")
-    parser.add_argument("--vllm-verify", choices=("decode", "fanout"), default=None,
-                        help="how vLLM verifies split drafts (default: the cloud's setting)")
+    parser.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float32"),
+        default="bfloat16",
+        help="torch's and vLLM's (bfloat16 runs slowly where the CPU lacks it)",
+    )
+    parser.add_argument(
+        "--vllm-verify",
+        choices=("decode", "fanout"),
+        default=None,
+        help="how vLLM verifies split drafts (default: the cloud's setting)",
+    )
     parser.add_argument("--tokens", type=int, default=32, help="tokens per answer")
     parser.add_argument("--draft-ms", type=float, default=22.0,
                         help="a split device's time to draft a token")  # fmt: skip
