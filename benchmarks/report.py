@@ -1078,6 +1078,39 @@ def gpu_check_predicted() -> Built:
     return Built("\n".join(lines), [GPU_CHECK], note)
 
 
+VLLM_INSIDE = {  # label: result file; the first is before (rows), the rest after
+    "rows (before)": "capacity/vllm-fp32-rows.json",
+    "inside, decode": "capacity/vllm-fp32-inside-decode.json",
+    "inside, fanout": "capacity/vllm-fp32-inside-fanout.json",
+}
+
+
+def capacity_vllm_inside() -> Built:
+    """Split and DRAGON on vLLM before (rows out) and after (verified inside, top tokens),
+    each ratio to cloud-only measured in the same run."""
+    runs = {label: load(src) for label, src in VLLM_INSIDE.items()}
+    lines = ["| mode, N | run | tok/s | × cloud-only (same run) | rows out per token |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for mode in ("cloud", "split", "dragon"):
+        for n in (1, 8):
+            for label, data in runs.items():
+                rows = {(r["mode"], r["sessions"]): r for r in data["rows"]}
+                row, cloud = rows.get((mode, n)), rows.get(("cloud", n))
+                if row is None:
+                    continue
+                rate, base = row["tokens_per_s"], cloud["tokens_per_s"] if cloud else None
+                ratio = f"×{rate / base:.2f}" if base and mode != "cloud" else "—"
+                per = row.get("rows_per_token")
+                lines.append(f"| {mode}, {n} | {label} | {rate:.2f} | {ratio} | "
+                             f"{'—' if per is None else f'{per:.2f}'} |")  # fmt: skip
+    note = (
+        "One run per file, each its own vLLM start (1.5B, float32: this CPU has no bf16 "
+        "or AVX-512, where vLLM's bf16 falls back to slow matmuls); "
+        "each run's cloud rows are its own baseline. " + NO_PER_PROMPT + "."
+    )
+    return Built("\n".join(lines), list(VLLM_INSIDE.values()), note)
+
+
 LOAD = (
     "load/100-sessions-batched.json",
     "load/100-sessions-step-a-pass.json",
@@ -1199,6 +1232,7 @@ TABLE_LIST = (
     Table("capacity-ort", "tok/s at N sessions, ONNX cloud", capacity_ort),
     Table("batched-decode", "one batched decode pass at B sequences", batched_decode),
     Table("capacity-vllm", "tok/s at N sessions, vLLM", capacity_vllm),
+    Table("capacity-vllm-inside", "split and DRAGON on vLLM, rows vs inside", capacity_vllm_inside),
     Table("gpu-check-measured", "the pair timed on a GPU, eager torch", gpu_check_measured),
     Table(
         "gpu-check-predicted", "PREDICTION: split, DRAGON, capacity on a GPU", gpu_check_predicted
