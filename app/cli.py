@@ -244,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--engine",
         choices=["ort", "torch", "vllm"],
-        help="vllm: in its own install (README 'The cloud on vLLM')",
+        help="vllm: in its own install (docs/benchmarks/vllm.md#install)",
     )
     serve.add_argument("--model-dir", type=Path, help="model folder (default: the prepared one)")
     serve.add_argument("--dtype", choices=["bfloat16", "float32"], help="torch and vLLM dtype")

@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> dict:
         "--engine",
         choices=("ort", "torch", "vllm"),
         default="ort",
-        help="vllm: from its own environment (README 'The cloud on vLLM')",
+        help="vllm: from its own environment (docs/benchmarks/vllm.md#install)",
     )
     parser.add_argument(
         "--dtype",

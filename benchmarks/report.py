@@ -1082,6 +1082,7 @@ VLLM_INSIDE = {  # label: result file; the first is before (rows), the rest afte
     "rows (before)": "capacity/vllm-fp32-rows.json",
     "inside, decode": "capacity/vllm-fp32-inside-decode.json",
     "inside, fanout": "capacity/vllm-fp32-inside-fanout.json",
+    "inside, decode (a second run)": "capacity/vllm-fp32-inside-decode-n1-repeat.json",
 }
 
 
@@ -1106,7 +1107,7 @@ def capacity_vllm_inside() -> Built:
     note = (
         "One run per file, each its own vLLM start (1.5B, float32: this CPU has no bf16 "
         "or AVX-512, where vLLM's bf16 falls back to slow matmuls); "
-        "each run's cloud rows are its own baseline. " + NO_PER_PROMPT + "."
+        "each run's cloud rows are its own baseline; " + NO_PER_PROMPT + "."
     )
     return Built("\n".join(lines), list(VLLM_INSIDE.values()), note)
 

@@ -37,7 +37,7 @@ class ServerConfig:
     port: int = 8765
     token: str | None = None  # the access token (named "default" in logs and limits)
     tokens: dict[str, str] = field(default_factory=dict)  # more: name -> token, one per user
-    engine: Literal["ort", "torch", "vllm"] = "ort"  # vllm: README "The cloud on vLLM"
+    engine: Literal["ort", "torch", "vllm"] = "ort"  # vllm: docs/benchmarks/vllm.md#install
     torch_dtype: Literal["bfloat16", "float32"] = "bfloat16"  # torch's and vLLM's
     model_dir: Path | None = None  # None: the prepared cloud model (`tandem models prepare`)
     model_name: str | None = None  # None: derived from model_dir

@@ -1,7 +1,7 @@
 """The cloud engine on vLLM (`tandem serve --engine vllm`): the same sessions, modes and wire
 protocol as the built-in engine, with vLLM's continuous batching and prefix caching running
-the model. It needs vLLM, which installs apart from the device's toolchain (README "The
-cloud on vLLM").
+the model. It needs vLLM, which installs apart from the device's toolchain
+(docs/benchmarks/vllm.md#install).
 
 vLLM owns the KV cache; a session here holds only its sequences' token ids. Three kinds of
 request, all sharing vLLM's batches with every session's (prefix caching spares each the
@@ -59,7 +59,7 @@ SHUTDOWN_S = 10.0  # vLLM's engine processes get this long to stop before they a
 INSTALL_HINT = (
     "engine vllm needs vLLM, in a virtual environment of its own (its transformers conflicts "
     "with the device's export toolchain): `sh packaging/install_vllm_cloud.sh`, then run "
-    "`.venv-vllm/bin/tandem serve --engine vllm` (README 'The cloud on vLLM')"
+    "`.venv-vllm/bin/tandem serve --engine vllm` (docs/benchmarks/vllm.md#install)"
 )
 
 

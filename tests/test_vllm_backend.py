@@ -1,5 +1,5 @@
 """The cloud on vLLM (`tandem serve --engine vllm`), end to end: a real vLLM engine in its own
-environment (README "The cloud on vLLM"), a real server process on loopback, real devices.
+environment (docs/benchmarks/vllm.md#install), a real server process on loopback, real devices.
 
 vLLM and the device's toolchain need different transformers, so the server runs from the
 vLLM environment (`.venv-vllm/`, or the python `TANDEM_VLLM_PYTHON` names) and the devices
