@@ -233,6 +233,16 @@ def toy_model(salt: int) -> Callable[[tuple[int, ...]], np.ndarray]:
 P_MODEL, Q_MODEL = toy_model(11), toy_model(29)
 
 
+def draft_round(variant, gamma: int, out: list[int], rng: np.random.Generator) -> tuple:
+    """The device's γ drafts after `out` from the toy drafter: (drafts, the frame as the cloud
+    reads it, the draft tokens)."""
+    drafts = []
+    for _ in range(gamma):
+        drafts.append(variant.draft(Q_MODEL(tuple(out + [d.token for d in drafts])), rng))
+    frame = wire(variant.draft_frame(drafts, V, request_id=1, epoch=0, step=len(out)))
+    return drafts, frame, [d.token for d in drafts]
+
+
 def split_answer(variant, gamma: int, length: int, rng: np.random.Generator,
                  keep_after_rejection: bool = False) -> tuple[int, ...]:  # fmt: skip
     """The first `length` tokens of a split answer, every frame through bytes both ways.
@@ -240,11 +250,7 @@ def split_answer(variant, gamma: int, length: int, rng: np.random.Generator,
     negative control."""
     out: list[int] = []
     while len(out) < length:
-        drafts = []
-        for _ in range(gamma):
-            drafts.append(variant.draft(Q_MODEL(tuple(out + [d.token for d in drafts])), rng))
-        frame = wire(variant.draft_frame(drafts, V, request_id=1, epoch=0, step=len(out)))
-        tokens = [d.token for d in drafts]
+        drafts, frame, tokens = draft_round(variant, gamma, out, rng)
         P = np.stack([P_MODEL(tuple(out + tokens[:i])) for i in range(gamma + 1)])
         verdict: Verdict = wire(variant.judge(frame, P, rng).verdict())
         n = verdict.accepted

@@ -23,9 +23,9 @@ from tests.test_math_edges import (
     P_CLOUD,
     P_MODEL,
     Q_KNOWS,
-    Q_MODEL,
     V,
     chi2_against,
+    draft_round,
     exact_answers,
     rapid_law,
     wire,
@@ -154,11 +154,7 @@ def inside_answer(variant, gamma: int, length: int, rng: np.random.Generator,
     out: list[int] = []
     params = SamplingParams(1.0)
     while len(out) < length:
-        drafts = []
-        for _ in range(gamma):
-            drafts.append(variant.draft(Q_MODEL(tuple(out + [d.token for d in drafts])), rng))
-        frame = wire(variant.draft_frame(drafts, V, request_id=1, epoch=0, step=len(out)))
-        tokens = [d.token for d in drafts]
+        drafts, frame, tokens = draft_round(variant, gamma, out, rng)
         targets = variant.draft_targets(frame, np.asarray(frame.token_ids), V)
         draws = Draws(params, [*targets, None])
         drawn: list[int] = []
