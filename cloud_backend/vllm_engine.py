@@ -98,7 +98,6 @@ class VllmEngine:
         self.documents: PrefixCache | None = None
         self.on_step: StepObserver | None = None
         self.rows_out = 0  # vocabulary rows vLLM handed out (/metrics, tests, benchmarks)
-        self.draws = 0  # tokens drawn inside vLLM for a verification
         self.verify = verify
         config = llm.model_config
         self.lm = VllmLimits(int(config.get_vocab_size()), int(config.max_model_len) - 1)
@@ -242,7 +241,6 @@ class VllmEngine:
         from cloud_backend.vllm_draws import Draws
 
         greedy = params.temperature == 0.0
-        self.draws += len(targets)
 
         def request(first: int, n: int) -> AsyncGenerator[Any, None]:
             extra = None if greedy else Draws(params, list(targets[first : first + n]))
@@ -303,6 +301,12 @@ class VllmSequence(CloudSequence):
     def length(self) -> int:
         return len(self.rows[0]) if self.rows else 0
 
+    @property
+    def step_salt(self) -> str:
+        """The prefix-cache salt of this request's steps: the session's own, or DRAGON's
+        document scope's (`share_documents`)."""
+        return self.salt if self.documents_salt is None else self.documents_salt
+
     async def feed(
         self, kind: str, rows: Sequence[Sequence[int]], *, fresh: bool = False,
         last_only: bool = False,
@@ -318,9 +322,8 @@ class VllmSequence(CloudSequence):
             if row
         ]
         start = time.perf_counter()
-        salt = self.salt if self.documents_salt is None else self.documents_salt
         got = await self._cancellable(
-            asyncio.gather(*(self.engine.logits(ids, salt) for _, _, ids in wanted))
+            asyncio.gather(*(self.engine.logits(ids, self.step_salt) for _, _, ids in wanted))
         )
         width = 1 if last_only else max(map(len, batch), default=0)
         out = np.zeros((len(batch), width, self.lm.vocab_size), dtype=np.float32)
@@ -369,8 +372,7 @@ class VllmSequence(CloudSequence):
         at = len(self.rows[0]) + first
         prompts = [ids[: at + k] for k in range(len(targets))]
         start = time.perf_counter()
-        salt = self.salt
-        tokens = await self._cancellable(self.engine.draw(prompts, targets, params, salt))
+        tokens = await self._cancellable(self.engine.draw(prompts, targets, params, self.salt))
         if len(tokens) < len(targets) and all(
             t is not None and t.draft == token for t, token in zip(targets, tokens, strict=False)
         ):
@@ -391,10 +393,9 @@ class VllmSequence(CloudSequence):
         batch, _ = self.checked(rows, fresh, [len(r) for r in self.rows] if self.rows else None)
         base = self.rows if self.rows and not fresh else [[] for _ in batch]
         start = time.perf_counter()
-        salt = self.salt if self.documents_salt is None else self.documents_salt
         got = await self._cancellable(asyncio.gather(
-            *(self.engine.top(old + row, k, temperature, salt) for old, row in zip(base, batch,
-                                                                                 strict=True))
+            *(self.engine.top(old + row, k, temperature, self.step_salt)
+              for old, row in zip(base, batch, strict=True))
         ))  # fmt: skip
         if kind == "prefill":
             self.reused_tokens += sum(hit for _, _, hit in got)
@@ -406,20 +407,20 @@ class VllmSequence(CloudSequence):
     async def top_values(
         self, token_ids: Sequence[np.ndarray], temperature: float
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        salt = self.salt if self.documents_salt is None else self.documents_salt
-        asked = [(ids, wanted) for ids, wanted in zip(self.rows, token_ids, strict=True)]
-        got = await self._cancellable(asyncio.gather(
-            *(self.engine.top(list(ids), 0, temperature, salt, wanted.tolist())
-              for ids, wanted in asked if wanted.size)
+        async def values(ids: list[int], wanted: np.ndarray) -> np.ndarray:
+            if not wanted.size:
+                return np.zeros(0)
+            got = await self.engine.top(ids, 0, temperature, self.step_salt, wanted.tolist())
+            return got[1]
+
+        logp = await self._cancellable(asyncio.gather(
+            *(values(ids, wanted) for ids, wanted in zip(self.rows, token_ids, strict=True))
         ))  # fmt: skip
-        values = iter(got)
-        out = [next(values)[:2] if wanted.size else (wanted, np.zeros(0)) for _, wanted in asked]
-        return [ids for ids, _ in out], [logp for _, logp in out]
+        return list(token_ids), list(logp)
 
     async def last_rows(self) -> np.ndarray:
-        salt = self.salt if self.documents_salt is None else self.documents_salt
         got = await self._cancellable(
-            asyncio.gather(*(self.engine.logits(list(ids), salt) for ids in self.rows))
+            asyncio.gather(*(self.engine.logits(list(ids), self.step_salt) for ids in self.rows))
         )
         return np.stack([row for row, _ in got])
 
