@@ -223,8 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="private passages to retrieve; in dragon, documents per side" + from_settings,
     )  # fmt: skip
     ask.add_argument(
-        "--cloud-url", help="ws://host:port/v1/session (default: $TANDEM_CLOUD_URL, the "
-        "settings file's, else the embedded backend)",
+        "--cloud-url", help="ws://host:port or wss://host:port (the session path is added "
+        "when none is given; default: $TANDEM_CLOUD_URL, the settings file's, else the "
+        "embedded backend)",
     )  # fmt: skip
     ask.add_argument("--cloud-engine", choices=CLOUD_ENGINES,
                      help="embedded cloud's engine" + from_settings)  # fmt: skip

@@ -22,13 +22,14 @@ import ssl
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 from aiohttp import WSCloseCode, WSMsgType, hdrs
 
 from collab.protocol import (
     DEFAULT_LIMITS,
+    SESSION_PATH,
     Error,
     Hello,
     HelloAck,
@@ -118,6 +119,18 @@ def _busy(exc: aiohttp.WSServerHandshakeError) -> CloudBusy:
     return CloudBusy(f"the cloud is overloaded (all its sessions are in use): {when}", after)
 
 
+def session_url(url: str) -> str:
+    """`url` with the session path added when it has none (`ws://host:port`, as people type a
+    server's address and as earlier versions took it); a URL with a path is kept as given."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # not a URL at all: connecting says so, in the user's words
+        return url
+    if parts.path not in ("", "/"):
+        return url
+    return urlunsplit(parts._replace(path=SESSION_PATH))
+
+
 def _loopback(host: str) -> bool:
     """Whether `host` is this machine (where ws:// exposes nothing)."""
     if host == "localhost":
@@ -159,7 +172,7 @@ class CloudClient:
         ca_file: str | None = None,
         allow_insecure: bool = False,
     ) -> None:
-        self.url = url
+        self.url = session_url(url)
         self.mode = Mode(mode)
         self.variant = variant
         self.tokenizer_hash = tokenizer_hash

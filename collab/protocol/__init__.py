@@ -43,6 +43,7 @@ from collab.protocol.dragon import (
 )
 from collab.protocol.modes import ModeMessages, declare, request_frames, withdraw
 from collab.protocol.session import (
+    SESSION_PATH,
     Cancel,
     Citations,
     Done,
@@ -77,6 +78,7 @@ __all__ = [
     "MAGIC",
     "MESSAGE_TYPES",
     "PROTOCOL_VERSION",
+    "SESSION_PATH",
     "AggregatorPolicy",
     "Cancel",
     "Citations",

@@ -31,6 +31,10 @@ from collab.protocol.codec import (
 from collab.sources import FOUND_BY, Source
 from collab.temperature import eta_problem, temperature_problem
 
+# Where the cloud serves sessions: the server routes it, and a device given a bare
+# ws://host:port completes its URL with it.
+SESSION_PATH = "/v1/session"
+
 
 class Mode(IntEnum):
     LOCAL = 0
