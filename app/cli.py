@@ -241,7 +241,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", type=Path, help="TOML file with a [cloud] table")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
-    serve.add_argument("--token", help="access token (default: $TANDEM_CLOUD_TOKEN or config)")
+    secret = serve.add_mutually_exclusive_group()
+    secret.add_argument("--token-file", type=Path,
+                        help="read the access token from this file (keep it 0600)")  # fmt: skip
+    secret.add_argument(
+        "--token",
+        help="access token (default: $TANDEM_CLOUD_TOKEN or config); visible to every user "
+        "of this machine in `ps`: prefer --token-file",
+    )
     serve.add_argument(
         "--engine",
         choices=["ort", "torch", "vllm"],

@@ -78,11 +78,13 @@ async def _serve_until_stopped(server: Coroutine[Any, Any, None]) -> None:
 
 
 def _config(args: argparse.Namespace, load_config):
+    from app.serve_token import serve_token
+
     config = load_config(
         args.config,
         host=args.host,
         port=args.port,
-        token=args.token,
+        token=serve_token(args.token, args.token_file),
         engine=args.engine,
         model_dir=args.model_dir,
         torch_dtype=args.dtype,
