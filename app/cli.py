@@ -161,6 +161,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from app.serve_log import LOG_BACKUPS, LOG_MAX_MB
     from app.settings import AGGREGATORS, CLOUD_ENGINES
     from collab.variants import variant_names
     from edge_runtime.modes import mode_names
@@ -273,6 +274,13 @@ def build_parser() -> argparse.ArgumentParser:
                             "read)")  # fmt: skip
     serve.add_argument("--tls-cert", type=Path, help="PEM certificate chain: serve wss://")
     serve.add_argument("--tls-key", type=Path, help="the certificate's private key (PEM)")
+    serve.add_argument("--log-file", type=Path,
+                       help="also log to this file (INFO: sessions, requests, refusals), "
+                            "rotated by size, created 0600")  # fmt: skip
+    serve.add_argument("--log-max-mb", type=float, default=LOG_MAX_MB,
+                       help="rotate the log file at this size (default %(default)g)")  # fmt: skip
+    serve.add_argument("--log-backups", type=int, default=LOG_BACKUPS,
+                       help="rotated files kept (default %(default)d)")  # fmt: skip
     serve.add_argument("--announce", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(func=_cmd_serve)
 

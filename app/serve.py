@@ -8,7 +8,7 @@ import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 log = logging.getLogger("tandem.cloud")
@@ -17,11 +17,30 @@ log = logging.getLogger("tandem.cloud")
 def run_serve(args: argparse.Namespace) -> int:
     """`--announce`: started by `EmbeddedCloud` (which see), it reports on stdout alone and
     ends with the parent."""
-    from app.embedded import READY_PREFIX, announcer, bar_progress, tie_to_parent
+    from app.embedded import announcer, tie_to_parent
 
     announce = announcer() if args.announce else None
     if announce is not None:
         tie_to_parent()  # first: the imports and the model take a while
+    from app.serve_log import serve_logging
+    from cloud_backend.config import ConfigError
+
+    try:  # first: the warnings that reading the settings may log go to the file too
+        logs = serve_logging(
+            args.log_file, max_mb=args.log_max_mb, backups=args.log_backups,
+            verbose=args.verbose,
+        )  # fmt: skip
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _serve(args, announce)
+    finally:
+        logs.close()
+
+
+def _serve(args: argparse.Namespace, announce: Callable[[str], None] | None) -> int:
+    from app.embedded import READY_PREFIX, bar_progress
     from cloud_backend.config import ConfigError, load_config
     from cloud_backend.loading import build_engine
     from cloud_backend.server import run_server, tls_context

@@ -24,6 +24,7 @@ def _fmt(value: Any) -> str:
     return text if _plain(text) else repr(text)
 
 
-def kv(event: str, **fields: Any) -> str:
-    """One structured log line: an event name and key=value fields, easy to grep and parse."""
+def kv(event: str, /, **fields: Any) -> str:
+    """One structured log line: an event name and key=value fields, easy to grep and parse
+    (`event` is positional only, so a line may have a field called event too)."""
     return event + "".join(f" {k}={_fmt(v)}" for k, v in fields.items())
