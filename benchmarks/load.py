@@ -1,5 +1,5 @@
 """Many device sessions against one cloud (issue 16): `python -m benchmarks.load [--sessions
-100] [--capacity 90] [--quick]`.
+100] [--capacity 90] [--quick] [--balancer] [--greedy 50]`.
 
 One `tandem serve` (the tiny test model, torch float32, on its own thread and event loop) and
 N scripted devices on loopback, all at once, each asking one question in its mode (cloud,
@@ -14,7 +14,15 @@ token at p50/p99, fairness (each session's tokens/s against the median), the eng
 cache against its budget, and the whole run's wall time. Bounded: every session must end
 within `--timeout` s. With `--kv-budget-mib` below what the sessions hold, the engine evicts
 (the least recently used sessions end with EVICTED, the rest finish) and the peak stays under
-the budget."""
+the budget.
+
+`--balancer` (issue 33): the devices reach `--replicas` `tandem serve` processes (the same
+tiny model, torch float32, one thread each, `--capacity` split among them) through HAProxy with
+the shipped deploy/haproxy.cfg (benchmarks.balancer); each replica's peak sessions and
+HAProxy's view of each (sessions given, retries) are recorded instead of the KV cache. `--greedy
+N`: N sessions share one access token and every other session has a token of its own (with
+several tokens a replica lets one hold half its sessions): each side's figures are recorded
+apart ("tenants")."""
 
 from __future__ import annotations
 
@@ -24,10 +32,14 @@ import json
 import logging
 import statistics
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import numpy as np
@@ -43,7 +55,9 @@ class Outcome:
     """One device session's figures."""
 
     mode: str
+    tenant: str = ""  # "greedy" (the token many sessions share), "single", or "" (one token)
     refused: bool = False
+    refused_status: int | None = None  # 503 (cloud full) or 429 (the token holds its share)
     evicted: bool = False  # its KV cache was dropped for the budget: it ends with an error
     error: str = ""
     tokens: int = 0
@@ -67,10 +81,11 @@ class Device:
     question: str = "Tell me about tandem bicycles."
     retrieve: bool = False
     dragon_k: int = 1  # public passages the cloud decodes over in DRAGON
+    tenant: str = ""
     outcome: Outcome = field(init=False)
 
     def __post_init__(self) -> None:
-        self.outcome = Outcome(self.mode)
+        self.outcome = Outcome(self.mode, self.tenant)
         self.committed: list[int] = []  # the answer's tokens so far
 
     def split_draft(self, step: int, epoch: int) -> p.TopKDraft:
@@ -86,7 +101,8 @@ class Device:
         try:
             ws = await http.ws_connect(self.url, headers={"Authorization": f"Bearer {self.token}"})
         except aiohttp.WSServerHandshakeError as exc:
-            out.refused = exc.status == 503 and "Retry-After" in (exc.headers or {})
+            out.refused = exc.status in (503, 429) and "Retry-After" in (exc.headers or {})
+            out.refused_status = exc.status if out.refused else None
             out.error = "" if out.refused else f"HTTP {exc.status}"
             return out
         try:
@@ -185,6 +201,38 @@ def quantile(values: list[float], q: float) -> float | None:
     return float(np.quantile(values, q)) if values else None
 
 
+def _figures(outcomes: list[Outcome]) -> dict[str, Any]:
+    """Latency and rate quantiles of the sessions that finished."""
+    ok = [o for o in outcomes if not (o.refused or o.error or o.evicted)]
+    ttft = [o.ttft_s for o in ok if o.ttft_s is not None]
+    per_token = [o.per_token_s for o in ok if o.per_token_s is not None]
+    rates = [o.tokens / o.seconds for o in ok if o.seconds > 0]
+    return {
+        "ttft_p50_s": quantile(ttft, 0.5),
+        "ttft_p99_s": quantile(ttft, 0.99),
+        "per_token_p50_s": quantile(per_token, 0.5),
+        "per_token_p99_s": quantile(per_token, 0.99),
+        "rate_p50_tokens_per_s": quantile(rates, 0.5),
+    }
+
+
+def tenant_figures(outcomes: list[Outcome]) -> dict[str, dict[str, Any]]:
+    """Each tenant's sessions apart: one token holding many sessions against many holding one
+    each (who was refused, and how fast the admitted were served)."""
+    out = {}
+    for tenant in sorted({o.tenant for o in outcomes} - {""}):
+        mine = [o for o in outcomes if o.tenant == tenant]
+        refused = Counter(str(o.refused_status) for o in mine if o.refused)
+        out[tenant] = {
+            "sessions": len(mine),
+            "admitted": sum(not o.refused for o in mine),
+            "refused_by_status": dict(sorted(refused.items())),
+            "errors": sum(bool(o.error) for o in mine if not o.refused),
+            **_figures(mine),
+        }
+    return out
+
+
 def summarise(outcomes: list[Outcome], peak_kv: int, budget: int, wall: float) -> dict:
     admitted = [o for o in outcomes if not o.refused]
     ok = [o for o in admitted if not (o.error or o.evicted)]
@@ -192,10 +240,12 @@ def summarise(outcomes: list[Outcome], peak_kv: int, budget: int, wall: float) -
     per_token = [o.per_token_s for o in ok if o.per_token_s is not None]
     rates = [o.tokens / o.seconds for o in ok if o.seconds > 0]
     median_rate = statistics.median(rates) if rates else None
+    refused = Counter(str(o.refused_status) for o in outcomes if o.refused)
     return {
         "sessions": len(outcomes),
         "admitted": len(admitted),
         "refused": len(outcomes) - len(admitted),
+        "refused_by_status": dict(sorted(refused.items())),
         "evicted": sum(o.evicted for o in admitted),
         "errors": [f"{o.mode}: {o.error}" for o in admitted if o.error],
         "by_mode": {m: sum(o.mode == m for o in ok) for m in MODES},
@@ -209,16 +259,43 @@ def summarise(outcomes: list[Outcome], peak_kv: int, budget: int, wall: float) -
         "peak_kv_bytes": peak_kv,
         "kv_budget_bytes": budget,
         "wall_s": wall,
+        "tenants": tenant_figures(outcomes),
     }
+
+
+GREEDY = "greedy"
+
+
+def tenancy(sessions: int, greedy: int | None) -> list[tuple[str, str]]:
+    """(tenant, token name) of each session: with `greedy`, that many share the token
+    "greedy" (spread evenly through the arrivals) and every other has a token of its own;
+    without it, all share the default token."""
+    if greedy is None:
+        return [("", "default")] * sessions
+    if not 0 <= greedy <= sessions:
+        raise ValueError(f"--greedy must be within 0..{sessions}")
+    return [(GREEDY, GREEDY) if (i * greedy) // sessions != ((i + 1) * greedy) // sessions
+            else ("single", f"user{i}") for i in range(sessions)]  # fmt: skip
+
+
+def secret(name: str) -> str:
+    """The loopback benchmark's access token named `name` (other than the default one)."""
+    return f"load-{name}-0123456789"
 
 
 async def run_load(
     url: str, token: str, tokenizer_hash: bytes, sessions: int, max_tokens: int,
     cache_bytes: Callable[[], int], timeout: float,
+    tenants: Sequence[tuple[str, str]] | None = None,
+    sample: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[list[Outcome], int, float]:  # fmt: skip
-    """All devices at once; the engine's KV cache sampled every 10 ms while they run."""
-    devices = [Device(url, token, tokenizer_hash, MODES[i % len(MODES)], max_tokens)
-               for i in range(sessions)]  # fmt: skip
+    """All devices at once; the engine's KV cache sampled every 10 ms while they run (and
+    `sample` awaited between). `tenants`: each device's (tenant, token name), else all
+    `token`."""
+    tenants = tenants or [("", "default")] * sessions
+    devices = [Device(url, token if name == "default" else secret(name), tokenizer_hash,
+                      MODES[i % len(MODES)], max_tokens, tenant=tenant)
+               for i, (tenant, name) in enumerate(tenants)]  # fmt: skip
     peak = 0
     stop = asyncio.Event()
 
@@ -226,6 +303,8 @@ async def run_load(
         nonlocal peak
         while not stop.is_set():
             peak = max(peak, cache_bytes())
+            if sample is not None:
+                await sample()
             await asyncio.sleep(0.01)
 
     watcher = asyncio.create_task(watch())
@@ -237,6 +316,66 @@ async def run_load(
     stop.set()
     await watcher
     return list(outcomes), peak, wall
+
+
+async def run_balanced(
+    args: argparse.Namespace, hf: Path, budget: int, tenants: Sequence[tuple[str, str]],
+    token: str,
+) -> tuple[list[Outcome], float, dict[str, Any]]:  # fmt: skip
+    """`args.replicas` `tandem serve` processes behind HAProxy (the shipped config), the
+    devices through it. Returns the outcomes, the wall time and what the balancer and the
+    replicas saw: peak sessions a replica, HAProxy's counters, ERROR lines of their logs."""
+    from app.embedded import EmbeddedCloud
+    from benchmarks.balancer import Balancer
+    from model_runtime.tokenizer import load_tokenizer, tokenizer_fingerprint
+
+    tokenizer_hash = bytes.fromhex(tokenizer_fingerprint(load_tokenizer(hf)))
+    per_replica = -(-args.capacity // args.replicas)
+    named = sorted({name for _, name in tenants} - {"default"})
+    with tempfile.TemporaryDirectory(prefix="tandem-load-") as tmp:
+        folder = Path(tmp)
+        (folder / "token").write_text(token)
+        (folder / "replica.toml").write_text(
+            f"[cloud]\nmax_sessions = {per_replica}\nkv_budget_bytes = {budget}\n"
+            "corpus_enabled = false\n\n[cloud.tokens]\n"
+            + "".join(f'{name} = "{secret(name)}"\n' for name in named)
+        )
+        serve = ["--config", str(folder / "replica.toml"), "--token-file", str(folder / "token"),
+                 "--engine", "torch", "--dtype", "float32", "--model-dir", str(hf),
+                 "--threads", "1"]  # fmt: skip
+        clouds = await asyncio.gather(*(
+            EmbeddedCloud.start(serve, timeout_s=120, log_path=folder / f"cloud{i + 1}.log")
+            for i in range(args.replicas)
+        ))  # fmt: skip
+        ports = {f"cloud{i + 1}": urlsplit(c.url).port or 0 for i, c in enumerate(clouds)}
+        peaks = dict.fromkeys(ports, 0)
+        try:
+            balancer = Balancer(folder, list(ports.items()))
+            async with aiohttp.ClientSession() as http:
+
+                async def sample() -> None:
+                    for name, port in ports.items():
+                        async with http.get(f"http://127.0.0.1:{port}/healthz") as resp:
+                            sessions = (await resp.json())["sessions"]
+                        peaks[name] = max(peaks[name], sessions)
+
+                try:
+                    outcomes, _, wall = await run_load(
+                        balancer.url, token, tokenizer_hash, args.sessions, args.tokens,
+                        lambda: 0, args.timeout, tenants, sample,
+                    )  # fmt: skip
+                    stats = balancer.stats()
+                finally:
+                    balancer.close()
+        finally:
+            await asyncio.gather(*(cloud.stop() for cloud in clouds))
+        errors = [line for name in ports for line in
+                  (folder / f"{name}.log").read_text(errors="replace").splitlines()
+                  if line.startswith(("ERROR", "CRITICAL")) or "Traceback" in line]  # fmt: skip
+    seen = {"replicas": args.replicas, "max_sessions_per_replica": per_replica,
+            "peak_sessions_by_replica": peaks,
+            "balancer_by_replica": {n: asdict(s) for n, s in stats.items()}}  # fmt: skip
+    return outcomes, wall, {"balancer": seen, "server_errors": errors}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -256,6 +395,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--name", default=None, help="results/load/<name>.json")
     parser.add_argument("--out", type=Path, help="write the JSON here instead")
     parser.add_argument("--tiny-root", type=Path, help="where the tiny model is (built if not)")
+    parser.add_argument("--balancer", action="store_true",
+                        help="HAProxy (deploy/haproxy.cfg) in front of --replicas tandem serve "
+                        "processes, --capacity split among them")  # fmt: skip
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--greedy", type=int, default=None,
+                        help="this many sessions share one access token, every other session "
+                        "has its own (default: all share one)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.quick:
         args.sessions, args.capacity, args.tokens = 12, 10, 8
@@ -273,24 +419,40 @@ def main(argv: list[str] | None = None) -> dict:
     cache = Path(user_cache_dir("tandem")) / "load" / f"tiny-qwen2-{builder_version()}"
     tiny = build_all(args.tiny_root or cache)
     budget = int(args.kv_budget_mib * 2**20)
-    engine = LLMEngine(TorchCausalLM(tiny["hf"]), load_tokenizer(tiny["hf"]), "tiny-cloud",
-                       kv_budget_bytes=budget)  # fmt: skip
-    server = ServerThread(engine, p.DEFAULT_LIMITS, max_sessions=args.capacity)
-    try:
-        outcomes, peak, wall = asyncio.run(run_load(
-            server.url, TOKEN, engine.tokenizer_hash, args.sessions, args.tokens,
-            lambda: engine.cache_bytes, args.timeout,
-        ))  # fmt: skip
-    finally:
-        server.stop()
-        engine.close()
-        quiet.setLevel(level)
-    summary = summarise(outcomes, peak, budget, wall)
-    summary["server_errors"] = [r.getMessage() for r in server.errors]
+    tenants = tenancy(args.sessions, args.greedy)
+    if args.balancer:
+        try:
+            outcomes, wall, seen = asyncio.run(
+                run_balanced(args, tiny["hf"], budget, tenants, TOKEN)
+            )
+        finally:
+            quiet.setLevel(level)
+        summary = summarise(outcomes, 0, budget, wall)
+        summary["peak_kv_bytes"] = None  # each replica's own: not sampled across processes
+        summary.update(seen)
+    else:
+        named = {name: secret(name) for _, name in tenants if name != "default"}
+        engine = LLMEngine(TorchCausalLM(tiny["hf"]), load_tokenizer(tiny["hf"]), "tiny-cloud",
+                           kv_budget_bytes=budget)  # fmt: skip
+        server = ServerThread(engine, p.DEFAULT_LIMITS, max_sessions=args.capacity, tokens=named)
+        try:
+            outcomes, peak, wall = asyncio.run(run_load(
+                server.url, TOKEN, engine.tokenizer_hash, args.sessions, args.tokens,
+                lambda: engine.cache_bytes, args.timeout, tenants,
+            ))  # fmt: skip
+        finally:
+            server.stop()
+            engine.close()
+            quiet.setLevel(level)
+        summary = summarise(outcomes, peak, budget, wall)
+        summary["server_errors"] = [r.getMessage() for r in server.errors]
+    finished = [o for o in outcomes if not (o.refused or o.error or o.evicted)]
+    summary["short_answers"] = sum(o.tokens != args.tokens for o in finished)  # nothing lost: 0
     from benchmarks.provenance import command_line, record
 
-    summary["provenance"] = record(command_line("benchmarks.load", argv),
-                                   engines=["cloud torch (tiny model)"])  # fmt: skip
+    behind = f", {args.replicas} replicas behind HAProxy" if args.balancer else ""
+    engines = [f"cloud torch (tiny model){behind}"]
+    summary["provenance"] = record(command_line("benchmarks.load", argv), engines=engines)
     summary["config"] = vars(args)
     summary["outcomes"] = [asdict(o) for o in outcomes]
     name = args.name or ("quick" if args.quick else time.strftime("%Y%m%d-%H%M%S"))
