@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
 
+from cloud_backend.config import METRICS_TOKEN_ENV, TOKEN_ENV
 from collab.plumbing.files import make_private_dir, private_opener
 
 log = logging.getLogger("tandem.embedded")
@@ -52,8 +53,15 @@ def default_log_path() -> Path:
 
 
 class EmbeddedCloud:
-    def __init__(self, proc: asyncio.subprocess.Process, url: str, token: str) -> None:
+    def __init__(
+        self, proc: asyncio.subprocess.Process, url: str, token: str, metrics_token: str = ""
+    ) -> None:
         self.proc, self.url, self.token = proc, url, token
+        self.metrics_token = metrics_token  # its /metrics (benchmarks and tests read them)
+
+    async def metrics(self) -> str:
+        """Its /metrics page (Prometheus text)."""
+        return await read_metrics(self.url, self.metrics_token)
 
     @classmethod
     async def start(
@@ -72,8 +80,9 @@ class EmbeddedCloud:
         `python` runs it from another environment (the vLLM cloud's; default: this one).
         Call from the thread that keeps running (the event loop's): Linux ends the child
         when the thread that started it ends."""
-        token = secrets.token_urlsafe(32)
-        env = {**os.environ, "TANDEM_CLOUD_TOKEN": token, PARENT_ENV: str(os.getpid())}
+        token, metrics_token = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+        env = {**os.environ, TOKEN_ENV: token, METRICS_TOKEN_ENV: metrics_token,
+               PARENT_ENV: str(os.getpid())}  # fmt: skip
         cmd = [python or sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1",
                "--port", "0", "--announce", *serve_args]  # fmt: skip
         if cores:
@@ -96,7 +105,7 @@ class EmbeddedCloud:
             await cls._stop(proc)
             raise
         log.info("embedded cloud at %s (pid %d, log %s)", url, proc.pid, log_path)
-        return cls(proc, url, token)
+        return cls(proc, url, token, metrics_token)
 
     @staticmethod
     async def _ready_url(
@@ -139,6 +148,17 @@ class EmbeddedCloud:
 
 
 # --------------------------------------------------------------------------- the child
+
+
+async def read_metrics(ws_url: str, metrics_token: str) -> str:
+    """The /metrics page of the cloud serving `ws_url`, read with its metrics token."""
+    import aiohttp
+
+    http_url = re.sub(r"^ws", "http", ws_url).rsplit("/v1/", 1)[0] + "/metrics"
+    headers = {"Authorization": f"Bearer {metrics_token}"}
+    async with aiohttp.ClientSession() as http, http.get(http_url, headers=headers) as resp:
+        resp.raise_for_status()
+        return await resp.text()
 
 
 def announcer() -> Callable[[str], None]:

@@ -38,7 +38,7 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,30 +94,31 @@ async def answer_alone(
 
 
 CpuClock = Callable[[], float] | None  # the cloud process's CPU seconds so far
+Metrics = Callable[[], Awaitable[str]] | None  # the cloud's /metrics page
 
 
 async def run_round(
-    devices: list[Device], cpu: CpuClock
+    devices: list[Device], cpu: CpuClock, metrics: Metrics
 ) -> tuple[list[Outcome], float, float | None, float | None]:
     """All devices at once: their outcomes, the wall time, the cloud's CPU seconds and the
     vocabulary rows its engine handed out (vLLM's /metrics; None for another engine)."""
     cpu0 = cpu() if cpu else None
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-        rows0 = await rows_out(http, devices[0].url)
+        rows0 = await rows_out(metrics)
         t0 = time.perf_counter()
         outcomes = await asyncio.gather(*(d.run(http) for d in devices))
         wall = time.perf_counter() - t0
-        rows1 = await rows_out(http, devices[0].url)
+        rows1 = await rows_out(metrics)
     cpu_s = (cpu() - cpu0) if cpu and cpu0 is not None else None
     rows = rows1 - rows0 if rows0 is not None and rows1 is not None else None
     return list(outcomes), wall, cpu_s, rows
 
 
-async def rows_out(http: aiohttp.ClientSession, ws_url: str) -> float | None:
+async def rows_out(metrics: Metrics) -> float | None:
     """The cloud's tandem_engine_rows_out_total (None where its engine has no such count)."""
-    url = ws_url.replace("ws://", "http://").replace("wss://", "https://")
-    async with http.get(url.split("/v1/")[0] + "/metrics") as response:
-        text = await response.text()
+    if metrics is None:
+        return None
+    text = await metrics()
     found = re.search(r"^tandem_engine_rows_out_total (\S+)", text, re.MULTILINE)
     return float(found.group(1)) if found else None
 
@@ -150,7 +151,8 @@ def summarise(
 
 
 async def measure(url: str, token: str, tokenizer_hash: bytes, questions: list[str],
-                  args: argparse.Namespace, cpu) -> list[dict]:  # fmt: skip
+                  args: argparse.Namespace, cpu: CpuClock,
+                  metrics: Metrics = None) -> list[dict]:  # fmt: skip
     """Every mode × N on one cloud."""
     n_max = max(args.sessions)
     answers = {}
@@ -169,7 +171,7 @@ async def measure(url: str, token: str, tokenizer_hash: bytes, questions: list[s
                                                draft_s=args.draft_ms / 1000))  # fmt: skip
                 else:
                     devices.append(Device(**common))
-            outcomes, wall, cpu_s, rows_s = await run_round(devices, cpu)
+            outcomes, wall, cpu_s, rows_s = await run_round(devices, cpu, metrics)
             row = {"mode": mode, **summarise(outcomes, wall, cpu_s, rows_s)}
             rows.append(row)
             print(f"  {mode:6} N={n:2}: {fmt(row['tokens_per_s'], '6.2f')} tok/s  "
@@ -296,7 +298,7 @@ async def _one_setting(batch: int, questions: list[str], args: argparse.Namespac
                                           dtype=args.dtype)  # fmt: skip
     try:
         return await measure(url, token, _tokenizer_hash(), questions, args,
-                             lambda: cpu_seconds(cloud.proc.pid))  # fmt: skip
+                             lambda: cpu_seconds(cloud.proc.pid), cloud.metrics)  # fmt: skip
     finally:
         await cloud.stop()
 

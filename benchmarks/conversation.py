@@ -29,13 +29,16 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import pin_device, start_cloud
 from benchmarks.provenance import command_line, default_out, record, write_result
+
+if TYPE_CHECKING:
+    from app.embedded import EmbeddedCloud
 
 MODES = ("cloud", "cloud+corpus", "split")
 HISTORY_TOKENS = 1_000
@@ -58,13 +61,9 @@ def history_for(n: int, tokenizer: Any, prompts: Sequence[Any]) -> list[Any]:
     return turns
 
 
-async def reused_tokens(url: str) -> float:
+async def reused_tokens(cloud: EmbeddedCloud) -> float:
     """tandem_reused_prompt_tokens{kind="conversation"} from the cloud's /metrics."""
-    import aiohttp
-
-    metrics = re.sub(r"^ws", "http", url).rsplit("/v1/", 1)[0] + "/metrics"
-    async with aiohttp.ClientSession() as http, http.get(metrics) as resp:
-        text = await resp.text()
+    text = await cloud.metrics()
     found = re.search(r'tandem_reused_prompt_tokens_total\{kind="conversation"\} (\S+)', text)
     return float(found.group(1)) if found else 0.0
 
@@ -102,12 +101,12 @@ async def run(args: argparse.Namespace) -> list[dict]:
                                   retrieve_public=name == "cloud+corpus")  # fmt: skip
                 mode = get_mode("split" if name == "split" else "cloud")(ctx)
                 try:
-                    before = await reused_tokens(url)
+                    before = await reused_tokens(cloud)
                     text1, s1 = await answer(mode, q1, history, options)
-                    mid = await reused_tokens(url)
+                    mid = await reused_tokens(cloud)
                     turn1 = Turn(q1, text1, name, shared=text1)
                     _, s2 = await answer(mode, q2, [*history, turn1], options)
-                    after = await reused_tokens(url)
+                    after = await reused_tokens(cloud)
                 finally:
                     await mode.close()
                 row = {"conversation": n, "mode": name,

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from benchmarks.common import host_port, start_cloud
 
 if TYPE_CHECKING:
+    from app.embedded import EmbeddedCloud
     from benchmarks.prompts import Prompt
     from edge_runtime.device import DeviceModel, Retriever
 
@@ -43,12 +44,8 @@ STREAM = (
 )  # fmt: skip
 
 
-async def _metric(url: str, name: str) -> float:
-    import aiohttp
-
-    metrics = re.sub(r"^ws", "http", url).rsplit("/v1/", 1)[0] + "/metrics"
-    async with aiohttp.ClientSession() as http, http.get(metrics) as resp:
-        text = await resp.text()
+async def _metric(cloud: EmbeddedCloud, name: str) -> float:
+    text = await cloud.metrics()
     found = re.search(rf"^{name}(?:_total)? (\S+)$", text, re.MULTILINE)
     return float(found.group(1)) if found else 0.0
 
@@ -121,15 +118,17 @@ async def run_caches(
                     assert documents is not None
                     documents.clear()
                     for method in ("dragon-cold", "dragon-warm"):
-                        hits = await _metric(url, "tandem_document_cache_hits")
+                        hits = await _metric(cloud, "tandem_document_cache_hits")
                         row = await answer(mode, prompt.text, n, **{
                             "pass": "on", "method": method, "prompt": prompt.id})  # fmt: skip
-                        row["cloud_hits"] = await _metric(url, "tandem_document_cache_hits") - hits
+                        row["cloud_hits"] = (
+                            await _metric(cloud, "tandem_document_cache_hits") - hits
+                        )
                         rows.append(row)
                 finally:
                     await mode.close()
             if pass_name == "on":
-                stream = await _stream(device, dragon(linked, token, "dragon-auto"), url, answer)
+                stream = await _stream(device, dragon(linked, token, "dragon-auto"), cloud, answer)
         finally:
             await link.close()
             await cloud.stop()
@@ -137,7 +136,7 @@ async def run_caches(
     return rows, stream
 
 
-async def _stream(device: DeviceModel, mode: Any, url: str, answer: Any) -> list[dict]:
+async def _stream(device: DeviceModel, mode: Any, cloud: EmbeddedCloud, answer: Any) -> list[dict]:
     """STREAM in one new session, both caches on and starting empty (the cloud's scope is
     the session here; one session sees the same entries under the default user scope)."""
     assert device.documents is not None
@@ -145,13 +144,13 @@ async def _stream(device: DeviceModel, mode: Any, url: str, answer: Any) -> list
     out = []
     try:
         for n, question in enumerate(STREAM):
-            hits = await _metric(url, "tandem_document_cache_hits")
-            misses = await _metric(url, "tandem_document_cache_misses")
+            hits = await _metric(cloud, "tandem_document_cache_hits")
+            misses = await _metric(cloud, "tandem_document_cache_misses")
             row = await answer(mode, question, n, question=question)
-            row["cloud_hits"] = await _metric(url, "tandem_document_cache_hits") - hits
-            row["cloud_misses"] = await _metric(url, "tandem_document_cache_misses") - misses
+            row["cloud_hits"] = await _metric(cloud, "tandem_document_cache_hits") - hits
+            row["cloud_misses"] = await _metric(cloud, "tandem_document_cache_misses") - misses
             row["device_bytes"] = device.documents.nbytes
-            row["cloud_bytes"] = await _metric(url, "tandem_document_cache_bytes")
+            row["cloud_bytes"] = await _metric(cloud, "tandem_document_cache_bytes")
             row.pop("commits", None)
             out.append(row)
     finally:

@@ -1,12 +1,14 @@
 """The cloud server's settings: defaults, a TOML file's `[cloud]` table, the environment, flags.
 
-Precedence, lowest first: the defaults here, the file, `TANDEM_CLOUD_TOKEN` (so the secret need
-not sit in a file), then explicit overrides (command-line flags). A typo in the file is an
+Precedence, lowest first: the defaults here, the file, `TANDEM_CLOUD_TOKEN` and
+`TANDEM_METRICS_TOKEN` (so the secrets need not sit in a file), then explicit overrides
+(command-line flags). A typo in the file is an
 error that names the key, not a silently ignored setting.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 import types
@@ -19,6 +21,7 @@ from collab.protocol import DEFAULT_LIMITS, Limits
 from collab.sources import RELEVANCE_FLOOR
 
 TOKEN_ENV = "TANDEM_CLOUD_TOKEN"
+METRICS_TOKEN_ENV = "TANDEM_METRICS_TOKEN"
 DEFAULT_TOKEN_NAME = "default"
 ENGINES = ("ort", "torch", "vllm")
 TORCH_DTYPES = ("bfloat16", "float32")
@@ -63,8 +66,20 @@ class ServerConfig:
     data_dir: Path | None = None
     tls_cert: Path | None = None  # PEM certificate chain: serve wss:// (with tls_key)
     tls_key: Path | None = None
-    auth_failures: int = 10  # wrong tokens from one address within auth_window_s, then 429
+    auth_failures: int = 10  # wrong tokens from one client within auth_window_s, then 429
     auth_window_s: float = 60.0
+    # proxies (addresses or networks) whose X-Forwarded-For names the client: the balancer
+    trusted_proxies: list[str] = field(default_factory=list)
+    # fairness between access tokens: sessions one token may hold (None: all of max_sessions
+    # with one token, half of them with several) and KV cache bytes (None: the whole budget;
+    # over the budget, the token holding the most gives up its least recently used first)
+    max_sessions_per_token: int | None = None
+    kv_budget_per_token_bytes: int | None = None
+    # /metrics: on its own bind (metrics_host:metrics_port), or on the service's bind behind
+    # `Authorization: Bearer <metrics_token>`; with neither it is not served
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    metrics_token: str | None = None
     requests_per_minute: int = 3000  # per access token, in bursts of a minute's worth; 0: off
     vllm: dict[str, Any] = field(default_factory=dict)  # [cloud.vllm]: vLLM engine arguments
     # how vLLM verifies split drafts (docs/architecture.md#split-on-vllm): "decode", one
@@ -110,6 +125,19 @@ class ServerConfig:
             raise ConfigError("auth_failures must be ≥ 1 and auth_window_s > 0 seconds")
         if self.max_batch_sequences < 1 or self.prefill_chunk < 1:
             raise ConfigError("max_batch_sequences and prefill_chunk must be at least 1")
+        if self.max_sessions_per_token is not None and self.max_sessions_per_token < 1:
+            raise ConfigError("max_sessions_per_token must be at least 1 (or unset)")
+        if self.kv_budget_per_token_bytes is not None and self.kv_budget_per_token_bytes < 0:
+            raise ConfigError("kv_budget_per_token_bytes must be ≥ 0 (or unset)")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port must be in 0..65535, not {self.metrics_port}")
+        for proxy in self.trusted_proxies:
+            try:
+                ipaddress.ip_network(proxy, strict=False)
+            except ValueError:
+                raise ConfigError(
+                    f"trusted_proxies: {proxy!r} is not an address or a network (10.0.0.0/8)"
+                ) from None
         if self.requests_per_minute < 0:
             raise ConfigError("requests_per_minute must be ≥ 0 (0 turns the limit off)")
         for name, secret in self.tokens.items():
@@ -119,6 +147,17 @@ class ServerConfig:
             value = getattr(self, name)
             if value is not None and not isinstance(value, Path):
                 object.__setattr__(self, name, Path(value).expanduser())
+
+    def proxy_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        return [ipaddress.ip_network(p, strict=False) for p in self.trusted_proxies]
+
+    def sessions_per_token(self) -> int:
+        """The most sessions one access token may hold: `max_sessions_per_token`, else all
+        slots when one token is set and half of them (rounded up) when several are."""
+        if self.max_sessions_per_token is not None:
+            return min(self.max_sessions_per_token, self.max_sessions)
+        several = len(self.tokens) + (self.token is not None) > 1
+        return -(-self.max_sessions // 2) if several else self.max_sessions
 
     def access_tokens(self) -> dict[str, str]:
         """Every access token by name, or a clear error: the cloud never serves without one."""
@@ -131,6 +170,10 @@ class ServerConfig:
             )
         if len(set(named.values())) < len(named):
             raise ConfigError("two access tokens are the same: give each user their own")
+        if self.metrics_token is not None and self.metrics_token in named.values():
+            raise ConfigError(
+                "metrics_token is also an access token: give /metrics a token of its own"
+            )
         return named
 
 
@@ -159,6 +202,10 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         if value not in choices:
             raise ConfigError(f"{key} must be one of {', '.join(map(str, choices))}, not {value!r}")
         return value
+    if origin is list:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{key} must be a list of strings, not {value!r}")
+        return list(value)
     if origin is dict:
         if not isinstance(value, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in value.items()
@@ -230,9 +277,9 @@ def load_config(path: Path | None = None, **overrides: Any) -> ServerConfig:
         if not isinstance(table, dict):
             raise ConfigError(f"[cloud] in {path} must be a table")
         values.update(_from_mapping(table, f"the [cloud] table of {path}"))
-    env_token = os.environ.get(TOKEN_ENV)
-    if env_token:
-        values["token"] = env_token
+    for env, key in ((TOKEN_ENV, "token"), (METRICS_TOKEN_ENV, "metrics_token")):
+        if secret := os.environ.get(env):
+            values[key] = secret
     given = {k: v for k, v in overrides.items() if v is not None}
     values.update(_from_mapping(given, "the overrides"))
     return ServerConfig(**values)

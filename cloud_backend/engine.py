@@ -108,6 +108,7 @@ class LLMEngine:
         prefill_chunk: int = PREFILL_CHUNK,
         max_batch_sequences: int = MAX_BATCH_SEQUENCES,
         document_cache_bytes: int = 0,
+        kv_tenant_bytes: int | None = None,
     ) -> None:
         self.lm = lm
         # public documents' [instructions; document] KV, kept for the next question over them
@@ -115,6 +116,7 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.name = name
         self.kv_budget_bytes = kv_budget_bytes
+        self.kv_tenant_bytes = kv_tenant_bytes  # one tenant's share at most (None: the budget)
         self.tokenizer_hash = bytes.fromhex(tokenizer_fingerprint(tokenizer))
         self.on_step = on_step
         self.prefill_chunk = prefill_chunk
@@ -145,8 +147,10 @@ class LLMEngine:
     def alive(self) -> bool:
         return self._thread.is_alive() and not self._closed
 
-    def open_session(self, on_evict: Callable[[], None] | None = None) -> EngineSession:
-        session = EngineSession(self, next(self._ids), on_evict)
+    def open_session(
+        self, on_evict: Callable[[], None] | None = None, tenant: str = ""
+    ) -> EngineSession:
+        session = EngineSession(self, next(self._ids), on_evict, tenant)
         with self._lock:
             self._lru[session.id] = session
         return session
@@ -366,24 +370,39 @@ class LLMEngine:
             self.on_step("rollback", 0, time.perf_counter() - start)
 
     def _enforce_budget(self, stepped: list[EngineSession]) -> list[EngineSession]:
-        """(Under the lock.) Count the stepped sessions' caches as they are now and evict the
-        least recently used to fit, sparing the last one stepped (so a pass always makes
-        progress); `cache_bytes` never sees the total over the budget, unless that one alone
-        is."""
+        """(Under the lock.) Count the stepped sessions' caches as they are now and evict to
+        fit, sparing the last one stepped (so a pass always makes progress): first a tenant
+        over its share gives up its least recently used sessions, then, while the total is
+        over the budget, the tenant holding the most does (so no tenant can push out another
+        holding less: max-min fair). `cache_bytes` never sees the total over the budget,
+        unless that one session alone is."""
         for session in stepped:
             session.nbytes = session.state.nbytes if session.state is not None else 0
             if session.id in self._lru:
                 self._lru.move_to_end(session.id)
-        total = sum(s.nbytes for s in self._lru.values())
-        victims = []
-        for other in list(self._lru.values()):
-            if total <= self.kv_budget_bytes:
-                break
-            if other is stepped[-1] or other.state is None:
-                continue
-            total -= other.nbytes
-            other.state, other.nbytes, other.evicted = None, 0, True
-            victims.append(other)
+        held: dict[str, int] = {}
+        for s in self._lru.values():
+            held[s.tenant] = held.get(s.tenant, 0) + s.nbytes
+        evictable = [s for s in self._lru.values() if s is not stepped[-1] and s.state is not None]
+        victims: list[EngineSession] = []
+
+        def evict_from(tenant: str) -> bool:
+            for session in evictable:  # least recently used first
+                if session.tenant == tenant:
+                    evictable.remove(session)
+                    held[tenant] -= session.nbytes
+                    session.state, session.nbytes, session.evicted = None, 0, True
+                    victims.append(session)
+                    return True
+            return False
+
+        share = self.kv_tenant_bytes
+        for tenant in list(held):
+            while share is not None and held[tenant] > share and evict_from(tenant):
+                pass
+        while sum(held.values()) > self.kv_budget_bytes and evictable:
+            tenants = {s.tenant for s in evictable}
+            evict_from(max(tenants, key=lambda t: held[t]))
         return victims
 
     def _report(self, steps: list[_Step], feeds: list[list[list[int]]], seconds: float) -> None:
@@ -425,12 +444,17 @@ class EngineSession(CloudSequence):
     batched passes together with other sessions' steps."""
 
     def __init__(
-        self, engine: LLMEngine, session_id: int, on_evict: Callable[[], None] | None
+        self,
+        engine: LLMEngine,
+        session_id: int,
+        on_evict: Callable[[], None] | None,
+        tenant: str = "",
     ) -> None:
         self.engine = engine
         self.lm = engine.lm
         self.id = session_id
         self.on_evict = on_evict
+        self.tenant = tenant  # whose memory share it counts in
         self.state: SequenceState | None = None
         self.nbytes = 0
         self.evicted = False

@@ -136,8 +136,11 @@ class CloudEngine(Protocol):
         """Whether it can still run steps (/healthz says 503 otherwise, so a load balancer
         sends new sessions elsewhere)."""
 
-    def open_session(self, on_evict: Callable[[], None] | None = None) -> CloudSequence:
+    def open_session(
+        self, on_evict: Callable[[], None] | None = None, tenant: str = ""
+    ) -> CloudSequence:
         """A websocket's sequences (an engine that caches prefixes keeps each session's apart,
-        so none can time another's)."""
+        so none can time another's); `tenant` (its access token's name) shares memory fairly
+        with the other tenants where the engine holds each session's KV."""
 
     def close(self) -> None: ...

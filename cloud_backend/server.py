@@ -19,17 +19,16 @@ from typing import Any
 
 from aiohttp import WSCloseCode, hdrs, web
 
-from cloud_backend.admission import AuthThrottle
+from cloud_backend.admission import AuthThrottle, client_address
 from cloud_backend.config import ConfigError, ServerConfig
 from cloud_backend.engine_api import CloudEngine
 from cloud_backend.logfmt import kv
 from cloud_backend.metrics import CONTENT_TYPE, ServerMetrics
 from cloud_backend.session import AppState, Session
-from collab.protocol import ErrorCode
+from collab.protocol import SESSION_PATH, ErrorCode
 
 log = logging.getLogger("tandem.cloud")
 
-SESSION_PATH = "/v1/session"
 STATE = web.AppKey("tandem_state", AppState)
 
 
@@ -85,21 +84,41 @@ def _overloaded(state: AppState) -> web.Response:
     )
 
 
+def _throttled(wait: float) -> web.Response:
+    return web.Response(
+        status=429, text="too many wrong access tokens from this address; wait\n",
+        headers={hdrs.RETRY_AFTER: str(max(1, round(wait)))},
+    )  # fmt: skip
+
+
+def _token_full(state: AppState, user: str) -> web.Response:
+    """This access token holds all the sessions it may (the others' slots stay free)."""
+    state.metrics.refusals.labels(reason="token_sessions").inc()
+    cap = state.config.sessions_per_token()
+    reason = (
+        f"this access token already holds its {cap} sessions on this cloud: close one, or "
+        f"retry after {RETRY_AFTER_S} s"
+    )
+    return web.Response(
+        status=429, text=reason + "\n", headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)}
+    )
+
+
 async def _session_handler(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    throttle, peer = request.app[THROTTLE], request.remote or "?"
-    wait = throttle.retry_after(peer)
-    if wait > 0:
-        log.info(kv("auth_throttled", peer=peer, retry_after_s=round(wait, 1)))
-        return web.Response(
-            status=429, text="too many wrong access tokens from this address; wait\n",
-            headers={hdrs.RETRY_AFTER: str(max(1, round(wait)))},
-        )  # fmt: skip
+    client = client_address(
+        request.remote, request.headers.get(hdrs.X_FORWARDED_FOR, ""), state.proxies
+    )
     user = _check_auth(request, state.tokens)
-    if isinstance(user, web.Response):
-        throttle.failed(peer)
+    if isinstance(user, web.Response):  # a right token is let in whatever the count
+        throttle = request.app[THROTTLE]
+        wait = throttle.retry_after(client)
+        throttle.failed(client)
         state.metrics.errors.labels(code=ErrorCode.AUTH.name).inc()
-        log.info(kv("auth_refused", peer=peer, reason=(user.text or "").strip()))
+        if wait > 0:
+            log.info(kv("auth_throttled", client=client, retry_after_s=round(wait, 1)))
+            return _throttled(wait)
+        log.info(kv("auth_refused", client=client, reason=(user.text or "").strip()))
         return user
     config = state.config
     ws = web.WebSocketResponse(
@@ -116,15 +135,20 @@ async def _session_handler(request: web.Request) -> web.StreamResponse:
             status=400, text="this endpoint speaks websocket only (GET with Upgrade: websocket)\n"
         )
     if len(state.websockets) >= config.max_sessions:
-        log.info(kv("session_refused", peer=request.remote or "?", why="busy"))
+        log.info(kv("session_refused", client=client, user=user, why="busy"))
         return _overloaded(state)
-    state.websockets.add(ws)  # counted from here: no await between the check and this line
+    if state.held[user] >= config.sessions_per_token():
+        log.info(kv("session_refused", client=client, user=user, why="token_sessions"))
+        return _token_full(state, user)
+    state.websockets.add(ws)  # counted from here: no await between the checks and these lines
+    state.held[user] += 1
     try:
         await ws.prepare(request)
         _set_nodelay(request.transport)
-        await Session(state, ws, request.remote, user, abort=_aborter(request)).run()
+        await Session(state, ws, client, user, abort=_aborter(request)).run()
     finally:
         state.websockets.discard(ws)
+        state.held[user] -= 1
     return ws
 
 
@@ -155,7 +179,17 @@ async def _healthz(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    body = request.app[STATE].metrics.render()
+    """Aggregates only (no series carries a session, a user or an address), and only to the
+    holder of the metrics token where one is set: an access token is not enough."""
+    state = request.app[STATE]
+    if state.config.metrics_token is not None:
+        scheme, _, given = request.headers.get(hdrs.AUTHORIZATION, "").partition(" ")
+        expected = state.config.metrics_token.encode("utf-8")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode("utf-8"), expected
+        ):
+            return _unauthorized("/metrics needs the metrics token (not an access token)")
+    body = state.metrics.render()
     # aiohttp refuses a content_type with parameters; pass the full header instead.
     return web.Response(body=body, headers={hdrs.CONTENT_TYPE: CONTENT_TYPE})
 
@@ -180,7 +214,8 @@ def create_app(
     app[STATE] = state
     app[THROTTLE] = AuthThrottle(config.auth_failures, config.auth_window_s)
     app.router.add_get("/healthz", _healthz)
-    app.router.add_get("/metrics", _metrics)
+    if config.metrics_token is not None and config.metrics_port is None:
+        app.router.add_get("/metrics", _metrics)
     app.router.add_get(SESSION_PATH, _session_handler)
     previous_observer = engine.on_step
 
@@ -202,9 +237,27 @@ def create_app(
     return app
 
 
+async def _serve_metrics(app: web.Application, config: ServerConfig) -> web.AppRunner:
+    """/metrics alone on its own bind (a port only the operator's network reaches); the
+    metrics token, where set, is still asked for."""
+    metrics_app = web.Application()
+    metrics_app[STATE] = app[STATE]
+    metrics_app.router.add_get("/metrics", _metrics)
+    metrics_runner = web.AppRunner(metrics_app, access_log=None, handle_signals=False)
+    await metrics_runner.setup()
+    site = web.TCPSite(metrics_runner, config.metrics_host, config.metrics_port)
+    await site.start()
+    host, port = metrics_runner.addresses[0][:2]
+    log.info(kv("metrics_serving", url=f"http://{_host(host)}:{port}/metrics"))
+    return metrics_runner
+
+
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
 def _url(host: str, port: int, tls: bool) -> str:
-    host = f"[{host}]" if ":" in host else host
-    return f"{'wss' if tls else 'ws'}://{host}:{port}{SESSION_PATH}"
+    return f"{'wss' if tls else 'ws'}://{_host(host)}:{port}{SESSION_PATH}"
 
 
 def tls_context(config: ServerConfig) -> ssl.SSLContext | None:
@@ -231,6 +284,7 @@ async def run_server(
     # stopping waits this long for the sessions' handlers (their websockets are closed first)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=10.0)
     await runner.setup()
+    runners = [runner]
     try:
         tls = tls_context(config)
         site = web.TCPSite(runner, config.host, config.port, ssl_context=tls)
@@ -244,9 +298,12 @@ async def run_server(
                 corpus="on" if corpus is not None else "off",
             )
         )  # fmt: skip
+        if config.metrics_port is not None:
+            runners.append(await _serve_metrics(app, config))
         if ready is not None:
             ready(url)
         await asyncio.Event().wait()
     finally:
-        await runner.cleanup()
+        for each in reversed(runners):
+            await each.cleanup()
         log.info(kv("stopped", model=engine.name))

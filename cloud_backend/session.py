@@ -16,13 +16,14 @@ import itertools
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from cloud_backend.admission import RequestRate
+from cloud_backend.admission import IPNetwork, RequestRate
 from cloud_backend.config import DEFAULT_TOKEN_NAME, ServerConfig
 from cloud_backend.context import DraftPace, RequestContext, RequestInbox
 from cloud_backend.engine_api import CloudEngine, CloudSequence
@@ -90,10 +91,13 @@ class AppState:
     started: float = field(default_factory=time.monotonic)
     sessions: dict[int, Session] = field(default_factory=dict)  # handshake accepted
     websockets: set[web.WebSocketResponse] = field(default_factory=set)  # all, for shutdown
+    held: Counter[str] = field(default_factory=Counter)  # websockets by access token name
+    proxies: list[IPNetwork] = field(init=False)  # whose X-Forwarded-For names the client
     ids: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     def __post_init__(self) -> None:
         self.request_rate = RequestRate(self.config.requests_per_minute)
+        self.proxies = self.config.proxy_networks()
 
 
 @dataclass
@@ -139,7 +143,8 @@ class Session:
         self.frames_in = self.frames_out = 0
         self.requests = 0
         self.opened = time.monotonic()
-        self.last_activity = self.opened  # last frame in either direction
+        # the last frame of a request, either way: pings and errors keep no session open
+        self.last_activity = self.opened
         self._send_lock = asyncio.Lock()
         self._loop = asyncio.get_running_loop()
         self.rtt_s: float | None = None  # round trip to the device, from our Pings
@@ -160,13 +165,14 @@ class Session:
                 self._cut_off()
                 raise ConnectionResetError("the device stopped reading") from None
         n = len(frame)
-        self.last_activity = time.monotonic()
         self.bytes_out += n
         self.frames_out += 1
         self.state.metrics.bytes.labels(direction="down").inc(n)
         req = self.request
         if req is not None and msg.request_id == req.id:
             req.bytes_down += n
+            if not isinstance(msg, Error):
+                self.last_activity = time.monotonic()
         if isinstance(msg, Error):
             self.state.metrics.errors.labels(code=_error_label(msg.code)).inc()
 
@@ -188,7 +194,6 @@ class Session:
         return await self._try_send(Error(code, message, request_id=request_id))
 
     def _count_in(self, n: int, request_id: int | None = None) -> None:
-        self.last_activity = time.monotonic()
         self.bytes_in += n
         self.frames_in += 1
         self.state.metrics.bytes.labels(direction="up").inc(n)
@@ -217,9 +222,10 @@ class Session:
             await self._teardown()
 
     async def _receive(self, deadline: float | None = None) -> Any:
-        """The next websocket message, or None once no frame went either way for `idle_s`
-        seconds (a cloud answer streaming down is activity, a split request waiting for
-        drafts that never come is not), or at `deadline` (monotonic) whatever came."""
+        """The next websocket message, or None once no request's frame went either way for
+        `idle_s` seconds (a cloud answer streaming down is activity; a split request waiting
+        for drafts that never come is not, nor are pings: a session kept open only by them
+        would hold its slot for ever), or at `deadline` (monotonic) whatever came."""
         while True:
             left = self.last_activity + self.idle_s - time.monotonic()
             if deadline is not None:
@@ -311,7 +317,9 @@ class Session:
         # Accepted (capacity was checked before the upgrade: server._overloaded).
         self.state.sessions[self.id] = self
         self.mode, self.variant = hello.mode, variant
-        self.engine_session = engine.open_session(on_evict=self._evicted_from_worker)
+        self.engine_session = engine.open_session(
+            on_evict=self._evicted_from_worker, tenant=self.user
+        )
         ack = HelloAck(True, limits=self.limits, model_name=engine.name)
         log.info(
             kv(
@@ -375,6 +383,7 @@ class Session:
                 )
             )  # fmt: skip
         if isinstance(msg, Generate):
+            self.last_activity = time.monotonic()
             return await self._start_request(msg, len(frame))
         if isinstance(msg, request_frames()):  # as each mode declares (collab.protocol.modes)
             return await self._route(msg, len(frame))
@@ -421,6 +430,7 @@ class Session:
                 return True  # cancelled for flooding: the rest of its frames are dropped
             if not req.inbox.offer(msg, nbytes):
                 return await self._overflow(req)
+            self.last_activity = time.monotonic()
             if isinstance(msg, Cancel) and self.engine_session is not None:
                 self.engine_session.cancel()  # a long prefill stops now, not at its end
             return True

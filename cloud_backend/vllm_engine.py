@@ -124,7 +124,9 @@ class VllmEngine:
     def alive(self) -> bool:
         return not self.llm.errored  # vLLM's engine process died: every request would fail
 
-    def open_session(self, on_evict: Callable[[], None] | None = None) -> VllmSequence:
+    def open_session(
+        self, on_evict: Callable[[], None] | None = None, tenant: str = ""
+    ) -> VllmSequence:
         """Each session salts its prefix-cache entries with its own id: its rounds reuse its
         cached prefix, no other session ever hits its entries (no timing side channel between
         sessions or users through the shared cache). DRAGON's document rows are salted by the

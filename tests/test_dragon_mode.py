@@ -11,6 +11,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 from scipy import stats as scipy_stats
 
+from app.embedded import read_metrics
 from benchmarks.tiny_models import TINY_CONTEXT, build_tiny_hf
 from cloud_backend.config import ServerConfig
 from cloud_backend.engine import LLMEngine
@@ -34,6 +35,7 @@ from model_runtime.tokenizer import IM_END_ID
 from model_runtime.torch_runtime import TorchCausalLM
 
 TOKEN = "test-token-0123456789"
+METRICS_TOKEN = "test-metrics-token-0123"
 VOCAB = 151_936
 # Relevant on both sides (above the relevance floor): the diary, and a summary among the first 60.
 QUESTION = "Where is the spare key hidden, and what was the 1755 Lisbon earthquake?"
@@ -530,8 +532,9 @@ async def caching_cloud(tiny, tiny_tokenizer, public_corpus):
     """A cloud whose engine keeps public documents' prefix KV (the product's default)."""
     engine = LLMEngine(TorchCausalLM(tiny["hf"]), tiny_tokenizer, "tiny-cloud",
                        document_cache_bytes=2**30)  # fmt: skip
-    app = create_app(ServerConfig(token=TOKEN, corpus_enabled=False, corpus_k=2), engine,
-                     public_corpus)  # fmt: skip
+    config = ServerConfig(token=TOKEN, metrics_token=METRICS_TOKEN, corpus_enabled=False,
+                          corpus_k=2)  # fmt: skip
+    app = create_app(config, engine, public_corpus)
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     yield f"ws://127.0.0.1:{server.port}/v1/session", engine
@@ -592,11 +595,7 @@ async def test_a_second_turn_reusing_the_conversation_answers_as_a_fresh_session
         finally:
             await fresh.close()
         assert kept.token_ids == again.token_ids, name
-    import aiohttp
-
-    metrics_url = url.replace("ws://", "http://").replace("/v1/session", "/metrics")
-    async with aiohttp.ClientSession() as http, http.get(metrics_url) as response:
-        metrics = await response.text()
+    metrics = await read_metrics(url, METRICS_TOKEN)
     counter = 'tandem_reused_prompt_tokens_total{kind="conversation"}'
     reused = [line for line in metrics.splitlines() if line.startswith(counter)]
     assert reused and float(reused[0].split()[-1]) > 20  # both modes' second turns

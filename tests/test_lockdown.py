@@ -30,7 +30,7 @@ from edge_runtime.modes import build_mode
 from edge_runtime.modes.base import AnswerOptions
 from tests import test_modes, test_server
 from tests.test_modes import QUESTIONS, ask, context
-from tests.test_server import TOKEN, raw
+from tests.test_server import METRICS_TOKEN, TOKEN, raw
 
 engine, start_cloud, cloud = test_server.engine, test_server.start_cloud, test_server.cloud
 near_drafter = test_modes.near_drafter
@@ -92,19 +92,6 @@ async def test_plain_ws_to_another_machine_is_refused_unless_allowed(host):
     with pytest.raises(Exception) as tried:  # it tries (and cannot reach it from here)
         await allowed.connect()
     assert not isinstance(tried.value, CloudUntrusted)
-
-
-async def test_wrong_tokens_are_throttled_per_address(start_cloud):
-    cloud = await start_cloud(auth_failures=3, auth_window_s=30)
-    async with aiohttp.ClientSession() as http:
-        for _ in range(3):
-            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
-                await http.ws_connect(cloud.url, headers={"Authorization": "Bearer wrong"})
-            assert refused.value.status == 401
-        with pytest.raises(aiohttp.WSServerHandshakeError) as throttled:
-            await http.ws_connect(cloud.url, headers=cloud.headers())  # even the right one
-        assert throttled.value.status == 429
-        assert 1 <= int(throttled.value.headers["Retry-After"]) <= 30
 
 
 async def test_each_access_token_has_its_own_request_rate(start_cloud):
@@ -169,7 +156,9 @@ async def test_metrics_and_healthz_reveal_no_session_content(cloud):
         async with aiohttp.ClientSession() as http:
             bodies = []
             for path in ("/metrics", "/healthz"):
-                async with http.get(cloud.http + path) as resp:
+                headers = cloud.headers(METRICS_TOKEN)  # /healthz asks none
+                async with http.get(cloud.http + path, headers=headers) as resp:
+                    assert resp.status == 200
                     bodies.append(await resp.text())
     for body in bodies:
         assert "4711" not in body and "bank" not in body and TOKEN not in body

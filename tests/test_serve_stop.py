@@ -25,6 +25,7 @@ from model_runtime.ort_runtime import OrtCausalLM
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "test-token-0123456789"
+METRICS_TOKEN = "test-metrics-token-0123"
 STOP_BOUND_S = 30  # the sessions' 10 s, vLLM's engine processes' 10 s, and slack
 
 
@@ -58,7 +59,10 @@ class Served:
 
 def serve(python: str | Path, tmp_path: Path, *args: str, more: str = "") -> Served:
     config = tmp_path / "cloud.toml"
-    config.write_text(f'[cloud]\ntoken = "{TOKEN}"\nport = 0\ncorpus_enabled = false\n{more}')
+    config.write_text(
+        f'[cloud]\ntoken = "{TOKEN}"\nmetrics_token = "{METRICS_TOKEN}"\nport = 0\n'
+        f"corpus_enabled = false\n{more}"
+    )
     return Served([str(python), "-m", "app.cli", "serve", "--config", str(config), *args])
 
 

@@ -48,6 +48,7 @@ from model_runtime.tokenizer import load_tokenizer
 from model_runtime.torch_runtime import TorchCausalLM
 
 TOKEN = "test-token-0123456789"
+METRICS_TOKEN = "test-metrics-token-0123"
 ENGINE_NAME = "tiny-cloud"
 
 
@@ -73,7 +74,7 @@ class Cloud:
         """Every sample of /metrics as {(name, sorted labels): value}."""
         async with (
             aiohttp.ClientSession() as http,
-            http.get(f"{self.http}/metrics") as resp,
+            http.get(f"{self.http}/metrics", headers=self.headers(METRICS_TOKEN)) as resp,
         ):
             assert resp.status == 200
             assert resp.headers["Content-Type"].startswith("text/plain")
@@ -99,7 +100,9 @@ async def start_cloud(engine) -> AsyncIterator[StartCloud]:
     tasks: list[asyncio.Task] = []
 
     async def start(engine: LLMEngine = engine, **overrides) -> Cloud:
-        config = ServerConfig(**{"port": 0, "token": TOKEN, **overrides})
+        config = ServerConfig(
+            **{"port": 0, "token": TOKEN, "metrics_token": METRICS_TOKEN, **overrides}
+        )
         ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         task = asyncio.create_task(run_server(config, engine, ready=ready.set_result))
         tasks.append(task)

@@ -20,6 +20,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 from scipy import stats as scipy_stats
 
+from app.embedded import read_metrics
 from benchmarks.common import VLLM_INSTALL, vllm_python
 from cloud_backend.config import ServerConfig
 from cloud_backend.engine import LLMEngine
@@ -35,7 +36,15 @@ from model_runtime.ort_runtime import OrtCausalLM
 from model_runtime.prompting import prompt_ids
 from model_runtime.torch_runtime import TorchCausalLM
 from tests.concurrent_answers import WORKERS, by_seed
-from tests.test_serve_stop import TOKEN, VLLM_CONFIG, VLLM_SERVE, Served, serve, stop_mid_answer
+from tests.test_serve_stop import (
+    METRICS_TOKEN,
+    TOKEN,
+    VLLM_CONFIG,
+    VLLM_SERVE,
+    Served,
+    serve,
+    stop_mid_answer,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -185,11 +194,7 @@ async def test_greedy_dragon_on_vllm_equals_dragon_on_the_builtin_engine(
 
 async def metric(ws_url: str, sample: str) -> float:
     """One sample of the cloud's /metrics (0 where it is not there yet)."""
-    import aiohttp
-
-    url = ws_url.replace("ws://", "http://").replace("/v1/session", "/metrics")
-    async with aiohttp.ClientSession() as http, http.get(url) as response:
-        text = await response.text()
+    text = await read_metrics(ws_url, METRICS_TOKEN)
     found = re.search("^" + re.escape(sample) + r" (\S+)", text, re.MULTILINE)
     return float(found.group(1)) if found else 0.0
 
