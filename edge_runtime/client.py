@@ -79,7 +79,8 @@ class CloudUntrusted(CloudError):
 
 
 class CloudBusy(CloudError):
-    """The cloud is overloaded (HTTP 503): it said when to try again; retrying sooner is no use."""
+    """The cloud is overloaded (HTTP 503), or this access token holds all the sessions it may
+    (429): it said when to try again; retrying sooner is no use."""
 
     def __init__(self, message: str, retry_after_s: float | None) -> None:
         super().__init__(message)
@@ -109,14 +110,21 @@ _CLOSE_REASONS: dict[int, str] = {
 
 
 def _busy(exc: aiohttp.WSServerHandshakeError) -> CloudBusy:
-    """A 503's refusal in plain words, with its Retry-After (seconds) when it has one."""
+    """A 503's (the cloud full) or a 429's (this access token holds all the sessions it may)
+    refusal in plain words, with its Retry-After (seconds) when it has one."""
     retry = exc.headers.get(hdrs.RETRY_AFTER, "") if exc.headers else ""
     try:
         after: float | None = min(max(0.0, float(retry)), 3600.0)
     except ValueError:
         after = None
     when = f"try again in {after:g} s" if after is not None else "try again later"
-    return CloudBusy(f"the cloud is overloaded (all its sessions are in use): {when}", after)
+    if exc.status == 429:
+        why = (
+            "this access token holds all the sessions the cloud allows it (close another device's)"
+        )
+    else:
+        why = "the cloud is overloaded (all its sessions are in use)"
+    return CloudBusy(f"{why}: {when}", after)
 
 
 def session_url(url: str) -> str:
@@ -279,7 +287,7 @@ class CloudClient:
             await http.close()
             if exc.status == 401:
                 raise AuthError(self._auth_message(exc)) from None
-            if exc.status == 503:
+            if exc.status in (429, 503):
                 raise _busy(exc) from None
             raise CloudUnavailable(
                 f"{self.url} did not open a session (HTTP {exc.status}): is it a Tandem cloud?"

@@ -14,7 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from cloud_backend.admission import AuthThrottle, client_address
 from cloud_backend.config import ConfigError, ServerConfig
 from cloud_backend.engine import LLMEngine
-from collab.protocol import Done, Error, Generate, Ping
+from collab.protocol import Done, Error, Generate, Mode, Ping
+from edge_runtime.client import CloudBusy, CloudClient
 from model_runtime.tokenizer import load_tokenizer
 from model_runtime.torch_runtime import TorchCausalLM
 from tests import test_server
@@ -102,12 +103,17 @@ async def test_one_token_cannot_hold_every_session(start_cloud):
     assert cloud.config.sessions_per_token() == 2  # several tokens: half the slots each
     async with raw(cloud), raw(cloud):
         assert await status_of(cloud.url, cloud.headers()) == 429
+        device = CloudClient(cloud.url, TOKEN, Mode.CLOUD, "", cloud.engine.tokenizer_hash, "d")
+        with pytest.raises(CloudBusy, match="holds all the sessions") as busy:
+            await device.connect()
+        assert busy.value.retry_after_s == 5
+        await device.close()
         async with raw(cloud, token=ALICE), raw(cloud, token=ALICE):
             pass  # alice's slots were left free for her
     async with raw(cloud), raw(cloud):  # slots come back when sessions close
         pass
     metrics = await cloud.metrics()
-    assert metrics[("tandem_handshake_refusals_total", (("reason", "token_sessions"),))] == 1
+    assert metrics[("tandem_handshake_refusals_total", (("reason", "token_sessions"),))] == 2
 
 
 async def test_pings_do_not_keep_a_session_open(start_cloud):
