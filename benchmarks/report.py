@@ -1139,6 +1139,44 @@ def load_table() -> Built:
     )
 
 
+LOAD_BALANCER = "load/100-sessions-balancer.json"
+
+
+def load_balancer() -> Built:
+    """The 100 sessions through HAProxy and two replicas: all sessions, then the greedy token's
+    and the single-session tokens' apart."""
+    d = load(LOAD_BALANCER)
+    lines = ["| sessions of | sessions | admitted | refused (by status) | TTFT p50 / p99 s | "
+             "per token p50 / p99 s | tokens/s a session, p50 |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    done = [o for o in d["outcomes"] if not (o["refused"] or o["error"] or o["evicted"])]
+    rates = [o["tokens"] / o["seconds"] for o in done if o["seconds"] > 0]
+    every = {**d, "rate_p50_tokens_per_s": statistics.median(rates) if rates else None}
+    rows = [("all", every), *((f"{k} token{'s' if k == 'single' else ''}", v)
+                              for k, v in d["tenants"].items())]  # fmt: skip
+    for label, r in rows:
+        refused = ", ".join(f"{n} × {s}" for s, n in r["refused_by_status"].items()) or "0"
+        lines.append(
+            f"| {label} | {r['sessions']} | {r['admitted']} | {refused} | "
+            f"{num(r['ttft_p50_s'], '.2f')} / {num(r['ttft_p99_s'], '.2f')} | "
+            f"{num(r['per_token_p50_s'], '.3f')} / {num(r['per_token_p99_s'], '.3f')} | "
+            f"{num(r.get('rate_p50_tokens_per_s'), '.1f')} |"
+        )
+    seen = d["balancer"]
+    spread = ", ".join(
+        f"{n}: peak {seen['peak_sessions_by_replica'][n]} sessions, given {s['total']} "
+        f"connections, {s['retries']} retried elsewhere"
+        for n, s in seen["balancer_by_replica"].items()
+    )
+    note = (
+        f"{seen['replicas']} replicas of {seen['max_sessions_per_replica']} sessions each "
+        f"({spread}); errors: {len(d['errors'])}, server errors: {len(d['server_errors'])}, "
+        f"answers short of {d['config']['tokens']} tokens: {d['short_answers']}. Tiny model on "
+        "loopback, all processes on one machine: admission and fairness, not model speed."
+    )
+    return Built("\n".join(lines), [LOAD_BALANCER], note)
+
+
 def readme_speed() -> Built:
     """The README's short "how fast, measured on what" table."""
     grid = _split_groups(load("split/grid-torch0-100.json")["rows"])
@@ -1239,6 +1277,7 @@ TABLE_LIST = (
         "gpu-check-predicted", "PREDICTION: split, DRAGON, capacity on a GPU", gpu_check_predicted
     ),
     Table("load", "100 sessions against capacity 90", load_table),
+    Table("load-balancer", "100 sessions through HAProxy and two replicas", load_balancer),
 )
 README_TABLE = Table("readme-speed", "the README's short speed table", readme_speed)
 
