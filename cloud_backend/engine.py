@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import threading
 import time
 from collections import OrderedDict, deque
@@ -34,9 +35,12 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from cloud_backend.engine_api import CloudSequence, StepObserver
+from cloud_backend.logfmt import kv
 from model_runtime.prefix_cache import PrefixCache
 from model_runtime.runtime import Cancelled, CausalLM, SequenceState, StateLost
 from model_runtime.tokenizer import tokenizer_fingerprint
+
+log = logging.getLogger("tandem.cloud")
 
 _STATE_STEPS = ("rollback", "snapshot")  # steps that touch one session's state, run no pass
 SHORT_FEED = 16  # positions: feeds up to this wide share a pass (decode, verify); wider are long
@@ -129,6 +133,8 @@ class LLMEngine:
         self._running: list[_Step] = []
         self._last_long = False  # the last pass fed a prefill chunk
         self._closed = False
+        self.failure = ""  # why the engine thread stopped, if it failed
+        self._unresolved: set[_Step] = set()  # submitted, future not yet done
         self._ids = itertools.count(1)
         self._thread = threading.Thread(target=self._serve, name="llm-engine", daemon=True)
         self._thread.start()
@@ -167,10 +173,16 @@ class LLMEngine:
     async def _submit(self, step: _Step) -> Any:
         with self._lock:
             if self._closed:
-                raise RuntimeError("the engine is closed")
+                raise RuntimeError(self.failure or "the engine is closed")
             self._queue.append(step)
+            self._unresolved.add(step)
+            step.future.add_done_callback(lambda _: self._resolved(step))
             self._lock.notify_all()
         return await asyncio.wrap_future(step.future)
+
+    def _resolved(self, step: _Step) -> None:
+        with self._lock:  # (reentrant: a step failed under the lock lands here too)
+            self._unresolved.discard(step)
 
     def _cancel(self, session: EngineSession) -> None:
         """Stop `session`'s step: dropped if queued (what a long feed already fed is undone),
@@ -188,6 +200,23 @@ class LLMEngine:
 
     # ---- the engine thread -----------------------------------------------------------------
     def _serve(self) -> None:
+        """The thread: its loop, guarded. An exception outside a pass's own handling leaves
+        the engine's state unknown: every step submitted fails (its session sends an error
+        frame), new ones are refused, `alive` turns False (/healthz 503) and the log says why."""
+        try:
+            self._serve_steps()
+        except BaseException as exc:
+            self.failure = f"the cloud's engine stopped: {exc!r}"
+            log.critical(kv("engine_failed", error=repr(exc)), exc_info=exc)
+            with self._lock:
+                self._closed = True
+                self._queue.clear()
+                self._running = []
+                unresolved = list(self._unresolved)
+            for step in unresolved:
+                _fail(step, RuntimeError(self.failure))
+
+    def _serve_steps(self) -> None:
         while True:
             with self._lock:
                 while not self._queue and not self._closed:

@@ -127,9 +127,12 @@ class Request(ABC):
             sources = tuple(p.clipped(SOURCE_CHARS) for p in passages)
             await self.link.send(Citations(sources, request_id=self.gen.request_id))
         budget = prompt_budget(self.ctx.engine.lm.max_context, self.gen.max_new_tokens)
-        ids, dropped = clipped_prompt(  # passages too long for the model's context are clipped
-            self.ctx.engine.tokenizer, self.gen.question, self.gen.history, passages, budget
-        )
+        # passages too long for the model's context are clipped; tokenising a question of
+        # up to a frame's 4 MiB takes seconds: on a thread, the event loop serves the others
+        ids, dropped = await asyncio.to_thread(
+            clipped_prompt,
+            self.ctx.engine.tokenizer, self.gen.question, self.gen.history, passages, budget,
+        )  # fmt: skip
         if dropped:
             log.info("request=%d history_pairs_left_out=%d", self.gen.request_id, dropped)
         return ids

@@ -132,10 +132,12 @@ class DragonRequest(Request):
         tokenizer = self.ctx.engine.tokenizer
         budget = prompt_budget(self.ctx.engine.lm.max_context, self.gen.max_new_tokens)
         docs: list[Source | None] = [replace(p, number=n) for n, p in enumerate(self.passages, 1)]
-        built = [
-            document_prompt(tokenizer, self.gen.question, self.gen.history, doc, budget)
-            for doc in docs or [None]
-        ]
+        built = await asyncio.to_thread(  # off the event loop, as Request.prompt
+            lambda: [
+                document_prompt(tokenizer, self.gen.question, self.gen.history, doc, budget)
+                for doc in docs or [None]
+            ]
+        )
         prompts = [ids for ids, _, _ in built]
         cache = self.ctx.engine.documents
         if cache is not None:  # each document's [instructions; document] KV, kept
