@@ -215,6 +215,10 @@ async def test_stop_and_wait_when_the_pipeline_is_off(near_drafter, cloud_url):
     await split.close()
 
 
+# answers per case: the control (the drafter's Q) was refused with p < 1e-300 at 300
+ANSWERS = 150
+
+
 def randomised_pit(token: int, probs: np.ndarray, order: np.ndarray, u: float) -> float:
     """Uniform on [0, 1] when `token` was drawn from `probs`, for any fixed `order` of the
     vocabulary (here: by p/q, so that a sample from the wrong one lands at one end)."""
@@ -222,7 +226,8 @@ def randomised_pit(token: int, probs: np.ndarray, order: np.ndarray, u: float) -
     return float(probs[order[:rank]].sum() + u * probs[token])
 
 
-@pytest.mark.parametrize(("variant", "delay"), [("tk-slt", 0.0), ("dssd", 0.0), ("tk-slt", 0.02)])
+# (TK-SLT without the delay drew the very same tokens, seed for seed: one case is enough)
+@pytest.mark.parametrize(("variant", "delay"), [("dssd", 0.0), ("tk-slt", 0.02)])
 async def test_the_token_after_an_interrupting_rejection_follows_the_cloud(
     variant, delay, far_drafter, cloud_engine, cloud_url, tiny_tokenizer
 ):
@@ -240,7 +245,7 @@ async def test_the_token_after_an_interrupting_rejection_follows_the_cloud(
     split = build_mode("split", context(phone, cloud_url, variant))
     after: list[list[int]] = []  # prefix + the token after the first rejection
     interrupted = early = 0
-    for seed in range(300):
+    for seed in range(ANSWERS):
         options = AnswerOptions(max_new_tokens=7, temperature=1.0, top_k=12, seed=seed,
                                 pipeline=True)  # fmt: skip
         split.costs = SplitCosts(as2=False)  # unmeasured: γ = 4 per batch, never AS²
@@ -257,8 +262,8 @@ async def test_the_token_after_an_interrupting_rejection_follows_the_cloud(
                 break
             done += n
     await split.close()
-    assert interrupted > 200 and len(after) > 200
-    assert early > 150 if delay else True, early
+    assert interrupted > ANSWERS * 2 // 3 and len(after) > ANSWERS * 2 // 3, (interrupted, after)
+    assert early > ANSWERS // 2 if delay else True, early
     ids = prompt_ids(tiny_tokenizer, question)
     rng = np.random.default_rng(0)
     pit_p, pit_q = [], []
@@ -272,7 +277,8 @@ async def test_the_token_after_an_interrupting_rejection_follows_the_cloud(
         pit_p.append(randomised_pit(token, p, order, u))
         pit_q.append(randomised_pit(token, q, order, u))
     fits, control = (scipy_stats.kstest(pits, "uniform").pvalue for pits in (pit_p, pit_q))
-    print(f"{variant}: {len(after)} tokens, KS p under P {fits:.3g}, under Q {control:.3g}")
+    print(f"{variant}: {len(after)} tokens ({interrupted} interrupted, {early} verified early), "
+          f"KS p under P {fits:.3g}, under Q {control:.3g}")  # fmt: skip
     assert fits > 1e-3 and control < 1e-6
 
 
