@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import signal
 import sys
 import time
@@ -22,7 +21,6 @@ import aiohttp
 import pytest
 
 from benchmarks.balancer import SHIPPED, Balancer, check, free_port, haproxy, render
-from cloud_backend.config import ServerConfig
 from collab.protocol import Mode
 from edge_runtime.client import CloudBusy, CloudClient
 from edge_runtime.device import DeviceModel
@@ -38,7 +36,6 @@ NAMES = ("cloud1", "cloud2")
 MAX_SESSIONS = {"cloud1": 3, "cloud2": 4}  # small: the 503 test fills them
 AUTH_FAILURES = 3  # wrong tokens from one client, then 429
 CHECK_S = 5  # the shipped `inter 5s fall 2`: a dead replica is out within 2 checks
-TRUSTS_PROXIES = "trusted_proxies" in {f.name for f in dataclasses.fields(ServerConfig)}
 
 
 class Replicas:
@@ -53,10 +50,10 @@ class Replicas:
 
     def _start(self, name: str) -> Served:
         config = self.folder / f"{name}.toml"
-        proxies = 'trusted_proxies = ["127.0.0.1"]\n' if TRUSTS_PROXIES else ""
         config.write_text(
             f'[cloud]\ntoken = "{TOKEN}"\nport = {self.ports[name]}\ncorpus_enabled = false\n'
-            f"max_sessions = {MAX_SESSIONS[name]}\nauth_failures = {AUTH_FAILURES}\n{proxies}"
+            f"max_sessions = {MAX_SESSIONS[name]}\nauth_failures = {AUTH_FAILURES}\n"
+            'trusted_proxies = ["127.0.0.1"]\n'
         )
         return Served([sys.executable, "-m", "app.cli", "serve", "--config", str(config),
                        "--engine", "ort", "--model-dir", str(self.tiny["onnx-fp32"]),
@@ -263,7 +260,6 @@ async def test_the_throttle_counts_wrong_tokens_per_client_behind_the_balancer(b
     its X-Forwarded-For (trusted_proxies) and counts 127.0.0.2's failures apart from
     127.0.0.3's. Each replica counts in its own memory, so cloud2 is put in maintenance here:
     with both in the pool a client gets up to AUTH_FAILURES wrong tries on each."""
-    assert TRUSTS_PROXIES, "the cloud has no trusted_proxies setting yet (issue 33, part 1)"
     balancer.command("disable server clouds/cloud2")
     url, wrong = balancer.url, "not-the-token-0123456789"
     for _ in range(AUTH_FAILURES):

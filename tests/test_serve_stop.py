@@ -16,7 +16,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from benchmarks.common import VLLM_INSTALL, vllm_python
 from edge_runtime.device import DeviceModel
 from edge_runtime.events import Failure, Notice, TextDelta
 from edge_runtime.modes import build_mode
@@ -112,17 +111,3 @@ async def test_builtin_cloud_stops_cleanly(how, tiny, tiny_tokenizer, tmp_path):
 
 VLLM_SERVE = ("--engine", "vllm", "--dtype", "float32", "--model-dir")
 VLLM_CONFIG = "kv_budget_bytes = 1073741824\n\n[cloud.vllm]\nenforce_eager = true\n"
-
-
-@pytest.mark.vllm
-async def test_sigint_stops_the_vllm_cloud_and_its_engine_processes(
-    vllm_tiny, tiny, tiny_tokenizer, tmp_path
-):
-    """(SIGTERM: the last test of tests/test_vllm_backend.py, on that module's server.)"""
-    python = vllm_python()
-    if python is None:
-        pytest.skip(VLLM_INSTALL)
-    served = serve(python, tmp_path, *VLLM_SERVE, str(vllm_tiny), more=VLLM_CONFIG)
-    assert served.descendants(), "vLLM runs its engine in processes of its own"
-    device = DeviceModel(OrtCausalLM(tiny["onnx-quant"]), tiny_tokenizer, "tiny")
-    await stop_mid_answer(served, device, signal.SIGINT)

@@ -293,7 +293,8 @@ async def test_sampled_split_tokens_follow_the_vllm_cloud_model(
 async def test_sigterm_stops_the_vllm_cloud_and_its_engine_processes(vllm_served, tiny,
                                                                       tiny_tokenizer):  # fmt: skip
     """Last in this module (it stops the module's server): mid-answer, SIGTERM, as systemd or
-    a balancer's drain sends it (SIGINT: tests/test_serve_stop.py)."""
+    a balancer's drain sends it (both signals take one path in `app.serve`; SIGINT is
+    tests/test_serve_stop.py's, on the built-in engine)."""
     assert vllm_served.descendants(), "vLLM runs its engine in processes of its own"
     device = DeviceModel(OrtCausalLM(tiny["onnx-quant"]), tiny_tokenizer, "tiny")
     await stop_mid_answer(vllm_served, device, signal.SIGTERM)
