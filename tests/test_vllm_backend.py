@@ -279,15 +279,18 @@ async def test_sampled_split_tokens_follow_the_vllm_cloud_model(
         return stats.token_ids[0], stats.token_ids[1]
 
     rows = await rows_out(vllm_url)
-    pairs = await by_seed(splits, range(500), answer)
+    pairs = await by_seed(splits, range(300), answer)
     assert await rows_out(vllm_url) == rows  # verified inside vLLM: token ids out
     for split in splits:
         await split.close()
     p_first = distribution(cloud_lm.prefill([ids])[0], params)
     firsts = [f for f, _ in pairs]
+    fits, control = (
+        stratified_chi_square_p(pairs, target(lm)) for lm in (cloud_lm, far_drafter.lm)
+    )
+    print(f"{variant} on vLLM: {len(pairs)} answers, chi2 p under P {fits:.3g}, Q {control:.3g}")
     assert stratified_chi_square_p([(0, f) for f in firsts], lambda _: p_first) > 1e-3
-    assert stratified_chi_square_p(pairs, target(cloud_lm)) > 1e-3
-    assert stratified_chi_square_p(pairs, target(far_drafter.lm)) < 1e-6
+    assert fits > 1e-3 and control < 1e-6
 
 
 async def test_sigterm_stops_the_vllm_cloud_and_its_engine_processes(vllm_served, tiny,
