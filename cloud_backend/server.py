@@ -52,12 +52,17 @@ def _unauthorized(reason: str) -> web.Response:
 THROTTLE = web.AppKey("tandem_auth_throttle", AuthThrottle)
 
 
+def _bearer(request: web.Request) -> str:
+    """The token of `Authorization: Bearer <token>` ('' without one)."""
+    scheme, _, given = request.headers.get(hdrs.AUTHORIZATION, "").partition(" ")
+    return given.strip() if scheme.lower() == "bearer" else ""
+
+
 def _check_auth(request: web.Request, tokens: dict[str, str]) -> str | web.Response:
     """The name of the bearer token if it is one of `tokens`; else the 401 to return. Every
     token is compared, in constant time, whatever matched (no timing says which is close)."""
-    scheme, _, given = request.headers.get(hdrs.AUTHORIZATION, "").partition(" ")
-    given = given.strip()
-    if scheme.lower() != "bearer" or not given:
+    given = _bearer(request)
+    if not given:
         return _unauthorized(
             "missing access token: send the header 'Authorization: Bearer <token>'"
         )
@@ -74,14 +79,17 @@ RETRY_AFTER_S = 5  # what an overloaded cloud tells a device to wait before tryi
 def _overloaded(state: AppState) -> web.Response:
     """TGI's answer to a client past --max-concurrent-requests, in HTTP: 503 with Retry-After,
     before any websocket exists (a websocket not yet past Hello holds a slot too)."""
-    state.metrics.refusals.labels(reason="busy").inc()
-    reason = (
-        f"the cloud is overloaded: all {state.config.max_sessions} sessions are in use; "
-        f"retry after {RETRY_AFTER_S} s"
-    )
+    reason = f"the cloud is overloaded: all {state.config.max_sessions} sessions are in use"
+    return _refused(state, 503, "busy", reason)
+
+
+def _refused(state: AppState, status: int, why: str, reason: str) -> web.Response:
+    """A session refused before its websocket exists, counted, with when to retry."""
+    state.metrics.refusals.labels(reason=why).inc()
     return web.Response(
-        status=503, text=reason + "\n", headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)}
-    )
+        status=status, text=f"{reason}; retry after {RETRY_AFTER_S} s\n",
+        headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)},
+    )  # fmt: skip
 
 
 def _throttled(wait: float) -> web.Response:
@@ -93,15 +101,9 @@ def _throttled(wait: float) -> web.Response:
 
 def _token_full(state: AppState, user: str) -> web.Response:
     """This access token holds all the sessions it may (the others' slots stay free)."""
-    state.metrics.refusals.labels(reason="token_sessions").inc()
     cap = state.config.sessions_per_token()
-    reason = (
-        f"this access token already holds its {cap} sessions on this cloud: close one, or "
-        f"retry after {RETRY_AFTER_S} s"
-    )
-    return web.Response(
-        status=429, text=reason + "\n", headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)}
-    )
+    reason = f"this access token already holds its {cap} sessions on this cloud: close one"
+    return _refused(state, 429, "token_sessions", reason)
 
 
 async def _session_handler(request: web.Request) -> web.StreamResponse:
@@ -183,11 +185,8 @@ async def _metrics(request: web.Request) -> web.Response:
     holder of the metrics token where one is set: an access token is not enough."""
     state = request.app[STATE]
     if state.config.metrics_token is not None:
-        scheme, _, given = request.headers.get(hdrs.AUTHORIZATION, "").partition(" ")
         expected = state.config.metrics_token.encode("utf-8")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode("utf-8"), expected
-        ):
+        if not hmac.compare_digest(_bearer(request).encode("utf-8"), expected):
             return _unauthorized("/metrics needs the metrics token (not an access token)")
     body = state.metrics.render()
     # aiohttp refuses a content_type with parameters; pass the full header instead.
