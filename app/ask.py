@@ -67,7 +67,7 @@ async def run_ask(args: argparse.Namespace) -> int:
     from app.assistant import Assistant
     from app.settings import effective_cloud
     from collab.sources import Source
-    from edge_runtime.events import Citation, Failure, Notice, TextDelta
+    from edge_runtime.events import Citation, Failure, ModeChoice, Notice, TextDelta
 
     out: dict[str, Any] = {"answer": "", "citations": [], "notices": [], "errors": []}
     assistant = Assistant(settings_for(args), finish_locally=not args.no_finish_locally)
@@ -75,7 +75,7 @@ async def run_ask(args: argparse.Namespace) -> int:
         device = assistant.load_device()
         if args.mode != "cloud":
             assistant.existing_index()
-        if args.mode != "local":
+        if assistant.may_use_cloud(args.mode):
             if not effective_cloud(assistant.settings)[0] and not args.json:
                 _say("starting the embedded cloud backend…", err=True)
             status = await assistant.connect_cloud(None if args.json else _show_progress)
@@ -88,6 +88,10 @@ async def run_ask(args: argparse.Namespace) -> int:
         async for event in exchange.events():
             if isinstance(event, TextDelta) and not args.json:
                 _say(event.text, end="")
+            elif isinstance(event, ModeChoice):
+                out["choice"] = {"mode": event.mode, "reason": event.reason}
+                if not args.json:
+                    _say(f"(auto: {event.mode} — {event.reason})", err=True)
             elif isinstance(event, Notice):
                 out["notices"].append(event.text)
                 if not args.json:

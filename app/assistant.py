@@ -311,7 +311,8 @@ class Assistant:
             self._ctx = ModeContext(variant=self.settings.variant,
                                     aggregator=self.settings.aggregator,
                                     finish_locally=self.finish_locally,
-                                    settings=dict(self.settings.modes))  # fmt: skip
+                                    settings=dict(self.settings.modes),
+                                    modes=self.mode)  # fmt: skip
         self._ctx.device = self.device
         self._ctx.index = self.index if self.index_has_documents() else None
         return self._ctx
@@ -326,6 +327,13 @@ class Assistant:
         if name not in self._modes:
             self._modes[name] = build_mode(name, ctx)
         return self._modes[name]
+
+    def may_use_cloud(self, mode: str) -> bool:
+        """Whether answers in `mode` may reach the cloud (auto: unless its policy keeps
+        questions on this device), so a one-shot question connects only when it may."""
+        if mode == "auto":
+            return bool(self.settings.auto_cloud_questions)
+        return mode != "local"
 
     def modes(self) -> list[ModeInfo]:
         """Every registered mode and whether it can answer now (and why not)."""

@@ -82,6 +82,7 @@ class Declaration:
 _BUILT_IN: dict[str, str] = {  # mode name → module:declaration (light modules)
     "split": "edge_runtime.modes.split_declared:DECLARED",
     "dragon": "edge_runtime.modes.dragon_declared:DECLARED",
+    "auto": "edge_runtime.modes.auto_declared:DECLARED",
 }
 _loaded: dict[str, Declaration] = {}
 _registered: dict[str, Declaration] = {}

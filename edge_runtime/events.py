@@ -42,6 +42,15 @@ class Provenance:
 
 
 @dataclass(frozen=True)
+class ModeChoice:
+    """The mode `auto` picked for this answer and why, in words, before the answer starts
+    (the status line and `tandem ask --json` show it)."""
+
+    mode: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Failure:
     """A plain-language error; `recoverable` if the answer went on (e.g. finished locally)."""
 
@@ -146,4 +155,4 @@ _FIELDS = tuple(f.name for f in fields(Stats))
 _NOT_FIGURES = frozenset({"per_round", "token_ids", "figures"})
 
 
-Event = TextDelta | Citation | Notice | Failure | Provenance | Stats
+Event = TextDelta | Citation | Notice | ModeChoice | Failure | Provenance | Stats

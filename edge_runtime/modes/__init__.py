@@ -24,6 +24,7 @@ _BUILT_IN: dict[str, str] = {  # name → module:class
     "cloud": "edge_runtime.modes.cloud:CloudMode",
     "split": "edge_runtime.modes.split:SplitMode",
     "dragon": "edge_runtime.modes.dragon:DragonMode",
+    "auto": "edge_runtime.modes.auto:AutoMode",
 }
 _registered: dict[str, type[Orchestrator]] = {}
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -92,6 +92,9 @@ class ModeContext:
     rerank_every: int = 0  # dragon: re-score documents every n tokens (0 = static weights)
     dragon_lookahead: int | None = None  # dragon: drafts ahead (None = default; 0 = DRDG/TW)
     clients: dict[tuple[Any, str], CloudClient] = field(default_factory=dict)
+    # each mode's orchestrator, shared (the Assistant's): auto answers through them, so its
+    # answers and those in a mode picked by hand share sessions and split's measured costs
+    modes: Callable[[str], Orchestrator] | None = None
     # every mode's declared settings by name (edge_runtime.declared), as the user set them;
     # a mode reads its own with `setting`
     settings: dict[str, Any] = field(default_factory=dict)

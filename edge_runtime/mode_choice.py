@@ -1,0 +1,114 @@
+"""How `auto` picks a mode for one question: a pure function of what was measured before the
+answer (docs/modes.md#auto lists the rules and the evaluation behind them).
+
+The signals: how relevant the best private passage is (the device's own search, its floor
+applied), how relevant the best public passage is (the cloud's retrieval of the bare question,
+its floor applied; None when not asked), whether the cloud answered, whether the conversation's
+last turn is one the cloud never saw, and the speeds measured so far. The policy: may the
+question leave the device at all, and may private passages (or private turns) shape an answer
+the cloud takes part in (dragon; split, whose drafts come from a prompt holding them).
+
+The rules, in order (the first that applies decides):
+1. the policy keeps questions on the device → local;
+2. no cloud (none configured, or it did not answer the question's relevance query) → local;
+3. private and public passages both relevant → dragon (local if the policy keeps private text
+   out of cloud-backed answers);
+4. private passages relevant, or the conversation goes on from a turn the cloud never saw and
+   no public passage is relevant → local;
+5. public passages relevant → cloud (the device cannot know them);
+6. nothing relevant on either side (chat): the cloud's larger model, through split when its
+   measured costs predict a clear gain and nothing private is in the device's prompt, else
+   cloud; local when the cloud is measured far slower than the device. (Split's device prompt
+   holds the whole conversation: with private turns in it, split counts as shaped by them.)"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+CloudReach = Literal["ready", "off", "unreachable"]
+
+SLOW_CLOUD = 0.25
+"""Chat goes to the device when the cloud (its round trip, then its measured speed) would take
+over 4× the device's time: not worth the larger model for a question no source matches."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The user's rules for auto (settings `auto_cloud_questions`, `auto_private_in_cloud`)."""
+
+    questions_leave: bool = True  # the question may go to the cloud (to be answered, or scored)
+    private_in_cloud: bool = True  # private passages and turns may shape a cloud-backed answer
+
+
+@dataclass
+class Speeds:
+    """Decode speed (tokens/s, EWMA) per mode, as auto's answers measure it."""
+
+    tokens_per_s: dict[str, float] = field(default_factory=dict)
+
+    def observe(self, mode: str, tokens_per_s: float | None, weight: float = 0.3) -> None:
+        if tokens_per_s is None or tokens_per_s <= 0:
+            return
+        old = self.tokens_per_s.get(mode)
+        self.tokens_per_s[mode] = tokens_per_s if old is None else (
+            (1 - weight) * old + weight * tokens_per_s
+        )  # fmt: skip
+
+    def cloud_far_slower(self, rtt_s: float | None, tokens: int) -> bool:
+        """Whether an answer of `tokens` from the cloud (its round trip, then its measured
+        speed) would take over 1/SLOW_CLOUD times the device's; False until both measured."""
+        cloud, device = self.tokens_per_s.get("cloud"), self.tokens_per_s.get("local")
+        if cloud is None or device is None:
+            return False
+        return (rtt_s or 0.0) + tokens / cloud > tokens / device / SLOW_CLOUD
+
+
+@dataclass(frozen=True)
+class Signals:
+    private: float | None  # the best private passage's relevance (None: none passed the floor)
+    public: float | None  # the best public one's (None: none passed, or the cloud not asked)
+    cloud: CloudReach = "ready"
+    private_turn: bool = False  # the last turn is one the cloud never saw (none of its answer)
+    private_history: bool = False  # some earlier turn's answer the cloud did not see in full
+    speeds: Speeds = field(default_factory=Speeds)
+    rtt_s: float | None = None  # the cloud's measured round trip
+    split_gain: float | None = None  # split's predicted tokens/s ÷ the cloud's alone (measured)
+    tokens: int = 512  # the answer's length bound (what the speeds are weighed over)
+
+
+@dataclass(frozen=True)
+class Choice:
+    mode: str
+    reason: str  # a short sentence for the status line: "your notes answer this"
+
+
+SPLIT_GAIN = 1.1
+"""Split for chat only on a clear predicted gain (the AS² margin, edge_runtime.split_costs)."""
+
+
+def choose(signals: Signals, policy: Policy) -> Choice:
+    """The mode for this question and why (the module's rules, in order)."""
+    s = signals
+    if not policy.questions_leave:
+        return Choice("local", "your policy keeps questions on this device")
+    if s.cloud != "ready":
+        return Choice("local", "no cloud" if s.cloud == "off" else "the cloud did not answer")
+    private, public = s.private is not None, s.public is not None
+    if private and public:
+        if policy.private_in_cloud:
+            return Choice("dragon", "needs both your notes and public sources")
+        return Choice("local", "your notes answer this (your policy keeps them out of the cloud)")
+    if private:
+        return Choice("local", "your notes answer this")
+    if s.private_turn and not public:
+        return Choice("local", "follows an answer only this device has seen")
+    if public:
+        return Choice("cloud", "public sources answer this")
+    if s.speeds.cloud_far_slower(s.rtt_s, s.tokens):
+        return Choice("local", "no sources needed, and the cloud is slow right now")
+    gain = s.split_gain
+    unshaped = policy.private_in_cloud or not s.private_history
+    if gain is not None and gain >= SPLIT_GAIN and unshaped:
+        return Choice("split", f"no sources needed; drafting here makes it {gain:.1f}× faster")
+    return Choice("cloud", "no sources needed: the cloud's larger model answers")

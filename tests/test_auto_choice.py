@@ -1,0 +1,108 @@
+"""auto's rules, one by one (edge_runtime.mode_choice): each rule decides where it applies and
+gives way to the rules before it; the policy wins over every signal."""
+
+from __future__ import annotations
+
+import pytest
+
+from edge_runtime.mode_choice import SLOW_CLOUD, Choice, Policy, Signals, Speeds, choose
+
+OPEN = Policy()
+DEVICE_ONLY = Policy(questions_leave=False)
+NO_PRIVATE_IN_CLOUD = Policy(private_in_cloud=False)
+
+
+def measured(cloud: float, device: float) -> Speeds:
+    speeds = Speeds()
+    speeds.observe("cloud", cloud)
+    speeds.observe("local", device)
+    return speeds
+
+
+@pytest.mark.parametrize(
+    "signals",
+    [
+        Signals(0.8, None),
+        Signals(None, 0.8),
+        Signals(0.8, 0.8),
+        Signals(None, None),
+        Signals(None, None, speeds=measured(cloud=50, device=1)),
+    ],
+)
+def test_the_policy_keeps_every_question_on_the_device(signals):
+    choice = choose(signals, DEVICE_ONLY)
+    assert choice == Choice("local", "your policy keeps questions on this device")
+
+
+NO_CLOUD = [("off", "no cloud"), ("unreachable", "the cloud did not answer")]
+
+
+@pytest.mark.parametrize(("reach", "reason"), NO_CLOUD)
+def test_no_cloud_answers_locally(reach, reason):
+    for private, public in ((0.8, None), (None, 0.8), (None, None)):
+        assert choose(Signals(private, public, cloud=reach), OPEN) == Choice("local", reason)
+
+
+def test_both_sides_relevant_is_dragon_unless_private_text_must_stay_out():
+    assert choose(Signals(0.5, 0.6), OPEN).mode == "dragon"
+    choice = choose(Signals(0.5, 0.6), NO_PRIVATE_IN_CLOUD)
+    assert choice.mode == "local" and "policy" in choice.reason
+
+
+def test_private_only_is_local_whatever_the_speeds():
+    for speeds in (Speeds(), measured(cloud=100, device=1)):
+        choice = choose(Signals(0.31, None, speeds=speeds, split_gain=3.0), OPEN)
+        assert choice == Choice("local", "your notes answer this")
+
+
+def test_public_only_is_cloud_even_when_split_is_faster_or_the_cloud_slow():
+    """Split verifies the bare question (no public passages) and the device holds none: only
+    cloud mode can answer from the public corpus."""
+    for speeds, gain in ((Speeds(), None), (measured(cloud=1, device=100), 3.0)):
+        choice = choose(Signals(None, 0.4, speeds=speeds, split_gain=gain), OPEN)
+        assert choice == Choice("cloud", "public sources answer this")
+
+
+def test_a_follow_up_to_a_private_answer_stays_local_unless_public_sources_match():
+    follow_up = Signals(None, None, private_turn=True, private_history=True)
+    assert choose(follow_up, OPEN) == Choice("local", "follows an answer only this device has seen")
+    public = Signals(None, 0.5, private_turn=True, private_history=True)
+    assert choose(public, OPEN).mode == "cloud"
+
+
+def test_chat_goes_to_the_cloud_model():
+    choice = choose(Signals(None, None), OPEN)
+    assert choice.mode == "cloud" and "larger model" in choice.reason
+
+
+def test_chat_takes_split_only_on_a_clear_measured_gain():
+    assert choose(Signals(None, None, split_gain=1.05), OPEN).mode == "cloud"  # inside the margin
+    choice = choose(Signals(None, None, split_gain=1.4), OPEN)
+    assert choice.mode == "split" and "1.4×" in choice.reason
+    # earlier private turns are in the drafter's prompt: split counts as shaped by them
+    shaped = Signals(None, None, split_gain=1.4, private_history=True)
+    assert choose(shaped, NO_PRIVATE_IN_CLOUD).mode == "cloud"
+    assert choose(shaped, OPEN).mode == "split"
+
+
+def test_chat_goes_local_only_when_the_cloud_is_measured_far_slower():
+    tokens = 100
+    assert choose(Signals(None, None, tokens=tokens), OPEN).mode == "cloud"  # nothing measured
+    slow = measured(cloud=SLOW_CLOUD * 20 * 0.9, device=20)  # just past the bound
+    choice = choose(Signals(None, None, speeds=slow, tokens=tokens), OPEN)
+    assert choice.mode == "local" and "slow" in choice.reason
+    fine = measured(cloud=SLOW_CLOUD * 20 * 1.2, device=20)
+    assert choose(Signals(None, None, speeds=fine, tokens=tokens), OPEN).mode == "cloud"
+    # the round trip counts: a cloud fast enough on its own is not once each answer waits 10 s
+    slow_link = Signals(None, None, speeds=fine, rtt_s=10.0, tokens=tokens)
+    assert choose(slow_link, OPEN).mode == "local"
+
+
+def test_speeds_are_a_moving_average_that_ignores_missing_figures():
+    speeds = Speeds()
+    speeds.observe("cloud", None)
+    speeds.observe("cloud", 0.0)
+    assert speeds.tokens_per_s == {}
+    speeds.observe("cloud", 10.0)
+    speeds.observe("cloud", 20.0)
+    assert speeds.tokens_per_s["cloud"] == pytest.approx(13.0)

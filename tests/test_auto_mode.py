@@ -1,0 +1,181 @@
+"""auto end to end over a real aiohttp cloud on loopback (tiny models, the real embedder, a real
+public corpus of 60 Wikipedia summaries and a real private index): the choice comes first and
+the answer is the chosen mode's own; the policy "questions stay on this device" opens no
+socket; a cloud that does not answer leaves the question local; the relevance query carries
+the bare question and nothing private."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from cloud_backend.config import ServerConfig
+from cloud_backend.engine import LLMEngine
+from cloud_backend.server import create_app
+from edge_runtime.device import DeviceModel
+from edge_runtime.events import Citation, ModeChoice, Stats, TextDelta
+from edge_runtime.modes import build_mode
+from edge_runtime.modes.base import AnswerOptions, CloudSettings, ModeContext, Turn
+from model_runtime.ort_runtime import OrtCausalLM
+from model_runtime.torch_runtime import TorchCausalLM
+from tests.test_modes import WireTap
+
+TOKEN = "test-token-0123456789"
+PRIVATE_Q = "What is my locker code?"
+PUBLIC_Q = "In which city was the pop group ABBA formed?"
+BOTH_Q = "What is my locker code, and in which city was the pop group ABBA formed?"
+CHAT_Q = "Please say hello back to me."
+OPTIONS = AnswerOptions(max_new_tokens=12, temperature=0.0, k=2)
+
+
+@pytest.fixture(scope="module")
+def cloud_engine(tiny, tiny_tokenizer) -> LLMEngine:
+    return LLMEngine(TorchCausalLM(tiny["hf"]), tiny_tokenizer, "tiny-cloud")
+
+
+@pytest.fixture(scope="module")
+def device(tiny, tiny_tokenizer) -> DeviceModel:
+    return DeviceModel(OrtCausalLM(tiny["onnx-quant"]), tiny_tokenizer, "tiny-device")
+
+
+@pytest.fixture(scope="module")
+def notes(tmp_path_factory, embedder_dir):
+    from personal_index.index import PersonalIndex
+
+    docs = tmp_path_factory.mktemp("notes")
+    (docs / "diary.md").write_text(
+        "# Private\nMy locker code is 4417 and the spare key hides under the blue flowerpot.\n"
+    )
+    (docs / "salary.txt").write_text("Salary review: Jordan earns 81,250 euros from March on.\n")
+    index = PersonalIndex(tmp_path_factory.mktemp("index"), embedder_dir)
+    index.ingest([docs])
+    yield index
+    index.close()
+
+
+@pytest.fixture
+async def cloud_url(cloud_engine, public_corpus):
+    config = ServerConfig(token=TOKEN, corpus_enabled=False, corpus_k=2)
+    server = TestServer(create_app(config, cloud_engine, public_corpus), host="127.0.0.1")
+    await server.start_server()
+    yield f"ws://127.0.0.1:{server.port}/v1/session"
+    await server.close()
+
+
+def context(device, index, url: str | None, **settings) -> ModeContext:
+    cloud = CloudSettings(url, TOKEN, retries=0, connect_timeout_s=2.0) if url else None
+    return ModeContext(device=device, index=index, cloud=cloud, settings=settings)
+
+
+async def ask(mode, question, history=(), options=OPTIONS):
+    events = [e async for e in mode.answer(question, list(history), options)]
+    stats = events[-1]
+    assert isinstance(stats, Stats)
+    return events, stats
+
+
+def choice_of(events) -> ModeChoice:
+    choices = [e for e in events if isinstance(e, ModeChoice)]
+    assert len(choices) == 1
+    first_other = next(i for i, e in enumerate(events) if isinstance(e, (TextDelta, Citation)))
+    assert events.index(choices[0]) < first_other, "the choice is said before the answer"
+    return choices[0]
+
+
+EXPECTED = [(PRIVATE_Q, "local"), (PUBLIC_Q, "cloud"), (CHAT_Q, "cloud")]
+
+
+@pytest.mark.parametrize(("question", "expected"), EXPECTED)
+async def test_auto_says_its_choice_first_and_answers_as_that_mode(
+    question, expected, device, notes, cloud_url
+):
+    ctx = context(device, notes, cloud_url)
+    auto = build_mode("auto", ctx)
+    events, stats = await ask(auto, question)
+    choice = choice_of(events)
+    assert choice.mode == expected, choice
+    assert stats.mode == "auto" and stats.auto_mode == expected
+    assert stats.auto_reason == choice.reason
+    _, alone = await ask(build_mode(expected, ctx), question)
+    assert stats.token_ids == alone.token_ids  # greedy: the chosen mode's very answer
+    assert stats.bytes_up > alone.bytes_up  # the relevance query is counted too
+    await auto.close()
+
+
+async def test_a_question_both_sides_match_is_answered_by_dragon(device, notes, cloud_url):
+    auto = build_mode("auto", context(device, notes, cloud_url))
+    events, stats = await ask(auto, BOTH_Q)
+    assert choice_of(events).mode == "dragon" and stats.auto_mode == "dragon"
+    assert stats.tokens > 0 and stats.aggregator in ("device", "cloud")
+    sides = {e.side for e in events if isinstance(e, Citation)}
+    assert sides == {"device", "cloud"}
+    # the policy "private passages stay out of cloud answers" keeps it local
+    strict = build_mode("auto", context(device, notes, cloud_url, auto_private_in_cloud=False))
+    events, stats = await ask(strict, BOTH_Q)
+    assert choice_of(events).mode == "local" and stats.bytes_down > 0  # it asked, then stayed
+    await auto.close()
+    await strict.close()
+
+
+async def test_questions_kept_on_the_device_open_no_socket(device, notes, monkeypatch):
+    opened: list[object] = []
+    real_connect = socket.socket.connect
+
+    def spy(self, address):
+        opened.append(address)
+        return real_connect(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", spy)
+    monkeypatch.setattr(socket.socket, "connect_ex", spy)
+    loop = asyncio.get_running_loop()
+    real_create = loop.create_connection
+
+    async def spy_create(*args, **kwargs):
+        opened.append(args)
+        return await real_create(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "create_connection", spy_create)
+    # a cloud is configured (and would answer at this address): the policy alone keeps it out
+    ctx = context(device, notes, "ws://127.0.0.1:9/v1/session", auto_cloud_questions=False)
+    auto = build_mode("auto", ctx)
+    for question in (PRIVATE_Q, PUBLIC_Q, BOTH_Q, CHAT_Q):
+        events, stats = await ask(auto, question)
+        assert choice_of(events).reason == "your policy keeps questions on this device"
+        assert stats.auto_mode == "local" and stats.bytes_up == stats.bytes_down == 0
+    assert opened == []
+
+
+async def test_a_cloud_that_does_not_answer_leaves_the_question_local(device, notes):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    auto = build_mode("auto", context(device, notes, f"ws://127.0.0.1:{port}/v1/session"))
+    events, stats = await ask(auto, PUBLIC_Q)
+    assert choice_of(events) == ModeChoice("local", "the cloud did not answer")
+    assert stats.tokens > 0
+    await auto.close()
+    no_cloud = build_mode("auto", context(device, notes, None))
+    events, _ = await ask(no_cloud, PUBLIC_Q)
+    assert choice_of(events) == ModeChoice("local", "no cloud")
+
+
+async def test_the_relevance_query_carries_the_bare_question_only(device, notes, cloud_url):
+    port = int(cloud_url.split(":")[2].split("/")[0])
+    tap = WireTap(port)
+    url = f"ws://127.0.0.1:{await tap.start()}/v1/session"
+    auto = build_mode("auto", context(device, notes, url))
+    secret_turn = Turn("What is my salary?", "Jordan earns 81,250 euros.", "local")
+    events, _ = await ask(auto, PRIVATE_Q, [secret_turn])
+    assert choice_of(events).mode == "local"
+    wire = b"".join(tap.payloads())  # the websocket payloads, unmasked
+    assert PRIVATE_Q.encode() in wire  # the question went (the policy lets it)...
+    for private in (b"4417", b"flowerpot", b"81,250", secret_turn.question.encode()):
+        assert private not in wire  # ...and nothing else: no passage, no earlier turn
+    # a follow-up to that private turn with nothing to retrieve stays on the device
+    events, _ = await ask(auto, "And what about next year?", [secret_turn])
+    assert choice_of(events) == ModeChoice("local", "follows an answer only this device has seen")
+    await auto.close()
+    await tap.close()
