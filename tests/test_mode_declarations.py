@@ -56,6 +56,8 @@ MAIN_FIGURES = json.loads(
     '"tokens_per_s": 10.666666666666666, "device_acceptance": 0.75, "cloud_acceptance": 1.0}'
 )
 
+AUTO_FIGURES = {"auto_mode": None, "auto_reason": None}  # added with auto (issue 34)
+
 
 def test_a_config_file_main_wrote_still_loads_and_saves_the_same_keys(tmp_path: Path) -> None:
     path = tmp_path / "config.toml"
@@ -65,8 +67,9 @@ def test_a_config_file_main_wrote_still_loads_and_saves_the_same_keys(tmp_path: 
     assert s.keymap == {"cycle_mode": "ctrl+o"}
     save_settings(s, path)
     assert load_settings(path) == s
-    # the same keys, nothing added or lost
-    assert set(tomllib.loads(MAIN_CONFIG)) == set(tomllib.loads(path.read_text("utf-8")))
+    # nothing lost; added only the settings declared since (auto's policy, with defaults)
+    old, saved = set(tomllib.loads(MAIN_CONFIG)), set(tomllib.loads(path.read_text("utf-8")))
+    assert old <= saved and saved - old == {"auto_cloud_questions", "auto_private_in_cloud"}
 
 
 def test_a_stored_answers_figures_from_main_still_read(tmp_path: Path) -> None:
@@ -75,16 +78,16 @@ def test_a_stored_answers_figures_from_main_still_read(tmp_path: Path) -> None:
         store.add_message(conversation.id, "assistant", "an answer", "dragon", stats=MAIN_FIGURES)
         row = store.messages(conversation.id)[0]
     stats = Stats.from_dict(row.stats)
-    assert stats.as_dict() == MAIN_FIGURES  # same keys, same values
+    assert stats.as_dict() == MAIN_FIGURES | AUTO_FIGURES  # same keys, same values; auto's unset
     assert (stats.aggregator, stats.switches, stats.device_acceptance) == ("cloud", 2, 0.75)
     assert "aggregator cloud · accept device 0.75 / cloud 1.00 · 2 switches" in figures(stats)
 
 
 def test_ask_json_keys_are_unchanged_for_the_built_in_modes() -> None:
     """The same keys as main's flat Stats printed (their order may differ: the core first,
-    then each mode's)."""
+    then each mode's), and auto's two, null in the other modes' answers."""
     for mode in ("local", "cloud", "split", "dragon"):
-        assert set(Stats(mode).as_dict()) == set(MAIN_FIGURES)
+        assert set(Stats(mode).as_dict()) == set(MAIN_FIGURES) | set(AUTO_FIGURES)
 
 
 def test_built_in_modes_carry_their_own_declarations() -> None:
