@@ -1,0 +1,368 @@
+"""auto against every fixed mode (issue 34; the rules: edge_runtime.mode_choice).
+
+    python -m benchmarks.auto                 # 60 questions × local, cloud, split, dragon, auto
+    python -m benchmarks.auto --quick         # 2 questions a group (a smoke run)
+
+The questions (benchmarks/data/auto/questions.toml): facts only the user's notes hold (made-up
+notes, `benchmarks.private_facts`), public facts the cloud's corpus states, questions needing
+both, and chat. Each is answered greedily in every fixed mode and in auto, each mode on its own
+sessions, the order of the modes rotated from one question to the next; an answer is right when
+it holds every expected fact. Then auto once more under the policy "questions stay on this
+device", with every socket the process opens counted (as tests/test_modes.py's local-mode test
+does).
+
+Prints accuracy per mode and group; auto against each fixed mode and against the oracle (the
+best mode per question, in hindsight: right if any fixed mode is); on public questions auto's
+time per answer against cloud-only's (ratio with a 95 % bootstrap interval, and the worst);
+the confusion table of auto's choices per group; and the targets' verdicts."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import sys
+import tempfile
+import time
+import tomllib
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+QUESTIONS = Path(__file__).parent / "data" / "auto" / "questions.toml"
+RESULTS = Path(__file__).parent / "results" / "auto"
+GROUPS = ("private", "public", "both", "chat")
+FIXED = ("local", "cloud", "split", "dragon")
+METHODS = (*FIXED, "auto")
+PER_GROUP = 15
+
+
+@dataclass(frozen=True)
+class Question:
+    id: str
+    group: str
+    text: str
+    facts: tuple[tuple[str, ...], ...]  # every fact must appear, in one of its spellings
+
+
+def question_set(per_group: int = PER_GROUP) -> tuple[list[Any], list[Question]]:
+    """The notes (made-up facts) and the questions, `per_group` of each group."""
+    from benchmarks.private_facts import make_notes
+
+    data = tomllib.loads(QUESTIONS.read_text(encoding="utf-8"))
+    notes = make_notes(2 * PER_GROUP)
+    out = [Question(f"private-{i:02d}", "private", n.question, ((n.fact,),))
+           for i, n in enumerate(notes[:per_group])]  # fmt: skip
+    out += [Question(f"public-{i:02d}", "public", q["question"], _facts(q))
+            for i, q in enumerate(data["public"][:per_group])]  # fmt: skip
+    for i, (note, q) in enumerate(zip(notes[PER_GROUP:], data["both"][:per_group], strict=False)):
+        text = f"{note.question.rstrip('?')}, {q['public']}"
+        out.append(Question(f"both-{i:02d}", "both", text, ((note.fact,), *_facts(q))))
+    out += [Question(f"chat-{i:02d}", "chat", q["question"], _facts(q))
+            for i, q in enumerate(data["chat"][:per_group])]  # fmt: skip
+    return notes, out
+
+
+def _facts(q: dict) -> tuple[tuple[str, ...], ...]:
+    return tuple(tuple(spellings) for spellings in q["facts"])
+
+
+def right(answer: str, facts: Sequence[Sequence[str]]) -> bool:
+    text = answer.lower()
+    return all(any(s.lower() in text for s in spellings) for spellings in facts)
+
+
+@contextmanager
+def counting_sockets() -> Iterator[list[object]]:
+    """Every connection this process opens meanwhile (socket.connect, connect_ex and the event
+    loop's create_connection), as the local-mode privacy test counts them."""
+    opened: list[object] = []
+    loop = asyncio.get_running_loop()
+    real = {name: getattr(socket.socket, name) for name in ("connect", "connect_ex")}
+    real_create = loop.create_connection
+
+    def spying(name: str) -> Callable[..., Any]:
+        def spy(self: socket.socket, address: Any) -> Any:
+            opened.append(address)
+            return real[name](self, address)
+
+        return spy
+
+    async def spy_create(*args: Any, **kwargs: Any) -> Any:
+        opened.append(args[1:3])
+        return await real_create(*args, **kwargs)
+
+    patches: list[tuple[object, str, Any]] = [
+        *((socket.socket, name, spying(name)) for name in real),
+        (loop, "create_connection", spy_create),
+    ]
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    for obj, name, spy in patches:
+        setattr(obj, name, spy)
+    try:
+        yield opened
+    finally:
+        for obj, name, original in saved:
+            setattr(obj, name, original)
+
+
+async def answer_one(mode: Any, question: Question, options: Any) -> dict[str, Any]:
+    from edge_runtime.events import ModeChoice, Stats, TextDelta
+
+    text, stats, choice = "", None, None
+    start = time.perf_counter()
+    async for ev in mode.answer(question.text, [], options):
+        if isinstance(ev, TextDelta):
+            text += ev.text
+        elif isinstance(ev, ModeChoice):
+            choice = ev
+        elif isinstance(ev, Stats):
+            stats = ev
+    elapsed = time.perf_counter() - start
+    assert stats is not None
+    return {"question": question.id, "group": question.group, "answer": text,
+            "right": right(text, question.facts), "tokens": stats.tokens,
+            "ttft_s": stats.ttft_s, "elapsed_s": elapsed, "tokens_per_s": stats.tokens_per_s,
+            "bytes_up": stats.bytes_up, "bytes_down": stats.bytes_down,
+            "chose": choice.mode if choice else None,
+            "reason": choice.reason if choice else None}  # fmt: skip
+
+
+def contexts(device: Any, index: Any, url: str, token: str) -> dict[str, Any]:
+    """One mode context per method: each fixed mode and auto on sessions of their own (a
+    cloud session reuses its last prompt's cache: sharing one would favour the mode that asks
+    the same question second)."""
+    from edge_runtime.modes import build_mode
+    from edge_runtime.modes.base import CloudSettings, ModeContext
+
+    return {m: build_mode(m, ModeContext(device=device, index=index,
+                                         cloud=CloudSettings(url, token)))
+            for m in METHODS}  # fmt: skip
+
+
+async def ask_all(
+    modes: dict[str, Any], questions: Sequence[Question], max_tokens: int,
+    on_row: Callable[[list[dict]], None],
+) -> list[dict]:  # fmt: skip
+    """Every question in every method (the order rotated per question): one row each."""
+    from edge_runtime.options import AnswerOptions
+
+    options = AnswerOptions(max_new_tokens=max_tokens, temperature=0.0)
+    rows: list[dict] = []
+    methods = list(modes)
+    for i, q in enumerate(questions):
+        for name in methods[i % len(methods) :] + methods[: i % len(methods)]:
+            row = {"method": name, **await answer_one(modes[name], q, options)}
+            rows.append(row)
+            on_row(rows)
+            mark = "✓" if row["right"] else "·"
+            chose = f" → {row['chose']}" if row["chose"] else ""
+            print(f"{q.id:11} {name:6}{chose:10} {mark} {row['elapsed_s']:5.1f} s "
+                  f"{row['answer'][:50]!r}", file=sys.stderr, flush=True)  # fmt: skip
+    return rows
+
+
+async def device_only_pass(mode: Any, questions: Sequence[Question]) -> dict[str, Any]:
+    """auto under the policy "questions stay on this device": every choice and every socket
+    the process opened meanwhile (short answers: the choice and the sockets are the point)."""
+    from edge_runtime.options import AnswerOptions
+
+    mode.ctx.settings["auto_cloud_questions"] = False
+    options = AnswerOptions(max_new_tokens=4, temperature=0.0)
+    with counting_sockets() as opened:
+        rows = [await answer_one(mode, q, options) for q in questions]
+    mode.ctx.settings.pop("auto_cloud_questions")
+    return {"questions": len(rows), "sockets_opened": len(opened),
+            "chose": sorted({r["chose"] for r in rows}),
+            "bytes": sum(r["bytes_up"] + r["bytes_down"] for r in rows)}  # fmt: skip
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def summarise(rows: Sequence[dict]) -> dict[str, Any]:
+    """Accuracy per method (overall and per group), the oracle, auto against each, auto's
+    speed on public questions against cloud-only's, and auto's choices per group."""
+    from benchmarks.intervals import bootstrap_ci, bootstrap_ratio, verdict
+
+    by: dict[tuple[str, str], dict] = {(r["method"], r["question"]): r for r in rows}
+    questions = sorted({r["question"] for r in rows})
+    group = {r["question"]: r["group"] for r in rows}
+    methods = [m for m in METHODS if any(k[0] == m for k in by)]
+    fixed = [m for m in FIXED if m in methods]
+    acc: dict[str, dict[str, float]] = {}
+    for m in methods:
+        mine = [by[m, q]["right"] for q in questions if (m, q) in by]
+        acc[m] = {"all": sum(mine) / len(mine)}
+        for g in GROUPS:
+            gs = [by[m, q]["right"] for q in questions if group[q] == g and (m, q) in by]
+            if gs:
+                acc[m][g] = sum(gs) / len(gs)
+    oracle_right = {q: any(by[m, q]["right"] for m in fixed if (m, q) in by) for q in questions}
+    acc["oracle"] = {"all": sum(oracle_right.values()) / len(questions)}
+    for g in GROUPS:
+        gs = [oracle_right[q] for q in questions if group[q] == g]
+        if gs:
+            acc["oracle"][g] = sum(gs) / len(gs)
+    out: dict[str, Any] = {"accuracy": acc, "questions": len(questions)}
+    if "auto" not in methods:
+        return out
+    best = max(fixed, key=lambda m: acc[m]["all"])
+    out["best_fixed"] = best
+    vs: dict[str, Any] = {}
+    for m in [*fixed, "oracle"]:
+        right_of = (lambda q: oracle_right[q]) if m == "oracle" else (lambda q: by[m, q]["right"])  # noqa: B023
+        pairs = [(float(by["auto", q]["right"]), float(right_of(q))) for q in questions]
+        low, high = bootstrap_ci(pairs, lambda s: sum(a - b for a, b in s) / len(s))
+        diff = sum(a - b for a, b in pairs) / len(pairs)
+        vs[m] = {"difference": diff, "ci95": [low, high],
+                 "verdict": verdict(low, high, up="auto better", down="auto worse")}  # fmt: skip
+    out["auto_vs"] = vs
+    out["auto_share_of_oracle"] = acc["auto"]["all"] / acc["oracle"]["all"] if acc["oracle"][
+        "all"] else None  # fmt: skip
+    public = [q for q in questions if group[q] == "public" and ("cloud", q) in by]
+    if public:
+        ratio_ci = bootstrap_ratio({q: by["auto", q]["elapsed_s"] for q in public},
+                                   {q: by["cloud", q]["elapsed_s"] for q in public})  # fmt: skip
+        assert ratio_ci is not None
+        ratio, low, high = ratio_ci
+        worst = max(public, key=lambda q: by["auto", q]["elapsed_s"] / by["cloud", q]["elapsed_s"])
+        out["public_time_vs_cloud"] = {
+            "ratio": ratio, "ci95": [low, high],
+            "worst": by["auto", worst]["elapsed_s"] / by["cloud", worst]["elapsed_s"],
+            "worst_question": worst,
+            "ttft_ratio": sum(by["auto", q]["ttft_s"] or 0 for q in public)
+            / max(1e-9, sum(by["cloud", q]["ttft_s"] or 0 for q in public)),
+        }  # fmt: skip
+    confusion: dict[str, dict[str, int]] = {g: {} for g in GROUPS}
+    for q in questions:
+        chose = by["auto", q]["chose"] or "?"
+        confusion[group[q]][chose] = confusion[group[q]].get(chose, 0) + 1
+    out["confusion"] = {g: c for g, c in confusion.items() if c}
+    return out
+
+
+def verdicts(summary: dict[str, Any], private_pass: dict[str, Any] | None) -> list[str]:
+    """The issue's targets, each PASS or FAIL with its figures."""
+    acc, lines = summary["accuracy"], list[str]()
+    if "best_fixed" not in summary:
+        return lines
+    best, auto = summary["best_fixed"], acc["auto"]["all"]
+    vs_best = summary["auto_vs"][best]
+    lines.append(f"{'PASS' if auto >= acc[best]['all'] else 'FAIL'} auto right {auto:.0%} vs "
+                 f"the best fixed mode ({best}) {acc[best]['all']:.0%} (target ≥; paired "
+                 f"difference {vs_best['difference']:+.0%}, 95 % CI {vs_best['ci95'][0]:+.0%} to "
+                 f"{vs_best['ci95'][1]:+.0%})")  # fmt: skip
+    share = summary["auto_share_of_oracle"]
+    if share is not None:
+        lines.append(f"{'PASS' if share >= 0.9 else 'FAIL'} auto right {share:.0%} of what the "
+                     f"oracle is ({acc['oracle']['all']:.0%}; target ≥ 90 %)")  # fmt: skip
+    if (t := summary.get("public_time_vs_cloud")) is not None:
+        ok = t["ci95"][1] <= 1.10
+        low, high = t["ci95"]
+        lines.append(f"{'PASS' if ok else 'FAIL'} public questions: auto's time per answer "
+                     f"{t['ratio']:.3f}× cloud-only's (95 % CI {low:.3f}–{high:.3f}; target "
+                     f"≤ 1.10; worst question {t['worst']:.2f}×)")  # fmt: skip
+    if private_pass is not None:
+        ok = private_pass["sockets_opened"] == 0 and private_pass["chose"] == ["local"]
+        lines.append(f"{'PASS' if ok else 'FAIL'} policy \"questions stay on this device\": "
+                     f"{private_pass['questions']} questions, {private_pass['sockets_opened']} "
+                     f"sockets opened, choices {private_pass['chose']}")  # fmt: skip
+    return lines
+
+
+def print_summary(summary: dict[str, Any], private_pass: dict[str, Any] | None) -> None:
+    acc = summary["accuracy"]
+    print(f"\n  {'method':8}{'all':>7}" + "".join(f"{g:>9}" for g in GROUPS))
+    for m, a in acc.items():
+        print(f"  {m:8}{a['all']:>7.0%}" + "".join(
+            f"{a[g]:>9.0%}" if g in a else f"{'—':>9}" for g in GROUPS))  # fmt: skip
+    if "confusion" in summary:
+        print("\n  auto's choices per group:")
+        for g, c in summary["confusion"].items():
+            print(f"  {g:8} " + ", ".join(f"{m} {n}" for m, n in sorted(c.items())))
+    print()
+    for line in verdicts(summary, private_pass):
+        print("  " + line)
+
+
+# --------------------------------------------------------------------------- run
+
+
+def result(args: argparse.Namespace, notes: Sequence[Any], questions: Sequence[Question],
+           rows: list[dict], private_pass: dict | None, seconds: float) -> dict:  # fmt: skip
+    from benchmarks.provenance import command_line, record
+
+    prov = record(command_line("benchmarks.auto", args.argv),
+                  {"device_core": 0, "cloud_core": 1}, {"device": 1, "cloud": 1},
+                  [f"cloud {args.engine}", "device onnxruntime"])  # fmt: skip
+    return {"provenance": prov,
+            "config": {"engine": args.engine, "max_tokens": args.max_tokens,
+                       "per_group": args.per_group},
+            "notes": [asdict(n) for n in notes],
+            "questions": [asdict(q) for q in questions], "rows": rows,
+            "summary": summarise(rows) if rows else {}, "device_only": private_pass,
+            "seconds": seconds}  # fmt: skip
+
+
+async def run(args: argparse.Namespace) -> dict:
+    from benchmarks.common import pin_device, start_cloud
+    from cloud_backend.corpus import default_embedder_dir
+    from edge_runtime.device import DeviceModel
+    from personal_index.index import PersonalIndex
+    from tandem_packaging.prepare import model_path
+
+    notes, questions = question_set(args.per_group)
+    cloud_core = pin_device(0, 1)
+    device = DeviceModel.load(model_path("device", "onnx-quant"), threads=1)
+    started = time.perf_counter()
+
+    def save(rows: list[dict], private_pass: dict | None = None) -> None:
+        data = result(args, notes, questions, rows, private_pass, time.perf_counter() - started)
+        args.out.write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")
+
+    with tempfile.TemporaryDirectory(prefix="tandem-auto-") as tmp:
+        folder = Path(tmp) / "notes"
+        folder.mkdir()
+        for note in notes:
+            (folder / note.file).write_text(note.text + "\n", encoding="utf-8")
+        index = PersonalIndex(Path(tmp) / "index", default_embedder_dir())
+        index.ingest([folder])
+        cloud, url, token = await start_cloud(args.engine, cloud_core, corpus=True)
+        modes = contexts(device, index, url, token)
+        try:
+            rows = await ask_all(modes, questions, args.max_tokens, save)
+            private_pass = await device_only_pass(modes["auto"], questions)
+            save(rows, private_pass)
+        finally:
+            for mode in modes.values():
+                await mode.close()
+            await cloud.stop()
+            index.close()
+    return result(args, notes, questions, rows, private_pass, time.perf_counter() - started)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--engine", default="ort", choices=["ort", "torch"])
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--per-group", type=int, default=PER_GROUP)
+    parser.add_argument("--quick", action="store_true", help="2 questions a group")
+    parser.add_argument("--name", help="the result's file name (default: <engine>-<n>q)")
+    args = parser.parse_args(argv)
+    args.argv = argv
+    if args.quick:
+        args.per_group, args.max_tokens = 2, 16
+    name = args.name or f"{args.engine}-{4 * args.per_group}q" + ("-quick" if args.quick else "")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    args.out = RESULTS / f"{name}.json"
+    measured = asyncio.run(run(args))  # saved after each answer
+    print_summary(measured["summary"], measured["device_only"])
+    print(f"\n{measured['seconds']:.0f} s; written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

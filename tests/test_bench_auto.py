@@ -1,0 +1,147 @@
+"""benchmarks.auto: its question set holds what it claims, its scoring and verdicts can fail,
+its socket count sees a connection, and its loop runs every method over a real cloud (tiny
+models; the real pair's run is the benchmark itself)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from benchmarks import auto as bench
+from cloud_backend.config import ServerConfig
+from cloud_backend.engine import LLMEngine
+from cloud_backend.server import create_app
+from edge_runtime.device import DeviceModel
+from model_runtime.ort_runtime import OrtCausalLM
+from model_runtime.torch_runtime import TorchCausalLM
+
+TOKEN = "test-token-0123456789"
+
+
+def test_the_question_set_is_sixty_questions_whose_facts_are_where_it_says():
+    from cloud_backend.corpus_build import load_summaries
+
+    notes, questions = bench.question_set()
+    assert len(questions) == 60
+    assert {g: sum(q.group == g for q in questions) for g in bench.GROUPS} == dict.fromkeys(
+        bench.GROUPS, 15
+    )
+    assert len({q.text for q in questions}) == 60
+    summaries = dict(load_summaries())
+    data = bench.tomllib.loads(bench.QUESTIONS.read_text(encoding="utf-8"))
+    for item in data["public"] + data["both"]:
+        text = summaries[item["article"]].lower()
+        for spellings in item["facts"]:
+            assert any(s.lower() in text for s in spellings), (item["article"], spellings)
+    facts = {n.fact for n in notes}
+    for q in questions:
+        if q.group in ("private", "both"):
+            assert q.facts[0][0] in facts  # a note holds it
+            assert not any(s.lower() in q.text.lower() for f in q.facts for s in f)
+        if q.group == "both":
+            assert len(q.facts) == 2
+
+
+def test_an_answer_is_right_only_with_every_fact():
+    facts = (("Jordan",), ("4417", "4,417"))
+    assert bench.right("The code is 4,417 and Petra is in jordan.", facts)
+    assert not bench.right("Petra is in Jordan.", facts)
+    assert not bench.right("", facts)
+
+
+def rows_for(auto_picks: dict[str, str]) -> list[dict]:
+    """Synthetic rows: each fixed mode right exactly on its own group (dragon on both), auto
+    answering as the mode it picks, every answer 1 s (auto's `slow` s on public questions)."""
+    good = {"private": {"local", "dragon"}, "public": {"cloud", "dragon"}, "both": {"dragon"},
+            "chat": {"local", "cloud", "split", "dragon"}}  # fmt: skip
+    rows = []
+    for g in bench.GROUPS:
+        for i in range(5):
+            q = f"{g}-{i}"
+            for m in bench.FIXED:
+                rows.append({"method": m, "question": q, "group": g, "right": m in good[g],
+                             "elapsed_s": 1.0, "ttft_s": 0.1, "chose": None})  # fmt: skip
+            pick = auto_picks[g]
+            rows.append({"method": "auto", "question": q, "group": g, "right": pick in good[g],
+                         "elapsed_s": 1.02, "ttft_s": 0.12, "chose": pick})  # fmt: skip
+    return rows
+
+
+def test_the_summary_passes_a_good_router_and_fails_a_bad_one():
+    good = bench.summarise(rows_for({"private": "local", "public": "cloud", "both": "dragon",
+                                     "chat": "cloud"}))  # fmt: skip
+    assert good["accuracy"]["auto"]["all"] == good["accuracy"]["oracle"]["all"] == 1.0
+    assert good["best_fixed"] == "dragon"
+    assert good["confusion"]["both"] == {"dragon": 5}
+    assert good["public_time_vs_cloud"]["ratio"] == pytest.approx(1.02)
+    lines = bench.verdicts(good, {"questions": 20, "sockets_opened": 0, "chose": ["local"]})
+    assert len(lines) == 4 and all(line.startswith("PASS") for line in lines), lines
+    # a router that sends the public questions to the device: worse than dragon alone
+    bad = bench.summarise(rows_for({"private": "local", "public": "local", "both": "dragon",
+                                    "chat": "cloud"}))  # fmt: skip
+    lines = bench.verdicts(bad, {"questions": 20, "sockets_opened": 1, "chose": ["local"]})
+    assert [line[:4] for line in lines] == ["FAIL", "FAIL", "PASS", "FAIL"], lines
+    assert bad["auto_vs"]["dragon"]["verdict"] == "auto worse"
+
+
+async def test_the_socket_count_sees_a_connection_and_nothing_else():
+    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    with bench.counting_sockets() as opened:
+        pass
+    assert opened == []
+    with bench.counting_sockets() as opened:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)  # the event loop's way
+        writer.close()
+    assert ("127.0.0.1", port) in opened
+    with bench.counting_sockets() as opened, socket.create_connection(("127.0.0.1", port)):
+        pass  # the blocking way
+    assert opened == [("127.0.0.1", port)]
+    server.close()
+
+
+@pytest.fixture
+async def cloud_url(tiny, tiny_tokenizer, public_corpus):
+    engine = LLMEngine(TorchCausalLM(tiny["hf"]), tiny_tokenizer, "tiny-cloud")
+    config = ServerConfig(token=TOKEN, corpus_enabled=False, corpus_k=2)
+    server = TestServer(create_app(config, engine, public_corpus), host="127.0.0.1")
+    await server.start_server()
+    yield f"ws://127.0.0.1:{server.port}/v1/session"
+    await server.close()
+
+
+async def test_every_method_answers_every_question_and_the_policy_pass_opens_nothing(
+    tiny, tiny_tokenizer, embedder_dir, tmp_path, cloud_url
+):
+    from personal_index.index import PersonalIndex
+
+    notes, _ = bench.question_set()
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / notes[0].file).write_text(notes[0].text)
+    index = PersonalIndex(tmp_path / "index", embedder_dir)
+    index.ingest([folder])
+    device = DeviceModel(OrtCausalLM(tiny["onnx-quant"]), tiny_tokenizer, "tiny-device")
+    questions = [
+        bench.Question("private-00", "private", notes[0].question, ((notes[0].fact,),)),
+        bench.Question("public-00", "public", "In which city was ABBA formed?", (("Stockholm",),)),
+    ]
+    modes = bench.contexts(device, index, cloud_url, TOKEN)
+    try:
+        rows = await bench.ask_all(modes, questions, 6, lambda rows: None)
+        private_pass = await bench.device_only_pass(modes["auto"], questions)
+    finally:
+        for mode in modes.values():
+            await mode.close()
+        index.close()
+    assert sorted((r["question"], r["method"]) for r in rows) == sorted(
+        (q.id, m) for q in questions for m in bench.METHODS
+    )
+    chose = {r["question"]: r["chose"] for r in rows if r["method"] == "auto"}
+    assert chose == {"private-00": "local", "public-00": "cloud"}
+    assert private_pass == {"questions": 2, "sockets_opened": 0, "chose": ["local"], "bytes": 0}
+    summary = bench.summarise(rows)
+    assert set(summary["accuracy"]) == {*bench.METHODS, "oracle"}
