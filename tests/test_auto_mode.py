@@ -156,6 +156,16 @@ async def test_a_cloud_that_does_not_answer_leaves_the_question_local(device, no
     events, stats = await ask(auto, PUBLIC_Q)
     assert choice_of(events) == ModeChoice("local", "the cloud did not answer")
     assert stats.tokens > 0
+    # the next questions do not wait on that cloud again for a while...
+    tries = []
+    real_connect = auto.mode("cloud").client
+    auto.mode("cloud").client = lambda: tries.append(1) or real_connect()
+    events, _ = await ask(auto, PUBLIC_Q)
+    assert choice_of(events).mode == "local" and tries == []
+    # ...unless the link is set up anew (the app reconnected)
+    auto.ctx.cloud = CloudSettings(auto.ctx.cloud.url, TOKEN, retries=0, connect_timeout_s=2.0)
+    events, _ = await ask(auto, PUBLIC_Q)
+    assert choice_of(events).mode == "local" and tries == [1]
     await auto.close()
     no_cloud = build_mode("auto", context(device, notes, None))
     events, _ = await ask(no_cloud, PUBLIC_Q)

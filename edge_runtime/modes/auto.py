@@ -23,8 +23,11 @@ from edge_runtime.modes.cloud_link import CloudBacked
 from edge_runtime.modes.link import refusal
 
 PROBE_TIMEOUT_S = 10.0
-"""A cloud that cannot say how well its corpus matches within this is treated as unreachable
-(the answer goes on locally rather than waiting)."""
+"""A cloud that cannot say how well its corpus matches within this (connecting included) is
+treated as unreachable: the answer goes on locally rather than waiting."""
+PROBE_BACKOFF_S = 30.0
+"""After a cloud did not answer, auto does not wait on it again for this long (each question
+meanwhile answers locally at once, and says why)."""
 
 
 class AutoMode(Orchestrator):
@@ -38,6 +41,8 @@ class AutoMode(Orchestrator):
         self._own: dict[str, Orchestrator] = {}  # where no shared modes are given (tests)
         self._answering: Orchestrator | None = None
         self._probe_bytes = (0, 0)  # what the last relevance query sent and received
+        # (monotonic time, cloud settings): that cloud is not asked again before that time
+        self._unreachable: tuple[float, object] = (0.0, None)
 
     @property
     def policy(self) -> Policy:
@@ -83,20 +88,26 @@ class AutoMode(Orchestrator):
         policy = self.policy
         self._probe_bytes = (0, 0)
         asks_cloud = policy.questions_leave and self.ctx.cloud is not None
-        probe = asyncio.ensure_future(self.public_relevance(question)) if asks_cloud else None
+        until, which = self._unreachable
+        backing_off = which is self.ctx.cloud and time.monotonic() < until  # a new link: ask
+        probe = None
+        if asks_cloud and not backing_off:
+            probe = asyncio.ensure_future(
+                asyncio.wait_for(self.public_relevance(question), PROBE_TIMEOUT_S)
+            )
         try:
             found = await retrieve_private(self.ctx.index, question, options.k, options.min_score)
         except BaseException:
             if probe is not None:
                 probe.cancel()
             raise
-        reach: CloudReach = "off"
+        reach: CloudReach = "unreachable" if asks_cloud else "off"
         public = rtt = None
         if probe is not None:
             try:
                 (public, rtt), reach = await probe, "ready"
             except (CloudError, OSError, TimeoutError):
-                reach = "unreachable"
+                self._unreachable = (time.monotonic() + PROBE_BACKOFF_S, self.ctx.cloud)
         last = history[-1] if history else None
         signals = Signals(
             private=max((s.score for s in found), default=None),
