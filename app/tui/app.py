@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tandem.tui")
 LIVE_REFRESH_S = 0.25
+REASKED = "asked again in another mode"
+"""The status bar's reason while a question is re-asked (F6) in a mode not picked."""
 
 
 class DeviceLoaded(Message):
@@ -69,6 +71,7 @@ class TandemApp(App[None]):
         Binding("f3", "conversations", "Chats", id="conversations"),
         Binding("f4", "settings", "Settings", id="settings"),
         Binding("f5", "toggle_sources", "Sources", id="toggle_sources"),
+        Binding("f6", "reask_other_mode", "Other mode", id="reask_other_mode"),
         Binding("ctrl+r", "reconnect_cloud", "Reconnect", id="reconnect_cloud", show=False),
     ]
 
@@ -332,6 +335,10 @@ class TandemApp(App[None]):
                             self.action_settings)  # fmt: skip
         yield SystemCommand("Sources", "Show or hide the sources panel",
                             self.action_toggle_sources)  # fmt: skip
+        yield SystemCommand("Ask again in another mode",
+                            "The last question, in the next mode after the one that answered "
+                            "it (the selected mode stays)",
+                            self.action_reask_other_mode)  # fmt: skip
         yield SystemCommand("Reconnect to the cloud", "Try the cloud link again",
                             self.action_reconnect_cloud)  # fmt: skip
         yield SystemCommand("Help", "Keys and where data lives", self.action_help)
@@ -420,11 +427,52 @@ class TandemApp(App[None]):
         except Exception:
             return []
 
+    def _last_question(self) -> tuple[str, str] | None:
+        """The current conversation's last question and the mode that answered it (for an
+        `auto` answer, the mode auto chose; "auto" if it had not chosen yet)."""
+        if self.conversation_id is None:
+            return None
+        messages = self.store.messages(self.conversation_id)
+        for i in range(len(messages) - 1, -1, -1):
+            if messages[i].role == "user":
+                answer = next((m for m in messages[i + 1 :] if m.role == "assistant"), None)
+                mode = answer.mode if answer is not None else messages[i].mode
+                if mode == "auto" and answer is not None:
+                    mode = str(answer.stats.get("auto_mode") or mode)
+                return messages[i].text, mode
+        return None
+
+    def action_reask_other_mode(self) -> None:
+        """Ask the last question again in the next available mode after the one that answered
+        it (never `auto`: it would pick again); each press goes one mode further. The selected
+        mode stays selected: the next typed question goes to it."""
+        if self.answering:
+            self.say("an answer is streaming: Esc cancels it first", severity="warning")
+            return
+        last = self._last_question()
+        if last is None:
+            self.say("nothing to ask again yet", severity="warning")
+            return
+        question, answered = last
+        infos = self._mode_infos()
+        names = [i.name for i in infos]
+        start = names.index(answered) if answered in names else -1
+        for step in range(1, len(names) + 1):
+            info = infos[(start + step) % len(names)]
+            if info.name == answered:
+                break
+            if info.available and info.name != "auto":
+                self.say(f"asking again in {info.name}")
+                self.ask(question, info.name, reask=True)
+                return
+        self.say(f"no mode other than {answered} can answer now", severity="warning")
+
     @work(group="answer", exclusive=True, exit_on_error=False)
-    async def ask(self, question: str, mode: str) -> None:
+    async def ask(self, question: str, mode: str, *, reask: bool = False) -> None:
         """Stream one answer into the view; the assistant keeps the conversation. Esc cancels
-        (the partial answer is kept and marked)."""
-        from edge_runtime.events import Citation, Failure, Notice, Stats, TextDelta
+        (the partial answer is kept and marked). `reask`: the question is asked again in a
+        mode that is not the selected one (the status bar says so)."""
+        from edge_runtime.events import Citation, Failure, ModeChoice, Notice, Stats, TextDelta
 
         exchange = self.assistant.exchange(question, mode, conversation_id=self.conversation_id)
         self.conversation_id = exchange.conversation_id
@@ -436,6 +484,7 @@ class TandemApp(App[None]):
         self.query_one(SourcesPanel).show([])
         note = ""
         final: Stats | None = None
+        self.status.set_state(choice=(mode, REASKED) if reask else None)
         self._start_live(exchange)
         events = exchange.events()
         try:
@@ -447,6 +496,9 @@ class TandemApp(App[None]):
                     answer.add_citation(**src)
                     self.sources = by_number([*self.sources, src])
                     self.query_one(SourcesPanel).add(src)
+                elif isinstance(event, ModeChoice):  # auto says which mode answers, and why
+                    self.status.set_state(choice=(event.mode, event.reason))
+                    answer.choose(event.mode, event.reason)
                 elif isinstance(event, Notice):
                     answer.add_notice(event.text)
                 elif isinstance(event, Failure):

@@ -153,7 +153,8 @@ class CitationLine(Horizontal, can_focus=True):
 
 
 class AnswerView(Widget):
-    """One reply from Tandem: header with the mode, streamed Markdown body, notices, a status
+    """One reply from Tandem: header with the mode (and for `auto`, the mode it chose:
+    `auto → local`, the reason as the tooltip), streamed Markdown body, notices, a status
     footer and the numbered sources.
 
     Deltas go to the body through one `MarkdownStream`, at most `STREAM_INTERVAL` apart: the
@@ -227,15 +228,21 @@ class AnswerView(Widget):
         status: str | None = None,
         note: str = "",
         citations: Iterable[Mapping[str, Any]] = (),
+        chosen: str = "",
+        reason: str = "",
         name: str | None = None,
         id: str | None = None,
         classes: str | None = None,
     ) -> None:
-        """A live answer by default; pass `status` to show a stored, finished one at once."""
+        """A live answer by default; pass `status` to show a stored, finished one at once.
+        `chosen` and `reason`: the mode `auto` picked for it and why (`choose()` sets them
+        on a live one)."""
         if status is not None and status not in STATUSES:
             raise ValueError(f"unknown answer status {status!r}; expected one of {STATUSES}")
         super().__init__(name=name, id=id, classes=classes)
         self.mode = mode
+        self.chosen = chosen
+        self.reason = reason
         text = strip_controls(text)  # model output: no escape sequence reaches the terminal
         self._parts: list[str] = [text] if text else []
         self._initial = bool(text)  # _parts[0] is the stored text, rendered by compose
@@ -283,8 +290,7 @@ class AnswerView(Widget):
     def compose(self) -> ComposeResult:
         with Horizontal(classes="answer-header"):
             yield Label("Tandem", classes="answer-who")
-            if self.mode:
-                yield Label(plain(f" · {self.mode}"), classes="answer-mode")
+            yield Label(plain(self._mode_line()), classes="answer-mode")
             yield Label(" …", classes="answer-live")
         # Only the text given to the constructor: deltas appended before the mount are still
         # queued for the stream.
@@ -296,11 +302,31 @@ class AnswerView(Widget):
             for c in self._initial_citations:
                 yield CitationLine(Source.from_dict(c))
 
+    def _mode_line(self) -> str:
+        """` · auto → local`, ` · local`, or nothing."""
+        if not self.mode:
+            return f" · {self.chosen}" if self.chosen else ""
+        return f" · {self.mode} → {self.chosen}" if self.chosen else f" · {self.mode}"
+
+    def choose(self, mode: str, reason: str = "") -> None:
+        """Say in the header which mode answers (what `auto` picked) and, as its tooltip,
+        why; works before the answer is mounted, too. Both are shown literally."""
+        self.chosen, self.reason = mode, reason
+        if self._ready.is_set() and not self._gone:
+            self._show_mode()
+
+    def _show_mode(self) -> None:
+        label = self.query_one(".answer-mode", Label)
+        label.update(plain(self._mode_line()))
+        label.tooltip = plain(self.reason) if self.reason else None  # a str would be markup
+
     def on_mount(self) -> None:
         self._conversation = next(
             (a for a in self.ancestors if isinstance(a, ConversationView)), None
         )
         self._ready.set()
+        if self.reason:
+            self._show_mode()
         for selector, widget in self._queued:
             self._add(selector, widget)
         self._queued.clear()
@@ -589,8 +615,9 @@ class ConversationView(VerticalScroll):
         Each record (mapping or object) has `role` ("user" or "assistant"; others are skipped),
         `text`, and for answers `mode`, `status` ("complete", "cancelled", "failed"; None means
         complete, anything else such as "streaming" was interrupted and shows as cancelled),
-        `note` or `error` (optional) and `citations` (dicts with number, side, title, location,
-        score, excerpt). Only the last `LOAD_BATCH` are mounted now; `load_older()` (run on
+        `note` or `error` (optional), `citations` (dicts with number, side, title, location,
+        score, excerpt) and `stats` (optional: an `auto` answer's `auto_mode` and `auto_reason`
+        show in its header). Only the last `LOAD_BATCH` are mounted now; `load_older()` (run on
         scrolling to the top) adds the rest.
         """
         records = [r for r in messages if _field(r, "role") in ("user", "assistant")]
@@ -653,12 +680,16 @@ class ConversationView(VerticalScroll):
         note = _field(record, "note", "") or (
             _field(record, "error", "") if status == "failed" else ""
         )
+        stats = _field(record, "stats", None)
+        stats = stats if isinstance(stats, Mapping) else {}
         return AnswerView(
             _field(record, "mode", "") or "",
             text,
             status=status,
             note=note or "",
             citations=_field(record, "citations", None) or (),
+            chosen=str(stats.get("auto_mode") or ""),  # what auto picked, stored in its figures
+            reason=str(stats.get("auto_reason") or ""),
         )
 
 

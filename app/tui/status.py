@@ -93,7 +93,11 @@ def figures(stats: Stats) -> str:
 
 
 class StatusBar(Static):
-    """Active mode, cloud link, device model, and the figures of the current answer."""
+    """Active mode, cloud link, device model, and the figures of the current answer.
+
+    `choice` is the mode the current answer is in when it is not the active one, and why:
+    what `auto` picked (`● auto → local (your notes answer this)`), or a re-ask in another
+    mode. It stays until the next answer starts or the active mode changes."""
 
     DEFAULT_CSS = """
     StatusBar { height: 1; background: $panel; color: $text-muted; padding: 0 1; }
@@ -106,8 +110,11 @@ class StatusBar(Static):
         self.device = "device model loading…"
         self.stats: Stats | None = None
         self.answering = False
+        self.choice: tuple[str, str] | None = None
 
     def set_state(self, **changes) -> None:
+        if changes.get("mode", self.mode) != self.mode and "choice" not in changes:
+            changes["choice"] = None  # another mode picked: the last answer's choice is not its
         for key, value in changes.items():
             setattr(self, key, value)
         self.update(self.line_text())
@@ -115,7 +122,12 @@ class StatusBar(Static):
     def line_text(self) -> Text:
         """Literal: the cloud's state and the device line can carry error text."""
         text = Text()
-        text.append(f"● {self.mode or '…'}", style="bold")
+        text.append_text(plain_text(f"● {self.mode or '…'}", style="bold"))
+        if self.choice is not None:  # the reason is model-side text: literal
+            mode, reason = self.choice
+            text.append_text(plain_text(f" → {mode}", style="bold"))
+            if reason:
+                text.append_text(plain_text(f" ({reason})"))
         if self.cloud is not None:
             style = {"ready": "green", "starting": "yellow", "unavailable": "red"}.get(
                 self.cloud.state, "dim"
