@@ -240,6 +240,8 @@ async def test_cloud_going_away_mid_answer_keeps_the_conversation(
         # cloud modes are shown unavailable; local still answers, in the same conversation
         bar = app.query_one(ModeBar)
         assert bar.query_one("#mode-cloud").has_class("-unavailable")
+        await pilot.press("ctrl+o")  # split and dragon are unavailable: auto, then local
+        assert app.mode_name == "auto"
         await pilot.press("ctrl+o")
         assert app.mode_name == "local"
         await ask(pilot, "Who owns the tandem bicycle?")
@@ -256,7 +258,9 @@ async def test_unreachable_cloud_leaves_local_working(tiny_device, index):
         assert not infos["split"].available and infos["split"].reason
         assert infos["local"].available
         assert app.query_one("#mode-split").has_class("-unavailable")
-        await pilot.press("ctrl+o")  # skips the unavailable modes
+        await pilot.press("ctrl+o")  # skips the unavailable modes (dragon): auto answers here
+        assert app.mode_name == "auto"
+        await pilot.press("ctrl+o")
         assert app.mode_name == "local"
         answer = await ask(pilot, "Who owns the tandem bicycle?")
         assert answer.text

@@ -18,4 +18,4 @@ async def test_a_registered_mode_is_on_the_mode_bar(isolated_dirs, tiny_device):
             await app.workers.wait_for_complete()  # the loaders have reported
             await pilot.pause()
             names = [i.name for i in app.query_one(ModeBar).infos]
-    assert names == ["local", "cloud", "split", "dragon", "shout"]
+    assert names == ["local", "cloud", "split", "dragon", "auto", "shout"]
