@@ -9,7 +9,8 @@ this module only maps their output onto sections. A bad file never raises anythi
 `ParseError`, whose reason is short enough to show the user next to the file name.
 
 Hostile files (issue 28): a .docx is unpacked under a byte budget before python-docx sees it
-(a zip bomb stops at the cap, whatever sizes its directory claims), a PDF has a page cap, and
+(a zip bomb stops at the cap, whatever sizes its directory claims; only deflate, whose
+output zipfile bounds, is inflated), a PDF has a page cap, and
 no regular expression here backtracks on a long line. What no cap can bound (a library stuck
 on a crafted file) is bounded by running `parse_bytes` in a worker process with a deadline
 (`personal_index.parse_worker`).
@@ -360,16 +361,31 @@ def _parse_docx(data: bytes, limits: ParseLimits) -> tuple[str | None, list[Sect
     return title, _assemble(pieces)
 
 
+# How a .docx may store its parts: an OPC package is stored or deflated (ECMA-376 Part 2).
+_ZIP_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflate"}
+
+
 def unpacked_zip(data: bytes, limits: ParseLimits) -> io.BytesIO:
     """The zip container `data` (a .docx) re-packed uncompressed after unpacking every entry
     under the byte budget `limits.max_unpacked_bytes`, so the library that reads it inflates
     nothing. The declared sizes must fit the budget; reading in blocks then holds each entry to
     its declared size (zipfile stops there), where a single `read()` of an entry that lies
-    about its size inflates all of it at once."""
+    about its size inflates all of it at once.
+
+    Only stored and deflated entries are read: zipfile bounds its output by the block asked
+    for with deflate alone. A bzip2 or LZMA entry is decompressed a whole compressed block at
+    a time, however much that makes (a 150-byte bzip2 entry is 150 MB of text, a few kB are
+    gigabytes), before the declared size cuts it: such a zip is refused unread."""
     source = zipfile.ZipFile(io.BytesIO(data))  # a bad zip raises: the caller names the format
     entries = source.infolist()
     if len(entries) > limits.max_members:
         raise ParseError(f"too many entries in the zip ({len(entries):,} > {limits.max_members:,})")
+    for entry in entries:
+        if entry.compress_type not in _ZIP_METHODS:
+            raise ParseError(
+                f"unsupported compression in the zip (method {entry.compress_type}: "
+                "a .docx is stored or deflated)"
+            )
     budget = limits.max_unpacked_bytes
     too_much = ParseError(f"compressed content too large (unpacks to more than {budget / MB:g} MB)")
     if sum(entry.file_size for entry in entries) > budget:  # an honest bomb: refused unread

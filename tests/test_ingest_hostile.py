@@ -5,6 +5,7 @@ bytes are the hashed bytes; and a brief fuzz run of the five parsers."""
 
 from __future__ import annotations
 
+import bz2
 import hashlib
 import io
 import os
@@ -62,13 +63,18 @@ def zip_bomb_docx(path: Path, unpacked: int = 250 * MB) -> Path:
     return path
 
 
-def lying_docx(path: Path, padding: int = 150 * MB) -> Path:
+def lying_docx(path: Path, padding: int = 150 * MB, method: int = zipfile.ZIP_DEFLATED) -> Path:
     """A .docx whose document.xml entry inflates to `padding` more bytes than its directory
     declares (declared size and CRC are those of the real XML): whoever reads the entry in one
-    `read()` inflates all of it."""
+    `read()` inflates all of it. `method`: deflate, bzip2 (150 MB of padding: 145 bytes) or
+    LZMA, in zipfile's own entry format."""
     src = zipfile.ZipFile(io.BytesIO(docx_bytes("liar")))
     xml = src.read("word/document.xml")
-    comp = zlib.compressobj(6, zlib.DEFLATED, -15)
+    comp = {
+        zipfile.ZIP_DEFLATED: lambda: zlib.compressobj(6, zlib.DEFLATED, -15),
+        zipfile.ZIP_BZIP2: lambda: bz2.BZ2Compressor(9),
+        zipfile.ZIP_LZMA: zipfile.LZMACompressor,  # type: ignore[attr-defined]  # (zipfile's format)
+    }[method]()
     stream = comp.compress(xml) + b"".join(comp.compress(b" " * MB) for _ in range(padding // MB))
     stream += comp.flush()
     out = io.BytesIO()
@@ -84,10 +90,12 @@ def lying_docx(path: Path, padding: int = 150 * MB) -> Path:
     body = bytearray(entries[: head.start_dir])
     local_at = len(body)
     sizes = (crc, len(stream), size, len(name))
-    body += struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0, 8, 0, 0, *sizes, 0) + name + stream
+    version = 20 if method == zipfile.ZIP_DEFLATED else 63
+    local = (0x04034B50, version, 0, method, 0, 0, *sizes, 0)
+    body += struct.pack("<IHHHHHIIIHH", *local) + name + stream
     central = bytearray(entries[head.start_dir : entries.rfind(b"PK\x05\x06")])
-    tail = (0, 0, 0, 0, 0, local_at)
-    central += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 20, 20, 0, 8, 0, 0, *sizes, *tail)
+    entry = (0x02014B50, version, version, 0, method, 0, 0, *sizes, 0, 0, 0, 0, 0, local_at)
+    central += struct.pack("<IHHHHHHIIIHHHHHII", *entry)
     central += name
     count = len(head.infolist()) + 1
     end = struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, count, count, len(central), len(body), 0)
@@ -192,6 +200,25 @@ def test_a_docx_that_lies_about_its_size_is_inflated_only_as_far_as_declared(
         tracemalloc.stop()
     assert peak < 40 * MB, f"peak {peak / MB:.0f} MB for a 150 MB inflation"
     assert doc.sections[0].text == "liar"
+
+
+@pytest.mark.parametrize("method", [zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA], ids=["bzip2", "lzma"])
+def test_a_docx_compressed_other_than_deflate_is_refused_unread(
+    tmp_path: Path, method: int
+) -> None:
+    # zipfile bounds a read's output by the size asked for with deflate only: a bzip2 entry
+    # was decompressed whole by the first block read, whatever size it declares (150 MB from
+    # 145 bytes: a .docx of a few kB took gigabytes, past the parse worker's 4 GB cap).
+    path = lying_docx(tmp_path / "liar.docx", padding=60 * MB, method=method)
+    assert path.stat().st_size < 1 * MB
+    tracemalloc.start()
+    try:
+        with pytest.raises(ParseError, match=r"^unsupported compression in the zip \(method"):
+            parse(path)
+        _now, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 10 * MB, f"peak {peak / MB:.0f} MB"
 
 
 def test_a_pdf_over_the_page_cap_is_refused(tmp_path: Path) -> None:
