@@ -189,9 +189,11 @@ def summarise(rows: Sequence[dict]) -> dict[str, Any]:
     from benchmarks.intervals import bootstrap_ci, bootstrap_ratio, verdict
 
     by: dict[tuple[str, str], dict] = {(r["method"], r["question"]): r for r in rows}
-    questions = sorted({r["question"] for r in rows})
-    group = {r["question"]: r["group"] for r in rows}
     methods = [m for m in METHODS if any(k[0] == m for k in by)]
+    # the questions every method answered (a run cut short leaves its last one part-done)
+    questions = sorted(q for q in {r["question"] for r in rows}
+                       if all((m, q) in by for m in methods))  # fmt: skip
+    group = {r["question"]: r["group"] for r in rows}
     fixed = [m for m in FIXED if m in methods]
     acc: dict[str, dict[str, float]] = {}
     for m in methods:
@@ -304,7 +306,8 @@ def result(args: argparse.Namespace, notes: Sequence[Any], questions: Sequence[Q
                        "per_group": args.per_group},
             "notes": [asdict(n) for n in notes],
             "questions": [asdict(q) for q in questions], "rows": rows,
-            "summary": summarise(rows) if rows else {}, "device_only": private_pass,
+            "summary": summarise(rows) if len({r["method"] for r in rows}) == len(METHODS)
+            else {}, "device_only": private_pass,
             "seconds": seconds}  # fmt: skip
 
 

@@ -1,9 +1,9 @@
 """How `auto` picks a mode for one question: a pure function of what was measured before the
 answer (docs/modes.md#auto lists the rules and the evaluation behind them).
 
-The signals: how relevant the best private passage is (the device's own search, its floor
-applied), how relevant the best public passage is (the cloud's retrieval of the bare question,
-its floor applied; None when not asked), whether the cloud answered, whether the conversation's
+The signals: how relevant the private passages are (the device's own search, its floor
+applied), how relevant the public ones are (the cloud's retrieval of the bare question, its
+floor applied; none when not asked), whether the cloud answered, whether the conversation's
 last turn is one the cloud never saw, and the speeds measured so far. The policy: may the
 question leave the device at all, and may private passages (or private turns) shape an answer
 the cloud takes part in (dragon; split, whose drafts come from a prompt holding them).
@@ -12,7 +12,10 @@ The rules, in order (the first that applies decides):
 1. the policy keeps questions on the device → local;
 2. no cloud (none configured, or it did not answer the question's relevance query) → local;
 3. private and public passages both relevant → dragon (local if the policy keeps private text
-   out of cloud-backed answers);
+   out of cloud-backed answers), unless one side would carry under DRAGON_MIN_SHARE of
+   DRAGON's mixture: its weights come from the same scores (η = softmax of each side's
+   logsumexp of 20 × cosine, collab.dragon), so dragon would follow the other side alone;
+   that side's mode answers instead (rules 4 and 5), at a fraction of dragon's cost;
 4. private passages relevant, or the conversation goes on from a turn the cloud never saw and
    no public passage is relevant → local;
 5. public passages relevant → cloud (the device cannot know them);
@@ -23,10 +26,23 @@ The rules, in order (the first that applies decides):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+
+from collab.dragon.aggregation import side_etas, side_weight
+from collab.dragon.ledger import relevance
+
 CloudReach = Literal["ready", "off", "unreachable"]
+
+DRAGON_MIN_SHARE = 0.01
+"""Dragon only when each side would weigh at least this in DRAGON's mixture: under it the
+other side decides every greedy token but where its top two are within ~2 % of each other
+(with one passage a side: cosines more than 0.23 apart)."""
+
+KEPT_OUT = "your notes answer this (your policy keeps them out of the cloud)"
 
 SLOW_CLOUD = 0.25
 """Chat goes to the device when the cloud (its round trip, then its measured speed) would take
@@ -66,8 +82,8 @@ class Speeds:
 
 @dataclass(frozen=True)
 class Signals:
-    private: float | None  # the best private passage's relevance (None: none passed the floor)
-    public: float | None  # the best public one's (None: none passed, or the cloud not asked)
+    private: Sequence[float] = ()  # each private passage's relevance that passed the floor
+    public: Sequence[float] = ()  # each public one's (none: none passed, or not asked)
     cloud: CloudReach = "ready"
     private_turn: bool = False  # the last turn is one the cloud never saw (none of its answer)
     private_history: bool = False  # some earlier turn's answer the cloud did not see in full
@@ -94,17 +110,22 @@ def choose(signals: Signals, policy: Policy) -> Choice:
         return Choice("local", "your policy keeps questions on this device")
     if s.cloud != "ready":
         return Choice("local", "no cloud" if s.cloud == "off" else "the cloud did not answer")
-    private, public = s.private is not None, s.public is not None
+    private, public = bool(s.private), bool(s.public)
+    outweighs = ""
     if private and public:
-        if policy.private_in_cloud:
-            return Choice("dragon", "needs both your notes and public sources")
-        return Choice("local", "your notes answer this (your policy keeps them out of the cloud)")
+        device_share, cloud_share = dragon_shares(s.private, s.public)
+        if min(device_share, cloud_share) >= DRAGON_MIN_SHARE:
+            if policy.private_in_cloud:
+                return Choice("dragon", "needs both your notes and public sources")
+            return Choice("local", KEPT_OUT)
+        private, public = device_share > cloud_share, cloud_share > device_share
+        outweighs = f" (the other side would weigh {min(device_share, cloud_share):.1%})"
     if private:
-        return Choice("local", "your notes answer this")
+        return Choice("local", "your notes answer this" + outweighs)
     if s.private_turn and not public:
         return Choice("local", "follows an answer only this device has seen")
     if public:
-        return Choice("cloud", "public sources answer this")
+        return Choice("cloud", "public sources answer this" + outweighs)
     if s.speeds.cloud_far_slower(s.rtt_s, s.tokens):
         return Choice("local", "no sources needed, and the cloud is slow right now")
     gain = s.split_gain
@@ -112,3 +133,11 @@ def choose(signals: Signals, policy: Policy) -> Choice:
     if gain is not None and gain >= SPLIT_GAIN and unshaped:
         return Choice("split", f"no sources needed; drafting here makes it {gain:.1f}× faster")
     return Choice("cloud", "no sources needed: the cloud's larger model answers")
+
+
+def dragon_shares(private: Sequence[float], public: Sequence[float]) -> tuple[float, float]:
+    """(device, cloud) weights DRAGON would give the two sides for these passages' cosines
+    (collab.dragon: η = softmax of h, h = logsumexp of the relevance R = 20 × cosine)."""
+    h_device = side_weight(relevance(np.asarray(private, dtype=np.float64)))
+    h_cloud = side_weight(relevance(np.asarray(public, dtype=np.float64)))
+    return side_etas(h_device, h_cloud)

@@ -5,11 +5,26 @@ from __future__ import annotations
 
 import pytest
 
-from edge_runtime.mode_choice import SLOW_CLOUD, Choice, Policy, Signals, Speeds, choose
+from edge_runtime.mode_choice import (
+    DRAGON_MIN_SHARE,
+    SLOW_CLOUD,
+    Choice,
+    Policy,
+    Speeds,
+    choose,
+    dragon_shares,
+)
+from edge_runtime.mode_choice import Signals as _Signals
 
 OPEN = Policy()
 DEVICE_ONLY = Policy(questions_leave=False)
 NO_PRIVATE_IN_CLOUD = Policy(private_in_cloud=False)
+
+
+def Signals(private: float | None, public: float | None, **kw) -> _Signals:
+    """The signals with one best passage a side (None: none passed the floor)."""
+    return _Signals(() if private is None else (private,), () if public is None else (public,),
+                    **kw)  # fmt: skip
 
 
 def measured(cloud: float, device: float) -> Speeds:
@@ -47,6 +62,29 @@ def test_both_sides_relevant_is_dragon_unless_private_text_must_stay_out():
     assert choose(Signals(0.5, 0.6), OPEN).mode == "dragon"
     choice = choose(Signals(0.5, 0.6), NO_PRIVATE_IN_CLOUD)
     assert choice.mode == "local" and "policy" in choice.reason
+
+
+def test_the_weights_are_dragons_own():
+    """softmax of h = logsumexp(20 × cosine) a side: 0.1 of cosine apart is e² ≈ 7.4 : 1."""
+    device, cloud = dragon_shares([0.6], [0.5])
+    assert device / cloud == pytest.approx(2.718281828**2) and device + cloud == pytest.approx(1)
+    two, one = dragon_shares([0.5, 0.5], [0.5])  # two passages as relevant weigh twice one
+    assert two == pytest.approx(2 / 3) and one == pytest.approx(1 / 3)
+
+
+def test_a_side_dragon_would_all_but_ignore_hands_the_answer_to_the_other():
+    """Dragon would follow the stronger side alone: that side's mode answers (and says why)."""
+    private_strong = _Signals((0.80,), (0.48,))  # a note, and a Wikipedia page on sailing
+    assert min(dragon_shares((0.80,), (0.48,))) < DRAGON_MIN_SHARE
+    choice = choose(private_strong, OPEN)
+    assert choice.mode == "local" and choice.reason.startswith("your notes answer this")
+    public_strong = _Signals((0.31,), (0.81,))
+    choice = choose(public_strong, NO_PRIVATE_IN_CLOUD)  # the policy has nothing to keep out
+    assert choice.mode == "cloud" and choice.reason.startswith("public sources answer this")
+    # just inside the share: both sides count
+    close = _Signals((0.70,), (0.48,))
+    assert min(dragon_shares((0.70,), (0.48,))) >= DRAGON_MIN_SHARE
+    assert choose(close, OPEN).mode == "dragon"
 
 
 def test_private_only_is_local_whatever_the_speeds():

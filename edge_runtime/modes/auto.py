@@ -1,8 +1,8 @@
 """Auto: before each answer, pick local, cloud, split or dragon (`edge_runtime.mode_choice`), say
 which and why (a `ModeChoice` event, then the answer's figures), and answer in that mode.
 
-What it measures first: the private index's best passage for the question (on the device), and,
-when the policy lets the question leave, the cloud's best public passage for the bare question
+What it measures first: the private index's passages for the question (on the device), and,
+when the policy lets the question leave, the cloud's public passages for the bare question
 (a retrieval request, `max_new_tokens` 0: the question alone goes up, no history, nothing
 private; the cloud sends its Citations and Done and decodes nothing). The two run at once."""
 
@@ -102,7 +102,8 @@ class AutoMode(Orchestrator):
                 probe.cancel()
             raise
         reach: CloudReach = "unreachable" if asks_cloud else "off"
-        public = rtt = None
+        public: list[float] = []
+        rtt = None
         if probe is not None:
             try:
                 (public, rtt), reach = await probe, "ready"
@@ -110,7 +111,7 @@ class AutoMode(Orchestrator):
                 self._unreachable = (time.monotonic() + PROBE_BACKOFF_S, self.ctx.cloud)
         last = history[-1] if history else None
         signals = Signals(
-            private=max((s.score for s in found), default=None),
+            private=[s.score for s in found],
             public=public,
             cloud=reach,
             private_turn=last is not None and last.shared is None,
@@ -131,17 +132,17 @@ class AutoMode(Orchestrator):
             return None
         return float(predicted.tokens_per_second / predicted.cloud_only_tokens_per_second)
 
-    async def public_relevance(self, question: str) -> tuple[float | None, float | None]:
-        """The cloud's best public passage's relevance for the bare question (None: none
-        passed its floor), and the session's round trip: a retrieval request on the cloud
-        mode's session."""
+    async def public_relevance(self, question: str) -> tuple[list[float], float | None]:
+        """The relevance of each public passage the cloud retrieves for the bare question
+        (those past its floor), and the session's round trip: a retrieval request on the
+        cloud mode's session."""
         cloud = self.mode("cloud")
         assert isinstance(cloud, CloudBacked)
         client = await cloud.client()
         rid = next(CloudBacked._request_ids)
         up0, down0 = client.bytes_up, client.bytes_down
         deadline = time.perf_counter() + PROBE_TIMEOUT_S
-        best: float | None = None
+        scores: list[float] = []
         try:
             await client.send(Generate(question, max_new_tokens=0, retrieve=True, request_id=rid))
             while True:
@@ -151,9 +152,9 @@ class AutoMode(Orchestrator):
                 if msg.request_id != rid:
                     continue  # an older request's last frames
                 if isinstance(msg, Citations):
-                    best = max((s.score for s in msg.sources), default=best)
+                    scores += [s.score for s in msg.sources]
                 elif isinstance(msg, Done):
-                    return best, client.rtt_s
+                    return scores, client.rtt_s
         finally:
             self._probe_bytes = (client.bytes_up - up0, client.bytes_down - down0)
 
