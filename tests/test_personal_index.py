@@ -199,17 +199,19 @@ def snapshot(data: Path) -> dict[str, tuple[str, int]]:
     return {Path(p).name: (sha, n) for p, sha, n in rows}
 
 
-def test_sigkilled_ingest_resumes_to_the_same_store(tmp_path, embedder_dir):
-    folder = big_folder(tmp_path / "notes")
+def test_sigkilled_ingest_resumes_to_the_same_store(tmp_path, embedder_dir, monkeypatch, capsys):
+    """`tandem ingest` as its own process, SIGKILLed part way and run again, ends with the
+    store a clean ingest makes (that one, the reference, runs in this process)."""
+    from app.cli import main
+    from retrieval.store import IndexStore
+
+    folder = big_folder(tmp_path / "notes", 40)
     env_of = {}
     for name in ("killed", "clean"):
         data = tmp_path / name
         (data / "models").mkdir(parents=True)
         os.symlink(embedder_dir, data / "models" / "all-minilm-l6-v2-onnx")
         env_of[name] = {**os.environ, "TANDEM_DATA_DIR": str(data)}
-
-    clean = cli("ingest", str(folder), env=env_of["clean"])
-    assert clean.returncode == 0, clean.stderr
 
     db_path = tmp_path / "killed" / "index" / "index.sqlite"
     proc = subprocess.Popen(
@@ -229,56 +231,61 @@ def test_sigkilled_ingest_resumes_to_the_same_store(tmp_path, embedder_dir):
                 con.close()
             except sqlite3.Error:
                 n = 0
-            if n >= 10:
+            if n >= 5:
                 break
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     partial = snapshot(tmp_path / "killed")
-    assert 10 <= len(partial) < 80
+    assert 5 <= len(partial) < 40
 
+    monkeypatch.setenv("TANDEM_DATA_DIR", str(tmp_path / "clean"))
+    assert main(["ingest", str(folder)]) == 0, capsys.readouterr().err
     resumed = cli("ingest", str(folder), "--json", env=env_of["killed"])
     assert resumed.returncode == 0, resumed.stderr
     counts = [r["outcome"] for r in json.loads(resumed.stdout)]
     assert counts.count("unchanged") >= len(partial) - 1  # finished documents were kept
     assert snapshot(tmp_path / "killed") == snapshot(tmp_path / "clean")
-    check = (
-        "from retrieval.store import IndexStore; import sys;"
-        "s = IndexStore(__import__('pathlib').Path(sys.argv[1]), 384);"
-        "problems = s.check_consistency(deep=True); s.close(); print(problems)"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", check, str(db_path.parent)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+    store = IndexStore(db_path.parent, 384)
+    try:
+        assert store.check_consistency(deep=True) == []
+    finally:
+        store.close()
 
 
-def test_cli_search_list_remove(tmp_path, embedder_dir):
+def test_cli_search_list_remove(tmp_path, embedder_dir, monkeypatch, capsys):
+    """The commands' parsing, output and exit codes, through `app.cli.main` (what the `tandem`
+    script runs) in this process: a process per command paid ~12 s of imports each, and the
+    ingest and SIGKILL test above runs `tandem ingest` as its own process."""
+    from app.cli import main
+
+    def tandem(*args: str) -> tuple[int, str, str]:
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return code, out, err
+
     make_corpus(tmp_path / "docs")
     data = tmp_path / "data"
     (data / "models").mkdir(parents=True)
     os.symlink(embedder_dir, data / "models" / "all-minilm-l6-v2-onnx")
-    env = {**os.environ, "TANDEM_DATA_DIR": str(data)}
-    out = cli("ingest", str(tmp_path / "docs"), env=env)
-    assert out.returncode == 0 and "5 indexed, 1 skipped" in out.stdout
-    hits = json.loads(cli("search", "volcanoes", "-k", "2", "--json", env=env).stdout)
+    monkeypatch.setenv("TANDEM_DATA_DIR", str(data))
+    code, out, _ = tandem("ingest", str(tmp_path / "docs"))
+    assert code == 0 and "5 indexed, 1 skipped" in out
+    hits = json.loads(tandem("search", "volcanoes", "-k", "2", "--json")[1])
     assert hits[0]["path"].endswith("geology.pdf") and hits[0]["page"] == 2
     assert hits[0]["found_by"] in ("meaning", "both") and hits[0]["cited"] is True
-    by = {m: json.loads(cli("search", "volcanoes", "--mode", m, "--json", env=env).stdout)
+    by = {m: json.loads(tandem("search", "volcanoes", "--mode", m, "--json")[1])
           for m in ("keyword", "dense")}  # fmt: skip
     assert by["keyword"] and {h["found_by"] for h in by["keyword"]} == {"keyword"}
     assert {h["found_by"] for h in by["dense"]} == {"meaning"}
-    noise = cli("search", "who won the football world cup in 2010", env=env).stdout
+    noise = tandem("search", "who won the football world cup in 2010")[1]
     assert "below the floor" in noise  # shown for inspection, marked: answers leave it out
-    assert "geology.pdf" in cli("docs", "list", env=env).stdout
-    bad = cli("search", "", env=env)
-    assert bad.returncode == 2 and "empty query" in bad.stderr
-    assert cli("docs", "remove", str(tmp_path / "docs" / "geology.pdf"), env=env).returncode == 0
-    missing = cli("docs", "remove", str(tmp_path / "nowhere"), env=env)
-    assert missing.returncode == 2 and "no indexed document" in missing.stderr
+    assert "geology.pdf" in tandem("docs", "list")[1]
+    code, _, err = tandem("search", "")
+    assert code == 2 and "empty query" in err
+    assert tandem("docs", "remove", str(tmp_path / "docs" / "geology.pdf"))[0] == 0
+    code, _, err = tandem("docs", "remove", str(tmp_path / "nowhere"))
+    assert code == 2 and "no indexed document" in err
 
 
 def test_a_second_ingest_at_the_same_time_is_refused(index, tmp_path):
