@@ -8,6 +8,17 @@ from benchmarks.tiny_models import build_all, builder_version
 
 
 @pytest.fixture(scope="session")
+def gguf_tokenizer():
+    """The tokenizer in the device GGUF's metadata (all in its first part, of which the
+    prepared model.gguf is the sha256-checked concatenation), converted by transformers: ~45 s,
+    so once a session for every test that compares against it."""
+    from benchmarks.tiny_models import part1_path
+    from tandem_packaging.steps import gguf_tokenizer
+
+    return gguf_tokenizer(part1_path())
+
+
+@pytest.fixture(scope="session")
 def tiny(request) -> dict[str, Path]:
     """Paths of the tiny test model: tokenizer, hf (torch), onnx-fp32, onnx-quant.
     Built once and cached in pytest's cache directory (keyed by the builder's source)."""

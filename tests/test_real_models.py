@@ -16,7 +16,6 @@ from model_runtime.ort_runtime import OrtCausalLM
 from model_runtime.tokenizer import chat_prompt_ids, load_tokenizer, tokenizer_fingerprint
 from model_runtime.torch_runtime import TorchCausalLM
 from tandem_packaging.prepare import model_path
-from tandem_packaging.steps import gguf_tokenizer
 from tests.test_tokenizer import TEXTS
 
 pytestmark = pytest.mark.slow
@@ -34,10 +33,12 @@ def device_tokenizer():
     return load_tokenizer(model_path("device", "hf"))
 
 
-def test_prepared_tokenizers_match_the_gguf_and_each_other(device_tokenizer):
-    gguf = gguf_tokenizer(model_path("device", "hf").parent / "model.gguf")
+def test_prepared_tokenizers_match_the_gguf_and_each_other(device_tokenizer, gguf_tokenizer):
+    # the session's conversion of the GGUF's first part: the prepared model.gguf starts with
+    # those very bytes (prepare checks the concatenation's sha256), metadata and all
+    assert (model_path("device", "hf").parent / "model.gguf").is_file()
     for text in TEXTS:
-        assert device_tokenizer.encode(text) == gguf.encode(text), text
+        assert device_tokenizer.encode(text) == gguf_tokenizer.encode(text), text
     cloud = load_tokenizer(model_path("cloud", "hf"))
     assert tokenizer_fingerprint(cloud) == tokenizer_fingerprint(device_tokenizer)
 

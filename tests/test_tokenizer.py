@@ -6,14 +6,13 @@ import unicodedata
 
 import pytest
 
-from benchmarks.tiny_models import part1_path
 from model_runtime.tokenizer import (
     IM_END_ID,
     chat_prompt_ids,
     load_tokenizer,
     tokenizer_fingerprint,
 )
-from tandem_packaging.steps import TOKENIZER_PROBE, gguf_tokenizer
+from tandem_packaging.steps import TOKENIZER_PROBE
 
 TEXTS = [
     TOKENIZER_PROBE,
@@ -34,8 +33,8 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def gguf_tok():
-    return gguf_tokenizer(part1_path())
+def gguf_tok(gguf_tokenizer):
+    return gguf_tokenizer  # converted once a session (tests/conftest.py)
 
 
 def test_saved_tokenizer_matches_gguf_ids_and_round_trips(gguf_tok, tiny):
