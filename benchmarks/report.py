@@ -1177,6 +1177,50 @@ def load_balancer() -> Built:
     return Built("\n".join(lines), [LOAD_BALANCER], note)
 
 
+AUTO = "auto/ort-60q.json"
+
+
+def auto_accuracy() -> Built:
+    """auto against every fixed mode and the oracle: share right per group (Wilson interval
+    over all 60), and auto's paired difference to each (bootstrap over questions)."""
+    from benchmarks.auto import GROUPS, summarise
+    from benchmarks.retrieval import wilson
+
+    d = load(AUTO)
+    summary = summarise(d["rows"])
+    n = summary["questions"]
+    lines = ["| mode | right, all (95 % Wilson) | " + " | ".join(GROUPS) + " | auto − mode "
+             "(95 % CI) |", "|---|---|" + "---|" * len(GROUPS) + "---|"]  # fmt: skip
+    for mode, acc in summary["accuracy"].items():
+        low, high = wilson(round(acc["all"] * n), n)
+        vs = summary.get("auto_vs", {}).get(mode)
+        diff = (f"{vs['difference']:+.0%} ({vs['ci95'][0]:+.0%} to {vs['ci95'][1]:+.0%}, "
+                f"{vs['verdict']})" if vs else "—")  # fmt: skip
+        cells = " | ".join(f"{acc[g]:.0%}" if g in acc else "—" for g in GROUPS)
+        lines.append(f"| {mode} | {acc['all']:.0%} ({low:.0%}–{high:.0%}) | {cells} | {diff} |")
+    note = (f"{n} questions, {n // len(GROUPS)} a group, greedy, answers of at most "
+            f"{d['config']['max_tokens']} tokens; right = every expected fact in the answer. "
+            "oracle = right where any fixed mode is (the best mode per question, in hindsight).")
+    return Built("\n".join(lines), [AUTO], note)
+
+
+def auto_choices() -> Built:
+    """auto's choices per group, its time against cloud-only's on public questions, and the
+    device-only policy pass."""
+    from benchmarks.auto import GROUPS, summarise, verdicts
+
+    d = load(AUTO)
+    summary = summarise(d["rows"])
+    modes = ("local", "cloud", "split", "dragon")
+    lines = ["| group | " + " | ".join(f"auto → {m}" for m in modes) + " |",
+             "|---|" + "---|" * len(modes)]  # fmt: skip
+    for g in GROUPS:
+        picked = summary["confusion"].get(g, {})
+        lines.append(f"| {g} | " + " | ".join(str(picked.get(m, 0)) for m in modes) + " |")
+    targets = " ".join(f"{line}." for line in verdicts(summary, d.get("device_only")))
+    return Built("\n".join(lines), [AUTO], f"Targets: {targets}")
+
+
 def readme_speed() -> Built:
     """The README's short "how fast, measured on what" table."""
     grid = _split_groups(load("split/grid-torch0-100.json")["rows"])
@@ -1278,6 +1322,8 @@ TABLE_LIST = (
     ),
     Table("load", "100 sessions against capacity 90", load_table),
     Table("load-balancer", "100 sessions through HAProxy and two replicas", load_balancer),
+    Table("auto-accuracy", "auto vs every fixed mode and the oracle", auto_accuracy),
+    Table("auto-choices", "auto's choices per group; its targets", auto_choices),
 )
 README_TABLE = Table("readme-speed", "the README's short speed table", readme_speed)
 
