@@ -45,6 +45,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import statistics
 import sys
 import tempfile
@@ -70,6 +71,8 @@ RESULTS = Path(__file__).resolve().parent / "results" / "dragon"
 LATENCIES_MS = (0, 50, 100, 200, 300)
 BAND_MS = (100, 300)  # the targets average over these latencies (inclusive)
 TEMPERATURE = 0.7  # sampled runs
+QUICK_K = 1  # documents per side in --quick (also the shared cloud's --corpus-k: dragon_eval)
+CLOUD_TOKEN_ENV = "TANDEM_BENCH_CLOUD_TOKEN"  # --cloud-url's token (kept off the command line)
 
 
 @dataclass(frozen=True)
@@ -610,10 +613,7 @@ async def run(args: argparse.Namespace) -> list[dict]:
         index = build_private_index(Path(tmp))
         try:
             for engine in args.engines:
-                cloud, url, token = await start_cloud(  # the grid compares methods cold
-                    engine, args.cloud_core, corpus=True, corpus_k=args.k,
-                    extra=["--document-cache-mb", "0"],
-                )  # fmt: skip
+                cloud, url, token = await grid_cloud(args, engine)
                 try:
                     await warm_up(device, index, url, token, args.k)
                     if args.trace:
@@ -627,10 +627,25 @@ async def run(args: argparse.Namespace) -> list[dict]:
                             methods=args.methods, mbit=args.mbit,
                         )  # fmt: skip
                 finally:
-                    await cloud.stop()
+                    if cloud is not None:
+                        await cloud.stop()
         finally:
             index.close()
     return rows
+
+
+async def grid_cloud(args: argparse.Namespace, engine: str) -> tuple[Any, str, str]:
+    """The cloud for `engine` (None, url, token): the one at --cloud-url (`dragon_eval` starts
+    it once for the grid, the trace and the perplexity's network check, with the flags below),
+    else a new `tandem serve` pinned to --cloud-core, stopped by the caller."""
+    if args.cloud_url:
+        return None, args.cloud_url, os.environ[CLOUD_TOKEN_ENV]
+    return await start_cloud(  # the grid compares methods cold
+        engine, args.cloud_core, corpus=True, corpus_k=args.k, extra=list(GRID_CLOUD_FLAGS)
+    )
+
+
+GRID_CLOUD_FLAGS = ("--document-cache-mb", "0")  # both caches off: every method prefills
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -650,6 +665,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("-k", type=int, default=2, help="documents per side")
     parser.add_argument("--device-core", type=int, default=0)
     parser.add_argument("--cloud-core", type=int, default=1)
+    parser.add_argument(
+        "--cloud-url",
+        help=f"use this running ort cloud (its token in ${CLOUD_TOKEN_ENV}, its corpus-k = -k, "
+        "started with the grid's flags on --cloud-core) instead of starting one",
+    )  # fmt: skip
     parser.add_argument(
         "--quick", action="store_true",
         help="CI's smoke run: 1 prompt, k = 1, +100 ms, 8 tokens, greedy, ort",
@@ -687,8 +707,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         print_summary(summarise(rows))
         return
     if args.quick:
-        args.prompts, args.latency_ms, args.max_tokens, args.k = 1, [100.0], 8, 1
+        args.prompts, args.latency_ms, args.max_tokens, args.k = 1, [100.0], 8, QUICK_K
         args.sampling, args.engines = ["greedy"], ["ort"]
+    if args.cloud_url and (args.engines != ["ort"] or args.caches):
+        parser.error("--cloud-url is one ort cloud for the grid or the trace: --engines ort")
     logging.basicConfig(level=logging.WARNING)
     args.cloud_core = pin_device(args.device_core, args.cloud_core)
     started = time.time()

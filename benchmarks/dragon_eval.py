@@ -12,17 +12,25 @@
 5. DRCG/KV priced from the cloud model's cache size and the link (`benchmarks.dragon_kv`);
 6. the figures (`benchmarks.dragon_figures`).
 
+With one engine (ort, the default and --quick), one cloud (`tandem serve` with its public
+corpus, pinned to core 1 as the grid pins it) serves the grid, the trace and the perplexity's
+network check: one cloud start, not three (CI's quick study: about a minute less).
+
 Each part writes its JSON under benchmarks/results/dragon/ with the run's name; the pieces can
 be run on their own (each module's docstring) and pooled with `benchmarks.dragon --report`."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import subprocess
 import sys
 import time
+from asyncio import to_thread
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):  # run as a file: the repository root is the import root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -30,13 +38,31 @@ if __package__ in (None, ""):  # run as a file: the repository root is the impor
 RESULTS = Path(__file__).resolve().parent / "results" / "dragon"
 
 
-def part(module: str, *args: str) -> None:
+def part(module: str, *args: str, env: dict[str, str] | None = None) -> None:
     """One part in its own process: the grid pins its process to a core, the others must not
     inherit that."""
-    subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *args], check=True)
+    subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *args], check=True, env=env)
+
+
+async def shared_cloud(quick: bool) -> Any:
+    """The ort cloud the grid would start (its corpus, --corpus-k its k, the caches off, one
+    thread on core 1 where there are two), started once for every part that talks to one."""
+    from benchmarks.common import start_cloud
+    from benchmarks.dragon import GRID_CLOUD_FLAGS, QUICK_K
+
+    core = 1 if (os.cpu_count() or 1) > 1 else None  # as `benchmarks.common.pin_device`
+    cloud, _, _ = await start_cloud("ort", core, corpus=True, corpus_k=QUICK_K if quick else 2,
+                                    extra=list(GRID_CLOUD_FLAGS))  # fmt: skip
+    return cloud
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    asyncio.run(study(argv))
+
+
+async def study(argv: Sequence[str] | None = None) -> None:
+    from benchmarks.dragon import CLOUD_TOKEN_ENV
+
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="CI's smoke run (minutes)")
     parser.add_argument("--name", help="the run's name in every JSON file (default: time)")
@@ -52,16 +78,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     grid, trace = out / f"{name}-grid.json", out / f"{name}-trace.json"
     schedule, ppl = out / f"schedule-{name}.json", out / f"ppl-{name}.json"
     started = time.time()
-    if "grid" not in args.skip:
-        part("dragon", *quick, "--engines", *args.engines, "--out", str(grid))
-    if "trace" not in args.skip and not args.quick:  # --quick answers are shorter than a trace
-        part("dragon", "--trace", "--engines", *args.engines, "--prompts", "10",
-             "--out", str(trace))  # fmt: skip
-    if "schedule" not in args.skip:
-        measured = ["--from", str(grid)] if grid.is_file() else []
-        part("dragon_schedule", *quick, *measured, "--out", str(schedule))
-    if "ppl" not in args.skip:
-        part("dragon_ppl", *quick, "--out", str(ppl))
+    talk = {"grid", "ppl"} | (set() if args.quick else {"trace"})  # the parts with a cloud
+    cloud = None
+    if args.engines == ["ort"] and len(talk - set(args.skip)) > 1:
+        cloud = await shared_cloud(args.quick)
+    use = ["--cloud-url", cloud.url] if cloud else []
+    env = {**os.environ, CLOUD_TOKEN_ENV: cloud.token} if cloud else None
+    try:
+        if "grid" not in args.skip:
+            await to_thread(part, "dragon", *quick, "--engines", *args.engines, *use,
+                            "--out", str(grid), env=env)  # fmt: skip
+        if "trace" not in args.skip and not args.quick:  # --quick answers are shorter
+            await to_thread(part, "dragon", "--trace", "--engines", *args.engines, *use,
+                            "--prompts", "10", "--out", str(trace), env=env)  # fmt: skip
+        if "schedule" not in args.skip:
+            measured = ["--from", str(grid)] if grid.is_file() else []
+            part("dragon_schedule", *quick, *measured, "--out", str(schedule))
+        if "ppl" not in args.skip:
+            await to_thread(part, "dragon_ppl", *quick, *use, "--out", str(ppl), env=env)
+    finally:
+        if cloud is not None:
+            await cloud.stop()
     if "kv" not in args.skip:
         part("dragon_kv", "--prompts", "2" if args.quick else "20", "--out",
              str(out / f"drcg-kv-{name}.json"))  # fmt: skip

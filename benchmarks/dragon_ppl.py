@@ -41,6 +41,7 @@ import asyncio
 import json
 import logging
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -386,7 +387,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.check:
         try:
             out["network_check"] = asyncio.run(
-                _checks(windows[: args.check], tokenizer, models["pair"], corpus)
+                _checks(windows[: args.check], tokenizer, models["pair"], corpus, args.cloud_url)
             )
         except Exception as exc:  # the perplexities above cost an hour: keep them
             log.exception("the network check failed")
@@ -395,15 +396,24 @@ def run(args: argparse.Namespace) -> dict:
 
 
 async def _checks(
-    windows: Sequence[Window], tokenizer: Any, cloud_lm: Any, corpus: Any
-) -> list[float]:
+    windows: Sequence[Window], tokenizer: Any, cloud_lm: Any, corpus: Any,
+    cloud_url: str | None = None,
+) -> list[float]:  # fmt: skip
+    """The network check of each window, over the ort cloud at `cloud_url` (`dragon_eval`'s,
+    shared with the grid: its token in the environment) or a new `tandem serve`."""
     from benchmarks.common import start_cloud
+    from benchmarks.dragon import CLOUD_TOKEN_ENV
 
-    cloud, url, token = await start_cloud("ort", None, corpus=True)
+    cloud = None
+    if cloud_url:
+        url, token = cloud_url, os.environ[CLOUD_TOKEN_ENV]
+    else:
+        cloud, url, token = await start_cloud("ort", None, corpus=True)
     try:
         diffs = [await network_check(w, tokenizer, cloud_lm, corpus, url, token) for w in windows]
     finally:
-        await cloud.stop()
+        if cloud is not None:
+            await cloud.stop()
     for d in diffs:
         print(f"network check: largest |Δ log p| per token {d:.2e}")
     return diffs
@@ -447,6 +457,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                         choices=["same", "pair"])  # fmt: skip
     parser.add_argument("--check", type=int, default=2, help="windows checked over the network")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--cloud-url",
+        help="check over this running ort cloud with its corpus (token in "
+        "$TANDEM_BENCH_CLOUD_TOKEN) instead of starting one: the policy SCORE takes k from "
+        "the request, and its prefill is the same with the document cache on or off",
+    )  # fmt: skip
     parser.add_argument(
         "--random-control",
         action="store_true",
