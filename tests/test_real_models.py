@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -78,41 +76,41 @@ def test_real_pair_answers_the_capital_of_france(role, device_tokenizer):
     assert "Paris" in device_tokenizer.decode(tokens)
 
 
-def test_cli_ask_streams_a_sensible_answer():
-    out = subprocess.run(
-        [sys.executable, "-m", "app.cli", "ask", "--json", "What is the capital of France?"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout)
+def tandem(capsys, *args: str) -> tuple[int, str, str]:
+    """`tandem <args>` through `app.cli.main` (what the script runs) in this process: a process
+    per command paid its imports (~12 s in CI) again. An embedded cloud is still its own
+    process, started and stopped by the command as from a terminal."""
+    from app.cli import main
+
+    capsys.readouterr()
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_ask_streams_a_sensible_answer(capsys):
+    code, out, err = tandem(capsys, "ask", "--json", "What is the capital of France?")
+    assert code == 0, err
+    result = json.loads(out)
     stats = result["stats"]
     assert "Paris" in result["answer"] and stats["tokens"] > 0 and stats["mode"] == "local"
 
 
-def test_second_prepare_does_nothing_and_says_so():
-    out = subprocess.run(
-        [sys.executable, "-m", "app.cli", "models", "prepare"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr
-    assert "nothing to do" in out.stdout
+def test_second_prepare_does_nothing_and_says_so(capsys):
+    code, out, err = tandem(capsys, "models", "prepare")
+    assert code == 0, err
+    assert "nothing to do" in out
 
 
 @pytest.mark.parametrize("mode", ["cloud", "split"])
-@pytest.mark.timeout(1500)  # above the command's own 1,200 s limit (first start builds caches)
-def test_cli_ask_through_the_embedded_cloud(mode):
+@pytest.mark.timeout(1500)  # the embedded cloud's first start builds caches
+def test_cli_ask_through_the_embedded_cloud(mode, capsys):
     """The real pair over the embedded backend (started on loopback by `tandem ask`); cloud
     mode answers from the public corpus and cites it as cloud."""
-    out = subprocess.run(
-        [sys.executable, "-m", "app.cli", "ask", "What is the capital of France?", "--mode",
-         mode, "--max-tokens", "24", "--json"],
-        capture_output=True, text=True, timeout=1200, check=True,
-    )  # fmt: skip
-    result = json.loads(out.stdout)
+    code, out, err = tandem(capsys, "ask", "What is the capital of France?", "--mode", mode,
+                            "--max-tokens", "24", "--json")  # fmt: skip
+    assert code == 0, err
+    result = json.loads(out)
     assert "Paris" in result["answer"], result
     assert not result["errors"]
     stats = result["stats"]
