@@ -2,6 +2,8 @@
 
     python -m benchmarks.auto                 # 60 questions × local, cloud, split, dragon, auto
     python -m benchmarks.auto --quick         # 2 questions a group (a smoke run)
+    python -m benchmarks.auto --groups chat --name ort-60q-chat   # one piece of a run
+    python -m benchmarks.auto --report A.json B.json              # pool pieces, print
 
 The questions (benchmarks/data/auto/questions.toml): facts only the user's notes hold (made-up
 notes, `benchmarks.private_facts`), public facts the cloud's corpus states, questions needing
@@ -303,7 +305,7 @@ def result(args: argparse.Namespace, notes: Sequence[Any], questions: Sequence[Q
                   [f"cloud {args.engine}", "device onnxruntime"])  # fmt: skip
     return {"provenance": prov,
             "config": {"engine": args.engine, "max_tokens": args.max_tokens,
-                       "per_group": args.per_group},
+                       "per_group": args.per_group, "groups": list(args.groups)},
             "notes": [asdict(n) for n in notes],
             "questions": [asdict(q) for q in questions], "rows": rows,
             "summary": summarise(rows) if len({r["method"] for r in rows}) == len(METHODS)
@@ -318,7 +320,8 @@ async def run(args: argparse.Namespace) -> dict:
     from personal_index.index import PersonalIndex
     from tandem_packaging.prepare import model_path
 
-    notes, questions = question_set(args.per_group)
+    notes, every_question = question_set(args.per_group)
+    questions = [q for q in every_question if q.group in args.groups]
     cloud_core = pin_device(0, 1)
     device = DeviceModel.load(model_path("device", "onnx-quant"), threads=1)
     started = time.perf_counter()
@@ -338,7 +341,7 @@ async def run(args: argparse.Namespace) -> dict:
         modes = contexts(device, index, url, token)
         try:
             rows = await ask_all(modes, questions, args.max_tokens, save)
-            private_pass = await device_only_pass(modes["auto"], questions)
+            private_pass = await device_only_pass(modes["auto"], every_question)
             save(rows, private_pass)
         finally:
             for mode in modes.values():
@@ -348,15 +351,46 @@ async def run(args: argparse.Namespace) -> dict:
     return result(args, notes, questions, rows, private_pass, time.perf_counter() - started)
 
 
+def pooled(paths: Sequence[Path]) -> tuple[list[dict], dict | None]:
+    """The rows of runs made in pieces (`--groups`), a later file's answer replacing an
+    earlier one's for the same method and question, and the device-only pass of the last
+    piece that ran one (each runs it over every question)."""
+    rows: dict[tuple[str, str], dict] = {}
+    private_pass = None
+    for path in paths:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        rows |= {(r["method"], r["question"]): r for r in data["rows"]}
+        private_pass = data.get("device_only") or private_pass
+    return list(rows.values()), private_pass
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--engine", default="ort", choices=["ort", "torch"])
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--per-group", type=int, default=PER_GROUP)
     parser.add_argument("--quick", action="store_true", help="2 questions a group")
+    parser.add_argument(
+        "--groups",
+        nargs="+",
+        default=list(GROUPS),
+        choices=GROUPS,
+        help="ask only these groups (a piece of a run; see --report)",
+    )
     parser.add_argument("--name", help="the result's file name (default: <engine>-<n>q)")
+    parser.add_argument(
+        "--report",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="pool runs made in pieces and print them (run nothing)",
+    )
     args = parser.parse_args(argv)
     args.argv = argv
+    if args.report:
+        rows, private_pass = pooled(args.report)
+        print_summary(summarise(rows), private_pass)
+        return
     if args.quick:
         args.per_group, args.max_tokens = 2, 16
     name = args.name or f"{args.engine}-{4 * args.per_group}q" + ("-quick" if args.quick else "")

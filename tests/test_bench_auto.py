@@ -145,3 +145,17 @@ async def test_every_method_answers_every_question_and_the_policy_pass_opens_not
     assert private_pass == {"questions": 2, "sockets_opened": 0, "chose": ["local"], "bytes": 0}
     summary = bench.summarise(rows)
     assert set(summary["accuracy"]) == {*bench.METHODS, "oracle"}
+
+
+def test_pieces_pool_with_the_later_answer_winning(tmp_path):
+    first = {"rows": [{"method": "auto", "question": "chat-00", "right": False},
+                      {"method": "auto", "question": "both-00", "right": True}]}  # fmt: skip
+    second = {"rows": [{"method": "auto", "question": "chat-00", "right": True}],
+              "device_only": {"questions": 60, "sockets_opened": 0}}  # fmt: skip
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, data in zip(paths, (first, second), strict=True):
+        path.write_text(bench.json.dumps(data))
+    rows, private_pass = bench.pooled(paths)
+    assert sorted((r["question"], r["right"]) for r in rows) == [("both-00", True),
+                                                                  ("chat-00", True)]  # fmt: skip
+    assert private_pass == second["device_only"]
