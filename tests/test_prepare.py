@@ -18,14 +18,24 @@ from tandem_packaging import prepare as prep
 from tandem_packaging.sources import PartsSource, PrepareError
 
 
-def tandem(*args: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+@pytest.fixture
+def tandem(capsys, data_env):
+    """`tandem <args>` through `app.cli.main` (what the script runs) in this process, in
+    `data_env`'s data folder: a process per command paid ~12 s of imports in CI. (The
+    SIGKILLed prepare below is still its own process.)"""
+    from app.cli import main
+
+    def run(*args: str, env: dict) -> subprocess.CompletedProcess:
+        assert env is data_env  # its TANDEM_DATA_DIR is this process's (monkeypatched)
+        capsys.readouterr()
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse's refusals
+            code = exc.code if isinstance(exc.code, int) else 1
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["tandem", *args], code, out, err)
+
+    return run
 
 
 @pytest.fixture
@@ -72,7 +82,7 @@ def test_too_little_disk_fails_before_any_work(monkeypatch, data_env):
     assert not store.root.exists() or not any(store.root.iterdir())
 
 
-def test_mismatched_tokenizers_are_refused_before_work(local_pair, data_env):
+def test_mismatched_tokenizers_are_refused_before_work(local_pair, data_env, tandem):
     device, cloud = local_pair
     tok = json.loads((cloud / "tokenizer.json").read_text())
     vocab = tok["model"]["vocab"]
@@ -101,7 +111,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
         time.sleep(0.05)
 
 
-def test_prepare_is_resumable_after_sigkill_and_idempotent(local_pair, data_env):
+def test_prepare_is_resumable_after_sigkill_and_idempotent(local_pair, data_env, tandem):
     device, cloud = local_pair
     args = ["models", "prepare", "--device-model", str(device), "--cloud-model", str(cloud)]
     models = Path(data_env["TANDEM_DATA_DIR"]) / "models"
