@@ -301,7 +301,8 @@ def result(args: argparse.Namespace, notes: Sequence[Any], questions: Sequence[Q
     from benchmarks.provenance import command_line, record
 
     prov = record(command_line("benchmarks.auto", args.argv),
-                  {"device_core": 0, "cloud_core": 1}, {"device": 1, "cloud": 1},
+                  {"device_core": args.cores[0], "cloud_core": args.cores[1]},
+                  {"device": 1, "cloud": 1},
                   [f"cloud {args.engine}", "device onnxruntime"])  # fmt: skip
     return {"provenance": prov,
             "config": {"engine": args.engine, "max_tokens": args.max_tokens,
@@ -322,7 +323,7 @@ async def run(args: argparse.Namespace) -> dict:
 
     notes, every_question = question_set(args.per_group)
     questions = [q for q in every_question if q.group in args.groups]
-    cloud_core = pin_device(0, 1)
+    cloud_core = pin_device(*args.cores)
     device = DeviceModel.load(model_path("device", "onnx-quant"), threads=1)
     started = time.perf_counter()
 
@@ -376,6 +377,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=list(GROUPS),
         choices=GROUPS,
         help="ask only these groups (a piece of a run; see --report)",
+    )
+    parser.add_argument(
+        "--cores",
+        nargs=2,
+        type=int,
+        default=[0, 1],
+        metavar=("DEVICE", "CLOUD"),
+        help="the cores the device and the cloud are pinned to",
     )
     parser.add_argument("--name", help="the result's file name (default: <engine>-<n>q)")
     parser.add_argument(
