@@ -381,7 +381,13 @@ def test_the_parsed_bytes_are_the_hashed_bytes(index, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(600)
-def test_cli_ingest_skips_a_fifo_and_applies_the_size_setting(tmp_path, embedder_dir) -> None:
+def test_cli_ingest_skips_a_fifo_and_applies_the_size_setting(
+    tmp_path, embedder_dir, monkeypatch, capsys
+) -> None:
+    """`tandem ingest` through `app.cli.main` (what the script runs) in this process: a
+    process of its own paid ~9 s of imports again."""
+    from app.cli import main
+
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "ok.txt").write_text("An ordinary note.\n")
@@ -392,19 +398,16 @@ def test_cli_ingest_skips_a_fifo_and_applies_the_size_setting(tmp_path, embedder
     config.mkdir()
     (config / "config.toml").write_text("ingest_max_mb = 2\n")
     os.symlink(embedder_dir, data / "models" / "all-minilm-l6-v2-onnx")
-    env = {**os.environ, "TANDEM_DATA_DIR": str(data), "TANDEM_CONFIG_DIR": str(config)}
-    out = subprocess.run(
-        [sys.executable, "-m", "app.cli", "ingest", str(docs)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    lines = out.stdout.splitlines()
-    assert f"skipped    {docs / 'x.txt'}  not a regular file (FIFO)" in lines, out.stdout
+    monkeypatch.setenv("TANDEM_DATA_DIR", str(data))
+    monkeypatch.setenv("TANDEM_CONFIG_DIR", str(config))
+    capsys.readouterr()
+    code = main(["ingest", str(docs)])
+    stdout = capsys.readouterr().out
+    lines = stdout.splitlines()
+    assert f"skipped    {docs / 'x.txt'}  not a regular file (FIFO)" in lines, stdout
     assert f"failed     {docs / 'big.txt'}  too large (2.1 MB > 2 MB cap)" in lines
     assert lines[-1] == "1 indexed, 1 failed, 1 skipped"
-    assert out.returncode == 1
+    assert code == 1
 
 
 # ---- fuzzing -------------------------------------------------------------------------------
