@@ -14,7 +14,8 @@
 
 With one engine (ort, the default and --quick), one cloud (`tandem serve` with its public
 corpus, pinned to core 1 as the grid pins it) serves the grid, the trace and the perplexity's
-network check: one cloud start, not three (CI's quick study: about a minute less).
+network check: one cloud start, not three. The perplexity part runs while that cloud starts
+(its network check waits for it), before the grid, so the grid still has the machine alone.
 
 Each part writes its JSON under benchmarks/results/dragon/ with the run's name; the pieces can
 be run on their own (each module's docstring) and pooled with `benchmarks.dragon --report`."""
@@ -23,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from asyncio import to_thread
 from collections.abc import Sequence
@@ -56,6 +59,17 @@ async def shared_cloud(quick: bool) -> Any:
     return cloud
 
 
+def publish(where: Path, cloud: Any) -> None:
+    """Tell the waiting perplexity part (`dragon_ppl --cloud-file`) the cloud's URL and token,
+    or, with None, that it did not start: the file appears whole (0600, then renamed)."""
+    text = f"{cloud.url}\n{cloud.token}\n" if cloud is not None else ""
+    tmp = where.with_suffix(".partial")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    tmp.rename(where)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     asyncio.run(study(argv))
 
@@ -79,26 +93,42 @@ async def study(argv: Sequence[str] | None = None) -> None:
     schedule, ppl = out / f"schedule-{name}.json", out / f"ppl-{name}.json"
     started = time.time()
     talk = {"grid", "ppl"} | (set() if args.quick else {"trace"})  # the parts with a cloud
-    cloud = None
-    if args.engines == ["ort"] and len(talk - set(args.skip)) > 1:
-        cloud = await shared_cloud(args.quick)
-    use = ["--cloud-url", cloud.url] if cloud else []
-    env = {**os.environ, CLOUD_TOKEN_ENV: cloud.token} if cloud else None
-    try:
-        if "grid" not in args.skip:
-            await to_thread(part, "dragon", *quick, "--engines", *args.engines, *use,
-                            "--out", str(grid), env=env)  # fmt: skip
-        if "trace" not in args.skip and not args.quick:  # --quick answers are shorter
-            await to_thread(part, "dragon", "--trace", "--engines", *args.engines, *use,
-                            "--prompts", "10", "--out", str(trace), env=env)  # fmt: skip
-        if "schedule" not in args.skip:
-            measured = ["--from", str(grid)] if grid.is_file() else []
-            part("dragon_schedule", *quick, *measured, "--out", str(schedule))
-        if "ppl" not in args.skip:
-            await to_thread(part, "dragon_ppl", *quick, *use, "--out", str(ppl), env=env)
-    finally:
-        if cloud is not None:
-            await cloud.stop()
+    share = args.engines == ["ort"] and len(talk - set(args.skip)) > 1
+    ppl_args = [*quick, "--out", str(ppl)]
+    cloud, ppl_done = None, None
+    with tempfile.TemporaryDirectory(prefix="tandem-dragon-eval-") as private:  # 0700
+        where = Path(private) / "cloud"
+        if share and "ppl" not in args.skip:  # its perplexities need no cloud: computed while
+            ppl_done = asyncio.ensure_future(  # the cloud starts, its network check waits
+                to_thread(part, "dragon_ppl", *ppl_args, "--cloud-file", str(where))
+            )
+        try:
+            if share:
+                try:
+                    cloud = await shared_cloud(args.quick)
+                finally:
+                    publish(where, cloud)  # or that it failed: the check says so, not waits
+            if ppl_done is not None:
+                await ppl_done  # before the grid, whose timings have the machine to themselves
+            elif "ppl" not in args.skip:
+                await to_thread(part, "dragon_ppl", *ppl_args)
+            use = ["--cloud-url", cloud.url] if cloud else []
+            env = {**os.environ, CLOUD_TOKEN_ENV: cloud.token} if cloud else None
+            if "grid" not in args.skip:
+                await to_thread(part, "dragon", *quick, "--engines", *args.engines, *use,
+                                "--out", str(grid), env=env)  # fmt: skip
+            if "trace" not in args.skip and not args.quick:  # --quick answers are shorter
+                await to_thread(part, "dragon", "--trace", "--engines", *args.engines, *use,
+                                "--prompts", "10", "--out", str(trace), env=env)  # fmt: skip
+            if "schedule" not in args.skip:
+                measured = ["--from", str(grid)] if grid.is_file() else []
+                part("dragon_schedule", *quick, *measured, "--out", str(schedule))
+        finally:
+            if ppl_done is not None and not ppl_done.done():
+                with contextlib.suppress(Exception):
+                    await ppl_done  # a failed cloud start: its part ends with the check's error
+            if cloud is not None:
+                await cloud.stop()
     if "kv" not in args.skip:
         part("dragon_kv", "--prompts", "2" if args.quick else "20", "--out",
              str(out / f"drcg-kv-{name}.json"))  # fmt: skip

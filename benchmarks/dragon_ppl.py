@@ -386,8 +386,9 @@ def run(args: argparse.Namespace) -> dict:
         print_table(setting, ppl)
     if args.check:
         try:
+            cloud = args.cloud_file or args.cloud_url
             out["network_check"] = asyncio.run(
-                _checks(windows[: args.check], tokenizer, models["pair"], corpus, args.cloud_url)
+                _checks(windows[: args.check], tokenizer, models["pair"], corpus, cloud)
             )
         except Exception as exc:  # the perplexities above cost an hour: keep them
             log.exception("the network check failed")
@@ -397,15 +398,18 @@ def run(args: argparse.Namespace) -> dict:
 
 async def _checks(
     windows: Sequence[Window], tokenizer: Any, cloud_lm: Any, corpus: Any,
-    cloud_url: str | None = None,
+    cloud_url: str | Path | None = None,
 ) -> list[float]:  # fmt: skip
     """The network check of each window, over the ort cloud at `cloud_url` (`dragon_eval`'s,
-    shared with the grid: its token in the environment) or a new `tandem serve`."""
+    shared with the grid: its token in the environment; or a file it writes both to once the
+    cloud is up) or a new `tandem serve`."""
     from benchmarks.common import start_cloud
     from benchmarks.dragon import CLOUD_TOKEN_ENV
 
     cloud = None
-    if cloud_url:
+    if isinstance(cloud_url, Path):  # dragon_eval's, once it has started
+        url, token = await _published(cloud_url)
+    elif cloud_url:
         url, token = cloud_url, os.environ[CLOUD_TOKEN_ENV]
     else:
         cloud, url, token = await start_cloud("ort", None, corpus=True)
@@ -417,6 +421,19 @@ async def _checks(
     for d in diffs:
         print(f"network check: largest |Δ log p| per token {d:.2e}")
     return diffs
+
+
+async def _published(where: Path, timeout_s: float = 1800.0) -> tuple[str, str]:
+    """The URL and token `dragon_eval` writes to `where` once its cloud is up."""
+    deadline = time.monotonic() + timeout_s
+    while not where.is_file():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no cloud in {where} after {timeout_s:.0f} s")
+        await asyncio.sleep(0.2)
+    lines = where.read_text().split()
+    if len(lines) != 2:
+        raise RuntimeError("the shared cloud did not start (benchmarks.dragon_eval)")
+    return lines[0], lines[1]
 
 
 def print_table(setting: str, ppl: dict[str, dict[int, float]]) -> None:
@@ -462,6 +479,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="check over this running ort cloud with its corpus (token in "
         "$TANDEM_BENCH_CLOUD_TOKEN) instead of starting one: the policy SCORE takes k from "
         "the request, and its prefill is the same with the document cache on or off",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cloud-file", type=Path,
+        help="the same, its URL and token read from this file once it appears (dragon_eval "
+        "writes it when the cloud it starts meanwhile is up)",
     )  # fmt: skip
     parser.add_argument(
         "--random-control",
