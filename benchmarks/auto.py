@@ -114,13 +114,13 @@ def counting_sockets() -> Iterator[list[object]]:
 async def answer_one(mode: Any, question: Question, options: Any) -> dict[str, Any]:
     from edge_runtime.events import ModeChoice, Stats, TextDelta
 
-    text, stats, choice = "", None, None
+    text, stats, choice, decide_s = "", None, None, None
     start = time.perf_counter()
     async for ev in mode.answer(question.text, [], options):
         if isinstance(ev, TextDelta):
             text += ev.text
-        elif isinstance(ev, ModeChoice):
-            choice = ev
+        elif isinstance(ev, ModeChoice):  # auto's decision: the private search, the query
+            choice, decide_s = ev, time.perf_counter() - start
         elif isinstance(ev, Stats):
             stats = ev
     elapsed = time.perf_counter() - start
@@ -129,7 +129,7 @@ async def answer_one(mode: Any, question: Question, options: Any) -> dict[str, A
             "right": right(text, question.facts), "tokens": stats.tokens,
             "ttft_s": stats.ttft_s, "elapsed_s": elapsed, "tokens_per_s": stats.tokens_per_s,
             "bytes_up": stats.bytes_up, "bytes_down": stats.bytes_down,
-            "chose": choice.mode if choice else None,
+            "chose": choice.mode if choice else None, "decide_s": decide_s,
             "reason": choice.reason if choice else None}  # fmt: skip
 
 
