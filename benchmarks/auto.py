@@ -167,6 +167,23 @@ async def ask_all(
     return rows
 
 
+async def decisions(mode: Any, questions: Sequence[Question], repeats: int) -> list[dict]:
+    """auto's decision alone for each question, `repeats` times (the private search and the
+    relevance query, run at once): what auto adds to the chosen mode's answer, measured
+    apart from the answers' own variation."""
+    from edge_runtime.options import AnswerOptions
+
+    options = AnswerOptions(temperature=0.0)
+    rows = []
+    for q in questions:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            choice = await mode.choose(q.text, [], options)
+            rows.append({"question": q.id, "group": q.group, "chose": choice.mode,
+                         "decide_s": time.perf_counter() - start})  # fmt: skip
+    return rows
+
+
 async def device_only_pass(mode: Any, questions: Sequence[Question]) -> dict[str, Any]:
     """auto under the policy "questions stay on this device": every choice and every socket
     the process opened meanwhile (short answers: the choice and the sockets are the point)."""
@@ -341,6 +358,13 @@ async def run(args: argparse.Namespace) -> dict:
         cloud, url, token = await start_cloud(args.engine, cloud_core, corpus=True)
         modes = contexts(device, index, url, token)
         try:
+            if args.decisions:
+                await decisions(modes["auto"], questions, 1)  # warm: the sessions open
+                rows = await decisions(modes["auto"], questions, args.decisions)
+                args.out.write_text(json.dumps(
+                    {"provenance": result(args, notes, questions, [], None, 0)["provenance"],
+                     "decisions": rows}, indent=1), encoding="utf-8")  # fmt: skip
+                return {"decisions": rows}
             rows = await ask_all(modes, questions, args.max_tokens, save)
             private_pass = await device_only_pass(modes["auto"], every_question)
             save(rows, private_pass)
@@ -386,6 +410,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         metavar=("DEVICE", "CLOUD"),
         help="the cores the device and the cloud are pinned to",
     )
+    parser.add_argument(
+        "--decisions",
+        type=int,
+        default=0,
+        metavar="N",
+        help="time auto's decision alone, N times a question (no answers)",
+    )
     parser.add_argument("--name", help="the result's file name (default: <engine>-<n>q)")
     parser.add_argument(
         "--report",
@@ -406,6 +437,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     args.out = RESULTS / f"{name}.json"
     measured = asyncio.run(run(args))  # saved after each answer
+    if args.decisions:
+        times = sorted(r["decide_s"] for r in measured["decisions"])
+        print(f"decision: median {times[len(times) // 2]:.3f} s, max {times[-1]:.3f} s; "
+              f"written to {args.out}")  # fmt: skip
+        return
     print_summary(measured["summary"], measured["device_only"])
     print(f"\n{measured['seconds']:.0f} s; written to {args.out}")
 
