@@ -1182,6 +1182,9 @@ AUTO = ("auto/ort-60q.json", "auto/ort-60q-chat.json")
 last questions (its timings shared the cores; auto's timing target is the public group's)."""
 
 
+AUTO_DECISIONS = "auto/ort-60q-decisions.json"
+
+
 def _auto_pooled() -> tuple[list[dict], dict | None, dict]:
     from benchmarks.auto import pooled
 
@@ -1218,9 +1221,10 @@ def auto_accuracy() -> Built:
 def auto_choices() -> Built:
     """auto's choices per group, its time against cloud-only's on public questions, and the
     device-only policy pass."""
-    from benchmarks.auto import GROUPS, summarise, verdicts
+    from benchmarks.auto import GROUPS, decision_bound, summarise, verdicts
 
     rows, private_pass, _ = _auto_pooled()
+    bound = decision_bound(rows, load(AUTO_DECISIONS)["decisions"])
     summary = summarise(rows)
     modes = ("local", "cloud", "split", "dragon")
     lines = ["| group | " + " | ".join(f"auto → {m}" for m in modes) + " |",
@@ -1228,8 +1232,8 @@ def auto_choices() -> Built:
     for g in GROUPS:
         picked = summary["confusion"].get(g, {})
         lines.append(f"| {g} | " + " | ".join(str(picked.get(m, 0)) for m in modes) + " |")
-    targets = " ".join(f"{line}." for line in verdicts(summary, private_pass))
-    return Built("\n".join(lines), list(AUTO), f"Targets: {targets}")
+    targets = " ".join(f"{line}." for line in verdicts(summary, private_pass, bound))
+    return Built("\n".join(lines), [*AUTO, AUTO_DECISIONS], f"Targets: {targets}")
 
 
 def readme_speed() -> Built:

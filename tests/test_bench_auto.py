@@ -159,3 +159,16 @@ def test_pieces_pool_with_the_later_answer_winning(tmp_path):
     assert sorted((r["question"], r["right"]) for r in rows) == [("both-00", True),
                                                                   ("chat-00", True)]  # fmt: skip
     assert private_pass == second["device_only"]
+
+
+def test_the_decision_bound_is_the_slowest_decision_on_each_cloud_answer():
+    times = {"public-00": 10.0, "public-01": 2.0, "chat-00": 1.0}
+    rows = [{"method": "cloud", "question": q, "group": q.split("-")[0], "elapsed_s": t}
+            for q, t in times.items()]  # fmt: skip
+    slow = (("public-00", 0.1), ("public-00", 0.5), ("public-01", 0.1), ("chat-00", 9.0))
+    decided = [{"question": q, "decide_s": t} for q, t in slow]
+    bound = bench.decision_bound(rows, decided)
+    assert bound is not None and bound["questions"] == 2
+    assert bound["worst"] == pytest.approx(1.05) and bound["worst_question"] == "public-00"
+    line = bench.verdicts({"accuracy": {}}, None, bound)
+    assert line == []  # no auto rows: no verdicts at all
