@@ -6,12 +6,12 @@ the bare question and nothing private."""
 
 from __future__ import annotations
 
-import asyncio
 import socket
 
 import pytest
 from aiohttp.test_utils import TestServer
 
+from benchmarks.auto import counting_sockets
 from cloud_backend.config import ServerConfig
 from cloud_backend.engine import LLMEngine
 from cloud_backend.server import create_app
@@ -120,31 +120,15 @@ async def test_a_question_both_sides_match_is_answered_by_dragon(device, notes, 
     await strict.close()
 
 
-async def test_questions_kept_on_the_device_open_no_socket(device, notes, monkeypatch):
-    opened: list[object] = []
-    real_connect = socket.socket.connect
-
-    def spy(self, address):
-        opened.append(address)
-        return real_connect(self, address)
-
-    monkeypatch.setattr(socket.socket, "connect", spy)
-    monkeypatch.setattr(socket.socket, "connect_ex", spy)
-    loop = asyncio.get_running_loop()
-    real_create = loop.create_connection
-
-    async def spy_create(*args, **kwargs):
-        opened.append(args)
-        return await real_create(*args, **kwargs)
-
-    monkeypatch.setattr(loop, "create_connection", spy_create)
+async def test_questions_kept_on_the_device_open_no_socket(device, notes):
     # a cloud is configured (and would answer at this address): the policy alone keeps it out
     ctx = context(device, notes, "ws://127.0.0.1:9/v1/session", auto_cloud_questions=False)
     auto = build_mode("auto", ctx)
-    for question in (PRIVATE_Q, PUBLIC_Q, BOTH_Q, CHAT_Q):
-        events, stats = await ask(auto, question)
-        assert choice_of(events).reason == "your policy keeps questions on this device"
-        assert stats.auto_mode == "local" and stats.bytes_up == stats.bytes_down == 0
+    with counting_sockets() as opened:  # every connect, blocking or the event loop's
+        for question in (PRIVATE_Q, PUBLIC_Q, BOTH_Q, CHAT_Q):
+            events, stats = await ask(auto, question)
+            assert choice_of(events).reason == "your policy keeps questions on this device"
+            assert stats.auto_mode == "local" and stats.bytes_up == stats.bytes_down == 0
     assert opened == []
 
 

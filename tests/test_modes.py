@@ -7,7 +7,6 @@ rejections, so the residual paths run)."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 from scipy import stats as scipy_stats
 
+from benchmarks.auto import counting_sockets
 from benchmarks.tiny_models import TINY_CONTEXT, build_tiny_hf
 from cloud_backend.config import ServerConfig
 from cloud_backend.engine import LLMEngine
@@ -425,27 +425,11 @@ async def test_split_never_sends_private_text(variant, near_drafter, cloud_url, 
         assert chunk not in bytes(tap.up)
 
 
-async def test_local_mode_opens_no_socket(near_drafter, private_index, monkeypatch):
-    opened = []
-    real_connect = socket.socket.connect
-
-    def spy(self, address):
-        opened.append(address)
-        return real_connect(self, address)
-
-    monkeypatch.setattr(socket.socket, "connect", spy)
-    monkeypatch.setattr(socket.socket, "connect_ex", spy)
-    loop = asyncio.get_running_loop()
-    real_create = loop.create_connection
-
-    async def spy_create(*args, **kwargs):
-        opened.append(args)
-        return await real_create(*args, **kwargs)
-
-    monkeypatch.setattr(loop, "create_connection", spy_create)
+async def test_local_mode_opens_no_socket(near_drafter, private_index):
     ctx = ModeContext(near_drafter, private_index, CloudSettings("ws://127.0.0.1:9/x", TOKEN))
     local = build_mode("local", ctx)
-    text, stats, events = await ask(local, "Where is the spare key?", AnswerOptions(24, k=2))
+    with counting_sockets() as opened:  # every connect, blocking or the event loop's
+        text, stats, events = await ask(local, "Where is the spare key?", AnswerOptions(24, k=2))
     assert text and stats.tokens > 0 and stats.bytes_up == stats.bytes_down == 0
     assert any(isinstance(e, Citation) and e.side == "device" for e in events)
     assert opened == []
