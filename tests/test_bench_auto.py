@@ -172,3 +172,11 @@ def test_the_decision_bound_is_the_slowest_decision_on_each_cloud_answer():
     assert bound["worst"] == pytest.approx(1.05) and bound["worst_question"] == "public-00"
     line = bench.verdicts({"accuracy": {}}, None, bound)
     assert line == []  # no auto rows: no verdicts at all
+
+
+def test_an_end_to_end_ratio_whose_interval_holds_the_bound_is_not_a_pass():
+    rows = rows_for({"private": "local", "public": "cloud", "both": "dragon", "chat": "cloud"})
+    for i, r in enumerate(r for r in rows if r["group"] == "public"):
+        r["elapsed_s"] = [1.0, 1.5, 0.8, 1.1, 1.3][i // 5 % 5] if r["method"] == "auto" else 1.0
+    lines = bench.verdicts(bench.summarise(rows), None)
+    assert any(line.startswith("NOT SHOWN") for line in lines), lines
