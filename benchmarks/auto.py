@@ -339,15 +339,20 @@ def print_summary(summary: dict[str, Any], private_pass: dict[str, Any] | None) 
 # --------------------------------------------------------------------------- run
 
 
-def result(args: argparse.Namespace, notes: Sequence[Any], questions: Sequence[Question],
-           rows: list[dict], private_pass: dict | None, seconds: float) -> dict:  # fmt: skip
+def provenance(args: argparse.Namespace) -> dict[str, Any]:
+    """The run's provenance, taken once as it starts (the code that ran, not the tree's state
+    when a later answer was saved)."""
     from benchmarks.provenance import command_line, record
 
-    prov = record(command_line("benchmarks.auto", args.argv),
+    return record(command_line("benchmarks.auto", args.argv),
                   {"device_core": args.cores[0], "cloud_core": args.cores[1]},
                   {"device": 1, "cloud": 1},
                   [f"cloud {args.engine}", "device onnxruntime"])  # fmt: skip
-    return {"provenance": prov,
+
+
+def result(args: argparse.Namespace, notes: Sequence[Any], questions: Sequence[Question],
+           rows: list[dict], private_pass: dict | None, seconds: float) -> dict:  # fmt: skip
+    return {"provenance": args.provenance,
             "config": {"engine": args.engine, "max_tokens": args.max_tokens,
                        "per_group": args.per_group, "groups": list(args.groups)},
             "notes": [asdict(n) for n in notes],
@@ -364,6 +369,7 @@ async def run(args: argparse.Namespace) -> dict:
     from personal_index.index import PersonalIndex
     from tandem_packaging.prepare import model_path
 
+    args.provenance = provenance(args)
     notes, every_question = question_set(args.per_group)
     questions = [q for q in every_question if q.group in args.groups]
     cloud_core = pin_device(*args.cores)
