@@ -60,7 +60,7 @@ class Settings:
     cloud_engine: str = "ort"  # embedded backend engine: "ort" | "torch"
     device_model: str = ""  # "" = the prepared default; else a folder with an ONNX model
     cloud_model: str = ""  # "" = the prepared default; else a folder (embedded backend)
-    default_mode: str = "local"
+    default_mode: str = "auto"  # picks a mode per question (docs/benchmarks/auto.md)
     k: int = DEFAULTS.k  # private passages retrieved
     relevance_floor: float = RELEVANCE_FLOOR  # a less relevant passage is neither used nor cited
     max_tokens: int = DEFAULTS.max_new_tokens
