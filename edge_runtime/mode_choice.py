@@ -1,5 +1,5 @@
 """How `auto` picks a mode for one question: a pure function of what was measured before the
-answer (docs/modes.md#auto lists the rules and the evaluation behind them).
+answer (docs/usage.md#auto lists the rules; docs/benchmarks/auto.md the evaluation behind them).
 
 The signals: how relevant the private passages are (the device's own search, its floor
 applied), how relevant the public ones are (the cloud's retrieval of the bare question, its
