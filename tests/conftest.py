@@ -90,3 +90,18 @@ def vllm_tiny(tiny, request) -> Path:
     if not (root / "hf" / "config.json").is_file():
         build_tiny_hf(tiny["tokenizer"], root / "hf", seed=0, heads=2, kv_heads=1)
     return root / "hf"
+
+
+@pytest.fixture(scope="module")
+def private_index(tmp_path_factory, embedder_dir):
+    """Two private notes (a locker code and a salary), indexed: the privacy tests' documents."""
+    from personal_index.index import PersonalIndex
+
+    docs = tmp_path_factory.mktemp("private")
+    (docs / "diary.md").write_text(
+        "# Private\nMy locker code is 4417 and the spare key hides under the blue flowerpot.\n"
+    )
+    (docs / "salary.txt").write_text("Salary review: Jordan earns 81,250 euros from March on.\n")
+    index = PersonalIndex(tmp_path_factory.mktemp("index"), embedder_dir)
+    index.ingest([docs])
+    return index

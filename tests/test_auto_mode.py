@@ -41,21 +41,6 @@ def device(tiny, tiny_tokenizer) -> DeviceModel:
     return DeviceModel(OrtCausalLM(tiny["onnx-quant"]), tiny_tokenizer, "tiny-device")
 
 
-@pytest.fixture(scope="module")
-def notes(tmp_path_factory, embedder_dir):
-    from personal_index.index import PersonalIndex
-
-    docs = tmp_path_factory.mktemp("notes")
-    (docs / "diary.md").write_text(
-        "# Private\nMy locker code is 4417 and the spare key hides under the blue flowerpot.\n"
-    )
-    (docs / "salary.txt").write_text("Salary review: Jordan earns 81,250 euros from March on.\n")
-    index = PersonalIndex(tmp_path_factory.mktemp("index"), embedder_dir)
-    index.ingest([docs])
-    yield index
-    index.close()
-
-
 @pytest.fixture
 async def cloud_url(cloud_engine, public_corpus):
     config = ServerConfig(token=TOKEN, corpus_enabled=False, corpus_k=2)
@@ -90,9 +75,9 @@ EXPECTED = [(PRIVATE_Q, "local"), (PUBLIC_Q, "cloud"), (CHAT_Q, "cloud")]
 
 @pytest.mark.parametrize(("question", "expected"), EXPECTED)
 async def test_auto_says_its_choice_first_and_answers_as_that_mode(
-    question, expected, device, notes, cloud_url
+    question, expected, device, private_index, cloud_url
 ):
-    ctx = context(device, notes, cloud_url)
+    ctx = context(device, private_index, cloud_url)
     auto = build_mode("auto", ctx)
     events, stats = await ask(auto, question)
     choice = choice_of(events)
@@ -105,24 +90,25 @@ async def test_auto_says_its_choice_first_and_answers_as_that_mode(
     await auto.close()
 
 
-async def test_a_question_both_sides_match_is_answered_by_dragon(device, notes, cloud_url):
-    auto = build_mode("auto", context(device, notes, cloud_url))
+async def test_a_question_both_sides_match_is_answered_by_dragon(device, private_index, cloud_url):
+    auto = build_mode("auto", context(device, private_index, cloud_url))
     events, stats = await ask(auto, BOTH_Q)
     assert choice_of(events).mode == "dragon" and stats.auto_mode == "dragon"
     assert stats.tokens > 0 and stats.aggregator in ("device", "cloud")
     sides = {e.side for e in events if isinstance(e, Citation)}
     assert sides == {"device", "cloud"}
     # the policy "private passages stay out of cloud answers" keeps it local
-    strict = build_mode("auto", context(device, notes, cloud_url, auto_private_in_cloud=False))
+    strict_ctx = context(device, private_index, cloud_url, auto_private_in_cloud=False)
+    strict = build_mode("auto", strict_ctx)
     events, stats = await ask(strict, BOTH_Q)
     assert choice_of(events).mode == "local" and stats.bytes_down > 0  # it asked, then stayed
     await auto.close()
     await strict.close()
 
 
-async def test_questions_kept_on_the_device_open_no_socket(device, notes):
+async def test_questions_kept_on_the_device_open_no_socket(device, private_index):
     # a cloud is configured (and would answer at this address): the policy alone keeps it out
-    ctx = context(device, notes, "ws://127.0.0.1:9/v1/session", auto_cloud_questions=False)
+    ctx = context(device, private_index, "ws://127.0.0.1:9/v1/session", auto_cloud_questions=False)
     auto = build_mode("auto", ctx)
     with counting_sockets() as opened:  # every connect, blocking or the event loop's
         for question in (PRIVATE_Q, PUBLIC_Q, BOTH_Q, CHAT_Q):
@@ -132,11 +118,11 @@ async def test_questions_kept_on_the_device_open_no_socket(device, notes):
     assert opened == []
 
 
-async def test_a_cloud_that_does_not_answer_leaves_the_question_local(device, notes):
+async def test_a_cloud_that_does_not_answer_leaves_the_question_local(device, private_index):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    auto = build_mode("auto", context(device, notes, f"ws://127.0.0.1:{port}/v1/session"))
+    auto = build_mode("auto", context(device, private_index, f"ws://127.0.0.1:{port}/v1/session"))
     events, stats = await ask(auto, PUBLIC_Q)
     assert choice_of(events) == ModeChoice("local", "the cloud did not answer")
     assert stats.tokens > 0
@@ -151,16 +137,16 @@ async def test_a_cloud_that_does_not_answer_leaves_the_question_local(device, no
     events, _ = await ask(auto, PUBLIC_Q)
     assert choice_of(events).mode == "local" and tries == [1]
     await auto.close()
-    no_cloud = build_mode("auto", context(device, notes, None))
+    no_cloud = build_mode("auto", context(device, private_index, None))
     events, _ = await ask(no_cloud, PUBLIC_Q)
     assert choice_of(events) == ModeChoice("local", "no cloud")
 
 
-async def test_the_relevance_query_carries_the_bare_question_only(device, notes, cloud_url):
+async def test_the_relevance_query_carries_the_bare_question_only(device, private_index, cloud_url):
     port = int(cloud_url.split(":")[2].split("/")[0])
     tap = WireTap(port)
     url = f"ws://127.0.0.1:{await tap.start()}/v1/session"
-    auto = build_mode("auto", context(device, notes, url))
+    auto = build_mode("auto", context(device, private_index, url))
     secret_turn = Turn("What is my salary?", "Jordan earns 81,250 euros.", "local")
     events, _ = await ask(auto, PRIVATE_Q, [secret_turn])
     assert choice_of(events).mode == "local"

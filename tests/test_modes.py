@@ -380,20 +380,6 @@ class WireTap:
             self.server.close()
 
 
-@pytest.fixture(scope="module")
-def private_index(tmp_path_factory, embedder_dir):
-    from personal_index.index import PersonalIndex
-
-    docs = tmp_path_factory.mktemp("private")
-    (docs / "diary.md").write_text(
-        "# Private\nMy locker code is 4417 and the spare key hides under the blue flowerpot.\n"
-    )
-    (docs / "salary.txt").write_text("Salary review: Jordan earns 81,250 euros from March on.\n")
-    index = PersonalIndex(tmp_path_factory.mktemp("index"), embedder_dir)
-    index.ingest([docs])
-    return index
-
-
 @pytest.mark.parametrize("variant", variant_names())
 async def test_split_never_sends_private_text(variant, near_drafter, cloud_url, private_index):
     port = int(cloud_url.split(":")[2].split("/")[0])
