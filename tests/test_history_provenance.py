@@ -22,7 +22,6 @@ from tests import test_modes
 from tests.test_modes import WireTap
 
 cloud_engine, near_drafter = test_modes.cloud_engine, test_modes.near_drafter
-private_index = test_modes.private_index
 TOKEN = test_modes.TOKEN
 QUESTION = "Where is the spare key hidden, and what is my locker code?"
 
