@@ -12,15 +12,15 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 
-from collab.protocol import Citations, Done, Error, Generate
+from collab.protocol import Generate
+from collab.split import Transcript
 from edge_runtime.client import CloudError
 from edge_runtime.device import retrieve_private
-from edge_runtime.events import Event, ModeChoice, Stats
+from edge_runtime.events import Citation, Event, ModeChoice, Stats
 from edge_runtime.mode_choice import Choice, CloudReach, Policy, Signals, Speeds, choose
 from edge_runtime.modes.auto_declared import DECLARED
 from edge_runtime.modes.base import Answer, AnswerOptions, ModeContext, Orchestrator, Turn
 from edge_runtime.modes.cloud_link import CloudBacked
-from edge_runtime.modes.link import refusal
 
 PROBE_TIMEOUT_S = 10.0
 """A cloud that cannot say how well its corpus matches within this (connecting included) is
@@ -135,28 +135,19 @@ class AutoMode(Orchestrator):
     async def public_relevance(self, question: str) -> tuple[list[float], float | None]:
         """The relevance of each public passage the cloud retrieves for the bare question
         (those past its floor), and the session's round trip: a retrieval request on the
-        cloud mode's session."""
+        cloud mode's session, its frames read by the request link every request uses."""
         cloud = self.mode("cloud")
         assert isinstance(cloud, CloudBacked)
-        client = await cloud.client()
         rid = next(CloudBacked._request_ids)
-        up0, down0 = client.bytes_up, client.bytes_down
-        deadline = time.perf_counter() + PROBE_TIMEOUT_S
-        scores: list[float] = []
+        probe = Answer(Stats(self.name), time.perf_counter(), Transcript(0, frozenset()), None)
+        link = cloud.link(await cloud.client(), rid, probe)
         try:
-            await client.send(Generate(question, max_new_tokens=0, retrieve=True, request_id=rid))
-            while True:
-                msg = await client.recv(timeout=max(0.0, deadline - time.perf_counter()))
-                if isinstance(msg, Error) and msg.request_id in (rid, 0):
-                    raise refusal(msg)
-                if msg.request_id != rid:
-                    continue  # an older request's last frames
-                if isinstance(msg, Citations):
-                    scores += [s.score for s in msg.sources]
-                elif isinstance(msg, Done):
-                    return scores, client.rtt_s
+            await link.send(Generate(question, max_new_tokens=0, retrieve=True, request_id=rid))
+            while not link.ended(await link.recv()):
+                pass
+            return [e.score for e in link.take_events() if isinstance(e, Citation)], link.rtt()
         finally:
-            self._probe_bytes = (client.bytes_up - up0, client.bytes_down - down0)
+            self._probe_bytes = (link.bytes_up, link.bytes_down)
 
     def _learn(self, name: str, stats: Stats, elapsed_s: float) -> None:
         """Keep each mode's decode speed (what the slow-cloud rule weighs)."""
