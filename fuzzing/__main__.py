@@ -5,6 +5,8 @@ run). The corpus directory keeps what the fuzzer learned between runs."""
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -12,8 +14,24 @@ from pathlib import Path
 import atheris
 import platformdirs
 
+FUZZING_CHILD = "TANDEM_FUZZING_CHILD"
+
+
+def in_a_child() -> int:
+    """Run this command again in a child of this (small) process; its exit status.
+
+    libFuzzer's memory limit (-rss_limit_mb, 2 GB unless set) reads the process's peak RSS
+    from getrusage, and Linux carries that peak over an exec from the process that started
+    it: launched from a large one (a test run holding models: 4.9 GB in CI), the fuzzer
+    stopped "out of memory" at once, whatever the inputs. A process this one forks starts
+    from this one's peak, a few MB."""
+    env = {**os.environ, FUZZING_CHILD: "1"}
+    return subprocess.call([sys.executable, "-m", "fuzzing", *sys.argv[1:]], env=env)
+
 
 def main() -> None:
+    if FUZZING_CHILD not in os.environ:
+        sys.exit(in_a_child())
     parser = argparse.ArgumentParser(prog="python -m fuzzing", description=__doc__)
     parser.add_argument("target", choices=["frames", "session", "parsers"])
     parser.add_argument("--minutes", type=float, default=5.0)
