@@ -18,7 +18,6 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from aiohttp.test_utils import TestServer
-from scipy import stats as scipy_stats
 
 from app.embedded import read_metrics
 from benchmarks.common import VLLM_INSTALL, vllm_python
@@ -36,6 +35,7 @@ from model_runtime.ort_runtime import OrtCausalLM
 from model_runtime.prompting import prompt_ids
 from model_runtime.torch_runtime import TorchCausalLM
 from tests.concurrent_answers import WORKERS, by_seed
+from tests.sampled_law import stratified_chi_square_p
 from tests.test_serve_stop import (
     METRICS_TOKEN,
     TOKEN,
@@ -229,29 +229,6 @@ async def test_dragon_rows_reuse_vllm_prefix_cache_across_one_users_sessions(
         got.append(await reused_documents(vllm_url) - before)
     bare = document_prompt(tiny_tokenizer, question, [], None, 10_000)[0]  # the cloud's only row
     assert got[0] <= 16 < len(bare) - 17 <= got[1]  # whole blocks, never the last token
-
-
-def stratified_chi_square_p(pairs: list[tuple[int, int]], target) -> float:
-    """p-value that each pair's second token follows `target(first)`: one χ² per first token
-    (bins with expected < 5 pooled), summed with their degrees of freedom."""
-    total = dof = 0.0
-    for first in {f for f, _ in pairs}:
-        seconds = [s for f, s in pairs if f == first]
-        probs = target(first)
-        support = np.flatnonzero(probs > 0)
-        if any(probs[s] == 0 for s in seconds):
-            return 0.0  # a token the target cannot produce
-        counts = np.array([seconds.count(int(t)) for t in support], dtype=np.float64)
-        expected = probs[support] * len(seconds)
-        big = expected >= 5
-        obs = np.append(counts[big], counts[~big].sum())
-        exp = np.append(expected[big], expected[~big].sum())
-        keep = exp > 0
-        if keep.sum() < 2:
-            continue
-        total += float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
-        dof += keep.sum() - 1
-    return float(scipy_stats.chi2.sf(total, dof)) if dof else 1.0
 
 
 @pytest.mark.parametrize("variant", ["tk-slt", "dsd"])
