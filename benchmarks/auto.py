@@ -133,7 +133,9 @@ async def answer_one(mode: Any, question: Question, options: Any) -> dict[str, A
             "reason": choice.reason if choice else None}  # fmt: skip
 
 
-def contexts(device: Any, index: Any, url: str, token: str) -> dict[str, Any]:
+def contexts(
+    device: Any, index: Any, url: str, token: str, methods: Sequence[str] = METHODS
+) -> dict[str, Any]:
     """One mode context per method: each fixed mode and auto on sessions of their own (a
     cloud session reuses its last prompt's cache: sharing one would favour the mode that asks
     the same question second)."""
@@ -142,7 +144,7 @@ def contexts(device: Any, index: Any, url: str, token: str) -> dict[str, Any]:
 
     return {m: build_mode(m, ModeContext(device=device, index=index,
                                          cloud=CloudSettings(url, token)))
-            for m in METHODS}  # fmt: skip
+            for m in methods}  # fmt: skip
 
 
 async def ask_all(
@@ -354,7 +356,8 @@ def result(args: argparse.Namespace, notes: Sequence[Any], questions: Sequence[Q
            rows: list[dict], private_pass: dict | None, seconds: float) -> dict:  # fmt: skip
     return {"provenance": args.provenance,
             "config": {"engine": args.engine, "max_tokens": args.max_tokens,
-                       "per_group": args.per_group, "groups": list(args.groups)},
+                       "per_group": args.per_group, "groups": list(args.groups),
+                       "methods": list(args.methods)},
             "notes": [asdict(n) for n in notes],
             "questions": [asdict(q) for q in questions], "rows": rows,
             "summary": summarise(rows) if len({r["method"] for r in rows}) == len(METHODS)
@@ -388,7 +391,7 @@ async def run(args: argparse.Namespace) -> dict:
         index = PersonalIndex(Path(tmp) / "index", default_embedder_dir())
         index.ingest([folder])
         cloud, url, token = await start_cloud(args.engine, cloud_core, corpus=True)
-        modes = contexts(device, index, url, token)
+        modes = contexts(device, index, url, token, args.methods)
         try:
             if args.decisions:
                 await decisions(modes["auto"], questions, 1)  # warm: the sessions open
@@ -435,6 +438,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="ask only these groups (a piece of a run; see --report)",
     )
     parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=list(METHODS),
+        choices=METHODS,
+        help="answer in these methods only (a piece of a run; auto is always among them)",
+    )
+    parser.add_argument(
         "--cores",
         nargs=2,
         type=int,
@@ -459,6 +469,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     args.argv = argv
+    args.methods = [m for m in METHODS if m in {*args.methods, "auto"}]
     if args.report:
         rows, private_pass = pooled(args.report)
         print_summary(summarise(rows), private_pass)
