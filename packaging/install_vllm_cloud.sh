@@ -5,9 +5,9 @@
 set -eu
 venv="${1:-.venv-vllm}"
 python3.11 -m venv "$venv"
-"$venv/bin/pip" install -q torch==2.13.0        # first and pinned: the CPU build, as for the device
-"$venv/bin/pip" install -q -r packaging/cloud-vllm.txt
-"$venv/bin/pip" install -q --no-deps -e .
+"$venv/bin/pip" install -q --no-compile torch==2.13.0       # first and pinned: the CPU build, as for the device
+"$venv/bin/pip" install -q --no-compile -r packaging/cloud-vllm.txt
+"$venv/bin/pip" install -q --no-compile --no-deps -e .
 # CUDA builds of torch's add-ons that the resolver pulls in: they fail to load against the CPU
 # torch, and transformers imports torchvision whenever it is there (vLLM serves text without them)
 "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec triton
