@@ -274,13 +274,8 @@ class Assistant:
             args = ["--engine", self.settings.cloud_engine]
             if self.settings.cloud_model:
                 args += ["--model-dir", str(Path(self.settings.cloud_model).expanduser())]
-            self._embedded = await EmbeddedCloud.start(args, on_progress=self._cloud_progress)
+            self._embedded = await EmbeddedCloud.start(args, on_progress=progress)
         return self._embedded.url, self._embedded.token
-
-    def _cloud_progress(self, done: int, total: int, what: str) -> None:
-        """The embedded cloud's first start builds its corpus: say how far, not just "starting"."""
-        self.cloud_status = CloudStatus("starting", f"indexing {what} {done:,}/{total:,}",
-                                        embedded=True)  # fmt: skip
 
     async def _probe(self) -> None:
         """Open the cloud-mode session now, so a wrong token or model shows before asking."""

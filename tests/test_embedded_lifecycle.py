@@ -151,13 +151,25 @@ def test_the_corpus_build_reports_progress_and_never_writes_on_the_terminal(
     assert "%|" not in log and "ready" not in log
 
 
-def test_the_status_bar_shows_how_far_the_corpus_build_is():
+async def test_whoever_connects_hears_how_far_the_corpus_build_is(monkeypatch):
+    """`tandem ask`'s stderr line and the TUI's status bar hear the build's progress through
+    `connect_cloud`'s `on_status` (a merge once left it on a callback nobody called)."""
     from app.assistant import Assistant
+    from app.embedded import EmbeddedCloud
     from app.settings import Settings
     from app.tui.status import StatusBar
 
-    assistant = Assistant(Settings())
-    assistant._cloud_progress(1234, 10033, "public corpus")  # what EmbeddedCloud.start calls
+    async def start(args, on_progress=None, **_):  # the child's first report, then no cloud
+        on_progress(1234, 10033, "public corpus")
+        raise OSError("no backend in this test")
+
+    monkeypatch.setattr(EmbeddedCloud, "start", start)
+    monkeypatch.delenv("TANDEM_CLOUD_URL", raising=False)
+    heard = []
+    status = await Assistant(Settings()).connect_cloud(on_status=heard.append)
+    assert status.state == "unavailable"
+    building = [s for s in heard if s.detail.startswith("indexing")]
+    assert [s.detail for s in building] == ["indexing public corpus 1,234/10,033"]
     bar = StatusBar()
-    bar.cloud = assistant.cloud_status
+    bar.cloud = building[0]
     assert "cloud starting (embedded)… indexing public corpus 1,234/10,033" in str(bar.line_text())
