@@ -310,6 +310,7 @@ class Assistant:
                                     modes=self.mode)  # fmt: skip
         self._ctx.device = self.device
         self._ctx.index = self.index if self.index_has_documents() else None
+        self._ctx.cloud_starting = self.cloud_status.state == "starting"
         return self._ctx
 
     def mode(self, name: str) -> Orchestrator:

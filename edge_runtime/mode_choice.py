@@ -10,7 +10,8 @@ the cloud takes part in (dragon; split, whose drafts come from a prompt holding 
 
 The rules, in order (the first that applies decides):
 1. the policy keeps questions on the device → local;
-2. no cloud (none configured, or it did not answer the question's relevance query) → local;
+2. no cloud (none configured, still starting, or it did not answer the question's relevance
+   query) → local;
 3. private and public passages both relevant → dragon (local if the policy keeps private text
    out of cloud-backed answers), unless one side would carry under DRAGON_MIN_SHARE of
    DRAGON's mixture: its weights come from the same scores (η = softmax of each side's
@@ -35,7 +36,13 @@ import numpy as np
 from collab.dragon.aggregation import side_etas, side_weight
 from collab.dragon.ledger import relevance
 
-CloudReach = Literal["ready", "off", "unreachable"]
+CloudReach = Literal["ready", "off", "starting", "unreachable"]
+
+NO_CLOUD = {
+    "off": "no cloud",
+    "starting": "the cloud is still starting",
+    "unreachable": "the cloud did not answer",
+}
 
 DRAGON_MIN_SHARE = 0.01
 """Dragon only when each side would weigh at least this in DRAGON's mixture: under it the
@@ -109,7 +116,7 @@ def choose(signals: Signals, policy: Policy) -> Choice:
     if not policy.questions_leave:
         return Choice("local", "your policy keeps questions on this device")
     if s.cloud != "ready":
-        return Choice("local", "no cloud" if s.cloud == "off" else "the cloud did not answer")
+        return Choice("local", NO_CLOUD[s.cloud])
     private, public = bool(s.private), bool(s.public)
     outweighs = ""
     if private and public:

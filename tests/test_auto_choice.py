@@ -49,7 +49,11 @@ def test_the_policy_keeps_every_question_on_the_device(signals):
     assert choice == Choice("local", "your policy keeps questions on this device")
 
 
-NO_CLOUD = [("off", "no cloud"), ("unreachable", "the cloud did not answer")]
+NO_CLOUD = [
+    ("off", "no cloud"),
+    ("starting", "the cloud is still starting"),
+    ("unreachable", "the cloud did not answer"),
+]
 
 
 @pytest.mark.parametrize(("reach", "reason"), NO_CLOUD)

@@ -140,6 +140,21 @@ async def test_a_cloud_that_does_not_answer_leaves_the_question_local(device, pr
     no_cloud = build_mode("auto", context(device, private_index, None))
     events, _ = await ask(no_cloud, PUBLIC_Q)
     assert choice_of(events) == ModeChoice("local", "no cloud")
+    no_cloud.ctx.cloud_starting = True  # what the app says while its cloud starts
+    events, _ = await ask(no_cloud, PUBLIC_Q)
+    assert choice_of(events) == ModeChoice("local", "the cloud is still starting")
+
+
+def test_the_modes_hear_that_the_cloud_is_starting():
+    from app.assistant import Assistant
+    from app.settings import Settings
+
+    assistant = Assistant(Settings())
+    assert not assistant.context().cloud_starting
+    assistant.cloud_expected()  # the app's start: the cloud is connected after the device model
+    assert assistant.context().cloud_starting
+    assistant.cloud_skipped()
+    assert not assistant.context().cloud_starting
 
 
 async def test_the_relevance_query_carries_the_bare_question_only(device, private_index, cloud_url):

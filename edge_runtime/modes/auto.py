@@ -102,6 +102,8 @@ class AutoMode(Orchestrator):
                 probe.cancel()
             raise
         reach: CloudReach = "unreachable" if asks_cloud else "off"
+        if reach == "off" and self.ctx.cloud_starting:
+            reach = "starting"
         public: list[float] = []
         rtt = None
         if probe is not None:

@@ -84,6 +84,7 @@ class ModeContext:
     device: DeviceModel | None = None
     index: Retriever | None = None
     cloud: CloudSettings | None = None
+    cloud_starting: bool = False  # no cloud yet, but one is being started or reached
     variant: str = "tk-slt"  # split: a name in collab.variants.variant_names()
     finish_locally: bool = True  # if the cloud drops mid-answer, the device finishes it
     retrieve_public: bool = True  # cloud mode grounds the cloud in its public corpus
