@@ -180,3 +180,19 @@ def test_an_end_to_end_ratio_whose_interval_holds_the_bound_is_not_a_pass():
         r["elapsed_s"] = [1.0, 1.5, 0.8, 1.1, 1.3][i // 5 % 5] if r["method"] == "auto" else 1.0
     lines = bench.verdicts(bench.summarise(rows), None)
     assert any(line.startswith("NOT SHOWN") for line in lines), lines
+
+
+def test_a_piece_in_some_methods_judges_only_what_it_measured():
+    """`--methods cloud`: the public speed is judged, accuracy against the best fixed mode and
+    the oracle is not (one fixed mode is not every one); a save before any question has every
+    method's answer has no summary, and says so."""
+    every = rows_for({"private": "local", "public": "cloud", "both": "dragon", "chat": "cloud"})
+    piece = [r for r in every if r["group"] == "public" and r["method"] in ("cloud", "auto")]
+    summary = bench.summarise(piece)
+    assert summary["methods"] == ["cloud", "auto"] and summary["best_fixed"] == "cloud"
+    lines = bench.verdicts(summary, None)
+    assert [line.split(" ")[:3] for line in lines] == [["PASS", "public", "questions:"]], lines
+    crossed = [r for r in piece if (r["method"], r["question"]) in
+               (("cloud", "public-0"), ("auto", "public-1"))]  # fmt: skip
+    assert len(crossed) == 2 and bench.summarise(crossed) == {}
+    bench.print_summary({}, None)  # a save with nothing to judge prints, not fails
