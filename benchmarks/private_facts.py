@@ -216,15 +216,21 @@ def print_summary(summary: dict) -> None:
               "memory-bound regime)")  # fmt: skip
 
 
-def result(args: argparse.Namespace, notes: Sequence[Note], rows: list[dict], seconds: float,
-           ) -> dict:  # fmt: skip
+def provenance(args: argparse.Namespace) -> dict[str, Any]:
+    """The run's provenance, taken once as it starts (the code that ran, not the tree's state
+    when a later answer was saved)."""
     from benchmarks.provenance import command_line, record
 
-    prov = record(command_line("benchmarks.private_facts", getattr(args, "argv", None)),
+    return record(command_line("benchmarks.private_facts", getattr(args, "argv", None)),
                   {"device_core": 0, "cloud_core": 1}, {"device": 1, "cloud": 1},
                   [f"cloud {args.engine}", "device onnxruntime"])  # fmt: skip
-    return {"provenance": prov,
-            "config": {k: v for k, v in vars(args).items() if k not in ("out", "argv")},
+
+
+def result(args: argparse.Namespace, notes: Sequence[Note], rows: list[dict], seconds: float,
+           ) -> dict:  # fmt: skip
+    return {"provenance": args.provenance,
+            "config": {k: v for k, v in vars(args).items()
+                       if k not in ("out", "argv", "provenance")},
             "notes": [asdict(n) for n in notes], "rows": rows, "summary": summarise(rows),
             "comparisons": comparisons(rows, summarise(rows)),
             "seconds": seconds}  # fmt: skip
@@ -237,6 +243,7 @@ async def run(args: argparse.Namespace) -> dict:
     from personal_index.index import PersonalIndex
     from tandem_packaging.prepare import model_path
 
+    args.provenance = provenance(args)
     notes = make_notes(args.notes)
     cloud_core = pin_device(0, 1)
     device = DeviceModel.load(model_path("device", "onnx-quant"), threads=1)
