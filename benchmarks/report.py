@@ -1236,6 +1236,33 @@ def auto_choices() -> Built:
     return Built("\n".join(lines), [*AUTO, AUTO_DECISIONS], f"Targets: {targets}")
 
 
+AUTO_PUBLIC = "auto/ort-public-speed.json"
+"""The public group again in cloud mode and auto only (`--groups public --methods cloud`), the
+machine running nothing else: auto's speed target end to end."""
+
+
+def auto_public_speed() -> Built:
+    """auto's time per public question against cloud-only's, question by question."""
+    from benchmarks.auto import summarise, verdicts
+
+    rows = load(AUTO_PUBLIC)["rows"]
+    by = {(r["method"], r["question"]): r for r in rows}
+    summary = summarise(rows)
+    lines = ["| question | cloud-only s | auto s | auto ÷ cloud-only | auto's decision s |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for q in sorted({r["question"] for r in rows if r["group"] == "public"}):
+        cloud, auto = by["cloud", q]["elapsed_s"], by["auto", q]["elapsed_s"]
+        lines.append(f"| {q} | {cloud:.1f} | {auto:.1f} | {auto / cloud:.3f} | "
+                     f"{by['auto', q]['decide_s']:.2f} |")  # fmt: skip
+    t = summary["public_time_vs_cloud"]
+    lines.append(f"| all {summary['questions']} (ratio of means) | | | **{t['ratio']:.3f}** "
+                 f"({t['ci95'][0]:.3f}–{t['ci95'][1]:.3f}) | |")  # fmt: skip
+    targets = " ".join(f"{line}." for line in verdicts(summary, None))
+    note = ("Each question answered once in each, the order alternating; the interval is a "
+            f"paired bootstrap over questions. {targets}")  # fmt: skip
+    return Built("\n".join(lines), [AUTO_PUBLIC], note)
+
+
 def readme_speed() -> Built:
     """The README's short "how fast, measured on what" table."""
     grid = _split_groups(load("split/grid-torch0-100.json")["rows"])
@@ -1339,6 +1366,7 @@ TABLE_LIST = (
     Table("load-balancer", "100 sessions through HAProxy and two replicas", load_balancer),
     Table("auto-accuracy", "auto vs every fixed mode and the oracle", auto_accuracy),
     Table("auto-choices", "auto's choices per group; its targets", auto_choices),
+    Table("auto-public-speed", "auto vs cloud-only per public question", auto_public_speed),
 )
 README_TABLE = Table("readme-speed", "the README's short speed table", readme_speed)
 
