@@ -47,6 +47,7 @@ from collab.plumbing.files import (
 )
 from collab.plumbing.migrations import Migration, user_version
 from collab.sources import Side, Source, format_location
+from retrieval import scrub
 from retrieval.keywords import affordable, keyword_terms, match_expression
 
 log = logging.getLogger(__name__)
@@ -305,12 +306,21 @@ def _migrate_v3_to_v4(conn: sqlite3.Connection) -> None:
     conn.execute("INSERT INTO chunks_fts(chunks_fts) VALUES ('rebuild')")
 
 
+def _migrate_v4_to_v5(conn: sqlite3.Connection) -> None:
+    """Older versions could leave deleted text in free pages and FTS5 segments (a scrub owed at
+    a kill was forgotten): owe a file that ever held a document one VACUUM, paid at open
+    (`retrieval.scrub.compact`)."""
+    if conn.execute("SELECT 1 FROM sqlite_sequence LIMIT 1").fetchone() is not None:
+        scrub.owe_compact(conn)
+
+
 #: MIGRATIONS[i] brings a database from schema version i to i + 1.
 MIGRATIONS: list[Migration] = [
     _migrate_v0_to_v1,
     _migrate_v1_to_v2,
     _migrate_v2_to_v3,
     _migrate_v3_to_v4,
+    _migrate_v4_to_v5,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -372,9 +382,6 @@ _CHUNK_COLUMNS = (
     "c.id, c.document_id, d.path, c.ordinal, c.text, c.page, c.title, "
     "c.line_start, c.line_end, c.char_start, c.char_end, c.heading, d.title"
 )
-# SQLite ≥ 3.42 can make FTS5 overwrite a deleted chunk's terms at once; older ones keep them
-# in index segments until the segments are merged ('optimize' at the next scrub).
-_FTS_SECURE_DELETE = sqlite3.sqlite_version_info >= (3, 42, 0)
 #: How many keyword-index entries one search may read (`retrieval.keywords.affordable`).
 KEYWORD_POSTINGS = 5_000
 
@@ -421,8 +428,6 @@ class IndexStore:
         self._dirty = False
         self._needs_rebuild = False
         self._closed = False
-        self._scrub_pending = False  # deleted text may still be in the WAL or old pages
-        self._keywords_pending = False  # deleted words may still be in FTS5 segments
         self._scratch_ready = False  # the temp tables that tokenise a query
         self._make_private()
         conn = sqlite3.connect(str(self.root / DB_NAME), check_same_thread=False)
@@ -438,12 +443,14 @@ class IndexStore:
             self.db.execute("PRAGMA synchronous = NORMAL")
             self.db.execute("PRAGMA foreign_keys = ON")
             migrate(self.db)
-            if _FTS_SECURE_DELETE:
+            if scrub.fts_secure_delete():  # a deleted chunk's terms overwritten at once
                 with self.db.atomic():
                     self.db.conn.execute(
                         "INSERT INTO chunks_fts(chunks_fts, rank) VALUES ('secure-delete', 1)"
                     )
             self._check_dim()
+            scrub.compact(self.db.conn, str(self.root))  # once, after an upgrade
+            self._scrub()  # what a killed process owed
             discard_temp_files(self.root / FAISS_NAME)
             self._data_version = self._version()
             self._index = self._load_or_rebuild()
@@ -472,27 +479,8 @@ class IndexStore:
             )
 
     def _scrub(self, keywords: bool = True) -> None:
-        """Checkpoint the WAL into the database and truncate it, so deleted text that
-        ``secure_delete`` zeroed in the new page versions is gone from both files (the old
-        versions sit in the database until a checkpoint, and in old WAL frames until the WAL
-        is truncated). A reader in another process can hold it back: then the next flush
-        tries again. Without FTS5's secure-delete (SQLite < 3.42) the keyword index keeps a
-        deleted chunk's terms in old segments: with `keywords`, 'optimize' merges them away
-        first (it rewrites the whole keyword index: ~0.45 s at 10k chunks here, so an ingest
-        does it once, at its end, not at every flush)."""
-        if keywords and self._keywords_pending and not _FTS_SECURE_DELETE:
-            with self.db.atomic():
-                self.db.conn.execute("INSERT INTO chunks_fts(chunks_fts) VALUES ('optimize')")
-        if keywords:
-            self._keywords_pending = False
-        try:
-            busy, _, _ = self.db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-        except sqlite3.OperationalError as exc:  # the change itself is committed: not an error
-            log.warning("WAL checkpoint of %s postponed: %s", self.root, exc)
-            busy = 1
-        self._scrub_pending = bool(busy) or self._keywords_pending
-        if busy:
-            log.debug("WAL checkpoint of %s postponed: another connection is reading", self.root)
+        """Pay the scrub owed in the file, if any (`retrieval.scrub`)."""
+        scrub.scrub(self.db.conn, str(self.root), keywords=keywords)
 
     def __enter__(self) -> IndexStore:
         return self
@@ -699,8 +687,7 @@ class IndexStore:
         with self._lock:
             self._check_open()
             self._ensure_index()
-            if self._scrub_pending:
-                self._scrub(keywords=final)
+            self._scrub(keywords=final)
             if not self._dirty:
                 return
             data = faiss.serialize_index(self._index).tobytes()
@@ -737,11 +724,11 @@ class IndexStore:
         return doc_ids, np.asarray(chunk_ids, dtype=np.int64)
 
     def _delete_documents(self, doc_ids: list[int]) -> None:
-        """Delete documents and their chunks (in the caller's transaction); their text leaves
-        the files at the next scrub (at once for a removal, at the next flush for a new
-        version)."""
-        self._scrub_pending = self._scrub_pending or bool(doc_ids)
-        self._keywords_pending = self._keywords_pending or bool(doc_ids)
+        """Delete documents and their chunks (in the caller's transaction, which also owes the
+        scrub that takes their text out of the files: at once for a removal, at the next flush
+        for a new version, at the next open after a kill)."""
+        if doc_ids:
+            scrub.owe(self.db.conn)
         for start in range(0, len(doc_ids), 500):
             part = doc_ids[start : start + 500]
             marks = ",".join("?" * len(part))
