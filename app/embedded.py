@@ -52,6 +52,24 @@ def default_log_path() -> Path:
     return data_dir() / LOG_NAME
 
 
+def serve_command(
+    serve_args: Sequence[str],
+    log_path: Path,
+    *,
+    cores: set[int] | None = None,
+    python: str | None = None,
+) -> list[str]:
+    """The child's command line. `-P`: `-m` would put the working folder first on its
+    sys.path, so an `app.py` or `app/` in the folder the user started Tandem from would run
+    instead of Tandem (the installed package is found through site-packages either way).
+    `--log-file` is the same file as its stderr: `tandem serve` rotates it by size."""
+    cmd = [python or sys.executable, "-P", "-m", "app.cli", "serve", "--host", "127.0.0.1",
+           "--port", "0", "--announce", "--log-file", str(log_path), *serve_args]  # fmt: skip
+    if cores:
+        cmd = ["taskset", "-c", ",".join(map(str, sorted(cores))), *cmd]
+    return cmd
+
+
 class EmbeddedCloud:
     def __init__(
         self, proc: asyncio.subprocess.Process, url: str, token: str, metrics_token: str = ""
@@ -76,18 +94,16 @@ class EmbeddedCloud:
         """Start `tandem serve` on a free loopback port and wait until it accepts sessions
         (the first start also builds the public corpus index: minutes, reported through
         `on_progress`). `cores` pins the backend (`taskset -c`), so it does not steal the
-        device's core. Its output goes to `log_path` (default `<data dir>/cloud.log`).
+        device's core. Its output goes to `log_path` (default `<data dir>/cloud.log`), which
+        rotates by size as `tandem serve --log-file` does (10 MiB, 5 kept).
         `python` runs it from another environment (the vLLM cloud's; default: this one).
         Call from the thread that keeps running (the event loop's): Linux ends the child
         when the thread that started it ends."""
         token, metrics_token = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
         env = {**os.environ, TOKEN_ENV: token, METRICS_TOKEN_ENV: metrics_token,
                PARENT_ENV: str(os.getpid())}  # fmt: skip
-        cmd = [python or sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1",
-               "--port", "0", "--announce", *serve_args]  # fmt: skip
-        if cores:
-            cmd = ["taskset", "-c", ",".join(map(str, sorted(cores))), *cmd]
         log_path = log_path or default_log_path()
+        cmd = serve_command(serve_args, log_path, cores=cores, python=python)
         make_private_dir(log_path.parent)
         # 0600: the child keeps its own copy of the fd
         with open(log_path, "ab", opener=private_opener) as log_file:

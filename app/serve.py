@@ -97,7 +97,7 @@ async def _serve_until_stopped(server: Coroutine[Any, Any, None]) -> None:
 
 
 def _config(args: argparse.Namespace, load_config):
-    from app.serve_token import serve_token
+    from app.serve_token import refuse_weak_tokens, serve_token
 
     config = load_config(
         args.config,
@@ -119,6 +119,7 @@ def _config(args: argparse.Namespace, load_config):
         tls_key=args.tls_key,
     )
     config.access_tokens()
+    refuse_weak_tokens(config)
     return config
 
 

@@ -38,13 +38,18 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file: the repository root is the import root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-RESULTS = Path(__file__).resolve().parent / "results" / "dragon"
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "dragon"
 
 
 def part(module: str, *args: str, env: dict[str, str] | None = None) -> None:
     """One part in its own process: the grid pins its process to a core, the others must not
-    inherit that."""
-    subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *args], check=True, env=env)
+    inherit that. `-P` with the repository root on PYTHONPATH: this checkout's code, never
+    the working folder's."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    cmd = [sys.executable, "-P", "-m", f"benchmarks.{module}", *args]
+    subprocess.run(cmd, check=True, env=env)
 
 
 async def shared_cloud(quick: bool) -> Any:

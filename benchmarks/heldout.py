@@ -51,7 +51,7 @@ def ensure_wheel(folder: Path | None = None) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+            [sys.executable, "-P", "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
              "--platform", "manylinux_2_28_x86_64", "--python-version", "3.11",
              "--implementation", "cp", "gensim==4.4.0", "-d", tmp, "-q"],
             check=True,

@@ -353,9 +353,11 @@ async def run_balanced(
             balancer = Balancer(folder, list(ports.items()))
             async with aiohttp.ClientSession() as http:
 
-                async def sample() -> None:
-                    for name, port in ports.items():
-                        async with http.get(f"http://127.0.0.1:{port}/healthz") as resp:
+                async def sample() -> None:  # /healthz names the sessions to the metrics token
+                    for (name, port), cloud in zip(ports.items(), clouds, strict=True):
+                        auth = {"Authorization": f"Bearer {cloud.metrics_token}"}
+                        url = f"http://127.0.0.1:{port}/healthz"
+                        async with http.get(url, headers=auth) as resp:
                             sessions = (await resp.json())["sessions"]
                         peaks[name] = max(peaks[name], sessions)
 

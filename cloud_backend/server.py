@@ -108,9 +108,10 @@ def _token_full(state: AppState, user: str) -> web.Response:
 
 async def _session_handler(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    client = client_address(
-        request.remote, request.headers.get(hdrs.X_FORWARDED_FOR, ""), state.proxies
-    )
+    # Every X-Forwarded-For line, in order: a client may send lines of its own and a proxy
+    # may add its own line after them, so the first line alone would believe the client.
+    forwarded = ", ".join(request.headers.getall(hdrs.X_FORWARDED_FOR, ()))
+    client = client_address(request.remote, forwarded, state.proxies)
     user = _check_auth(request, state.tokens)
     if isinstance(user, web.Response):  # a right token is let in whatever the count
         throttle = request.app[THROTTLE]
@@ -165,29 +166,40 @@ def _aborter(request: web.Request) -> Callable[[], None]:
 
 
 async def _healthz(request: web.Request) -> web.Response:
-    """200 while the engine runs, 503 once it cannot (a load balancer's health check)."""
+    """200 while the engine runs, 503 once it cannot (a load balancer's health check). Its
+    status alone to anyone; the detail (model, sessions, uptime) only where /metrics could be
+    read: with the metrics token, or on the metrics bind."""
     state = request.app[STATE]
     alive = state.engine.alive
-    return web.json_response(
-        {
-            "status": "ok" if alive else "engine down",
+    body: dict[str, Any] = {"status": "ok" if alive else "engine down"}
+    if _metrics_allowed(request):
+        body |= {
             "model": state.engine.name,
             "sessions": len(state.sessions),
             "max_sessions": state.config.max_sessions,
             "uptime_s": round(time.monotonic() - state.started, 3),
-        },
-        status=200 if alive else 503,
-    )
+        }
+    return web.json_response(body, status=200 if alive else 503)
+
+
+METRICS_BIND = web.AppKey("tandem_metrics_bind", bool)
+
+
+def _metrics_allowed(request: web.Request) -> bool:
+    """Whether this request may read the metrics: it carries the metrics token, or it came in
+    on the metrics bind where none is set."""
+    expected = request.app[STATE].config.metrics_token
+    if expected is None:
+        return request.app.get(METRICS_BIND, False)
+    return hmac.compare_digest(_bearer(request).encode("utf-8"), expected.encode("utf-8"))
 
 
 async def _metrics(request: web.Request) -> web.Response:
     """Aggregates only (no series carries a session, a user or an address), and only to the
     holder of the metrics token where one is set: an access token is not enough."""
     state = request.app[STATE]
-    if state.config.metrics_token is not None:
-        expected = state.config.metrics_token.encode("utf-8")
-        if not hmac.compare_digest(_bearer(request).encode("utf-8"), expected):
-            return _unauthorized("/metrics needs the metrics token (not an access token)")
+    if not _metrics_allowed(request):
+        return _unauthorized("/metrics needs the metrics token (not an access token)")
     body = state.metrics.render()
     # aiohttp refuses a content_type with parameters; pass the full header instead.
     return web.Response(body=body, headers={hdrs.CONTENT_TYPE: CONTENT_TYPE})
@@ -241,7 +253,9 @@ async def _serve_metrics(app: web.Application, config: ServerConfig) -> web.AppR
     metrics token, where set, is still asked for."""
     metrics_app = web.Application()
     metrics_app[STATE] = app[STATE]
+    metrics_app[METRICS_BIND] = True
     metrics_app.router.add_get("/metrics", _metrics)
+    metrics_app.router.add_get("/healthz", _healthz)  # with its detail, as /metrics
     metrics_runner = web.AppRunner(metrics_app, access_log=None, handle_signals=False)
     await metrics_runner.setup()
     site = web.TCPSite(metrics_runner, config.metrics_host, config.metrics_port)

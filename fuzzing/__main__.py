@@ -24,9 +24,12 @@ def in_a_child() -> int:
     from getrusage, and Linux carries that peak over an exec from the process that started
     it: launched from a large one (a test run holding models: 4.9 GB in CI), the fuzzer
     stopped "out of memory" at once, whatever the inputs. A process this one forks starts
-    from this one's peak, a few MB."""
-    env = {**os.environ, FUZZING_CHILD: "1"}
-    return subprocess.call([sys.executable, "-m", "fuzzing", *sys.argv[1:]], env=env)
+    from this one's peak, a few MB. `-P` with the repository root on PYTHONPATH: the child
+    imports this checkout, never what the working folder holds."""
+    root = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, FUZZING_CHILD: "1", "PYTHONPATH": path}
+    return subprocess.call([sys.executable, "-P", "-m", "fuzzing", *sys.argv[1:]], env=env)
 
 
 def main() -> None:

@@ -27,6 +27,7 @@ with atheris.instrument_imports(include=["cloud_backend", "collab"]):
 MODES = [("cloud", ""), *(("split", v) for v in variant_names()), ("dragon", "")]
 LIMITS = p.Limits(max_frame_bytes=64 * 1024)
 MAX_FRAMES = 16
+METRICS_TOKEN = "fuzz-metrics-token"  # /healthz names the open sessions to its holder
 
 
 def frames_of(data: bytes) -> tuple[tuple[str, str], list[tuple[bytes, bool]]]:
@@ -90,7 +91,7 @@ class Harness:
         logging.getLogger("tandem").setLevel(logging.WARNING)  # a line per session is noise here
         tiny = build_all(cache / f"tiny-qwen2-{builder_version()}")
         engine = LLMEngine(TorchCausalLM(tiny["hf"]), load_tokenizer(tiny["hf"]), "tiny-cloud")
-        self.server = ServerThread(engine, LIMITS)
+        self.server = ServerThread(engine, LIMITS, metrics_token=METRICS_TOKEN)
         self.loop = asyncio.new_event_loop()
         self.bystander = Link(self.loop, self.server)
         assert self.bystander.open("cloud", "").accepted
@@ -101,7 +102,8 @@ class Harness:
         teardown that hangs would hold a slot, and capacity, for ever)."""
         health = self.server.url.replace("ws://", "http://").replace("/v1/session", "/healthz")
         deadline = self.loop.time() + within
-        async with aiohttp.ClientSession() as http:
+        headers = {"Authorization": f"Bearer {METRICS_TOKEN}"}  # the session count with it
+        async with aiohttp.ClientSession(headers=headers) as http:
             while True:
                 async with http.get(health) as resp:
                     sessions = (await resp.json())["sessions"]

@@ -10,6 +10,7 @@ import fcntl
 import json
 import logging
 import multiprocessing
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -116,6 +117,9 @@ def _run_isolated(label: str, fn: Callable, *args):
     """Run a heavy step in a fresh process: its memory (15 GB peak for the 1.5B export) is
     returned to the system when it ends, and nothing of it lingers in the parent. A ticking
     bar shows the step is alive while it has no progress of its own to report."""
+    # the spawned child's `-c` bootstrap would put the working folder first on its sys.path
+    # while it imports multiprocessing: a `multiprocessing.py` there would run (as -P does)
+    os.environ.setdefault("PYTHONSAFEPATH", "1")
     with (
         ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool,
         tqdm(desc=label, bar_format="{desc}: {elapsed}", leave=True) as ticker,

@@ -137,10 +137,11 @@ class ParseWorker:
             if self._proc is None or self._proc.poll() is not None or self._pipes is None:
                 self._stop_locked()
                 # A fresh interpreter (never a fork of a process with threads) that imports
-                # what this one does: the same sys.path.
+                # what this one does: the same sys.path, and nothing from the working folder
+                # (`-P`: `-c` would put it first, so a `personal_index/` there would run).
                 env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
                 proc = subprocess.Popen(
-                    [sys.executable, "-c", _BOOT, self.target],
+                    [sys.executable, "-P", "-c", _BOOT, self.target],
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.DEVNULL,

@@ -28,7 +28,7 @@ from edge_runtime.events import Failure, Stats, TextDelta
 from edge_runtime.modes import build_mode
 from edge_runtime.modes.base import AnswerOptions, CloudSettings, ModeContext
 from model_runtime.ort_runtime import OrtCausalLM
-from tests.test_serve_stop import TOKEN, Served
+from tests.test_serve_stop import METRICS_TOKEN, TOKEN, Served
 
 pytestmark = pytest.mark.balancer
 
@@ -51,7 +51,8 @@ class Replicas:
     def _start(self, name: str) -> Served:
         config = self.folder / f"{name}.toml"
         config.write_text(
-            f'[cloud]\ntoken = "{TOKEN}"\nport = {self.ports[name]}\ncorpus_enabled = false\n'
+            f'[cloud]\ntoken = "{TOKEN}"\nmetrics_token = "{METRICS_TOKEN}"\n'
+            f"port = {self.ports[name]}\ncorpus_enabled = false\n"
             f"max_sessions = {MAX_SESSIONS[name]}\nauth_failures = {AUTH_FAILURES}\n"
             'trusted_proxies = ["127.0.0.1"]\n'
         )
@@ -82,9 +83,11 @@ class Replicas:
         self.served[name].process.wait(10)
 
     async def sessions(self) -> dict[str, int]:
-        """Each live replica's open sessions, from its own /healthz."""
+        """Each live replica's open sessions, from its own /healthz (with the metrics token:
+        to anyone else it says only its status)."""
         out = {}
-        async with aiohttp.ClientSession() as http:
+        headers = {"Authorization": f"Bearer {METRICS_TOKEN}"}
+        async with aiohttp.ClientSession(headers=headers) as http:
             for name in NAMES:
                 if not self.alive(name):
                     continue
@@ -183,7 +186,8 @@ def test_the_shipped_config_passes_haproxys_check_and_the_copy_keeps_its_lines(t
         if body and not body.strip().startswith(adapted):
             assert body in kept, f"the tested copy lost the shipped line {body!r}"
     for setting in ("balance leastconn", "retry-on 503", "option httpchk GET /healthz",
-                    "option forwardfor", "inter 5s fall 2 rise 2"):  # fmt: skip
+                    "option forwardfor", "inter 5s fall 2 rise 2",
+                    "timeout http-request 10s"):  # fmt: skip
         assert setting in copy
 
 

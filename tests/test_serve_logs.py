@@ -171,3 +171,33 @@ async def test_ten_thousand_malformed_frames_cost_a_bounded_log(start_cloud, tmp
     ]
     assert any(": session_open " in line for line in lines)  # the operator's INFO lines
     assert len(lines) < PER_SESSION + 20, lines
+
+
+async def test_the_embedded_clouds_log_rotates_with_its_stderr(tmp_path: Path, monkeypatch):
+    """cloud.log is the embedded cloud's stderr and its `--log-file` (issue 44): a log past
+    its size moves to cloud.log.1 at the child's first line, and what the child writes after,
+    logged or printed on stderr (its error on the way out), is in the fresh file, once."""
+    import secrets
+
+    from app.embedded import EmbeddedCloud, EmbeddedCloudError
+    from app.serve_token import ARGV_WARNING
+
+    monkeypatch.setenv("TANDEM_DATA_DIR", str(tmp_path / "data"))
+    log = tmp_path / "logs" / "cloud.log"
+    log.parent.mkdir()
+    old = "an older session's line\n" * 50_000  # 1.2 MB: past the 1 MiB asked for below
+    log.write_text(old)
+    log.chmod(0o600)
+    # --token: a warning logged (`=`: a token may start with "-"); the missing model: an error
+    # printed on stderr, and the child exits
+    token = f"--token={secrets.token_urlsafe(32)}"
+    serve = ["--no-corpus", "--model-dir", str(tmp_path / "missing"), "--log-max-mb", "1", token]
+    with pytest.raises(EmbeddedCloudError, match="exited"):
+        await EmbeddedCloud.start(serve, timeout_s=120, log_path=log)
+    assert log.with_name("cloud.log.1").read_text() == old
+    fresh = log.read_text()
+    assert fresh.count(ARGV_WARNING) == 1, fresh  # the file's line, not stderr's as well
+    assert "error: model folder" in fresh and "does not exist" in fresh, fresh
+    assert len(fresh) < 10_000
+    for path in (log, log.with_name("cloud.log.1")):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path

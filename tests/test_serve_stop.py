@@ -23,8 +23,9 @@ from edge_runtime.modes.base import AnswerOptions, CloudSettings, ModeContext
 from model_runtime.ort_runtime import OrtCausalLM
 
 REPO = Path(__file__).resolve().parents[1]
-TOKEN = "test-token-0123456789"
-METRICS_TOKEN = "test-metrics-token-0123"
+# random, as `tandem serve` asks (it refuses a token that looks weaker than 128 bits)
+TOKEN = "l2sC-8CSDi6O6toyqQ072bhpYRWKvbWhnGqmtSRkgqM"
+METRICS_TOKEN = "Lo60dqYrMrZoB1Ru4n2hVeqeQ8vpHGjU8uln6sAojXY"
 STOP_BOUND_S = 30  # the sessions' 10 s, vLLM's engine processes' 10 s, and slack
 
 

@@ -1,21 +1,23 @@
 """`tandem serve --token-file`: the access token read from a file (stripped; an empty, missing
 or unreadable file refused in plain words; a file open to other users warned about, as ssh
-does for keys), and a warning when `--token` puts it in the command line."""
+does for keys), a warning when `--token` puts it in the command line, and a token that looks
+weaker than 128 bits refused however it was given (issue 44)."""
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 from pathlib import Path
 
 import pytest
 
 from app.cli import build_parser, main
 from app.serve import _config
-from app.serve_token import ARGV_WARNING
+from app.serve_token import ARGV_WARNING, MIN_TOKEN_BITS, token_bits
 from cloud_backend.config import load_config
 
-TOKEN = "file-token-0123456789"
+TOKEN = "v1-kZzeBTgZj2GsYxN6eNu5yOQNpXt-0PmkQhUSUKpw"  # secrets.token_urlsafe(32)
 
 
 def _config_of(*argv: str):
@@ -97,3 +99,61 @@ def test_token_on_the_command_line_is_warned_about(caplog):
         assert _config_of("--token", TOKEN).token == TOKEN
     assert [r.getMessage() for r in caplog.records] == [ARGV_WARNING]
     assert "ps" in ARGV_WARNING and "--token-file" in ARGV_WARNING
+
+
+# ---- weak tokens ------------------------------------------------------------------------------
+
+WEAK = [
+    "secret",
+    "test-token-0123456789",  # what the tests used: words and a counted run
+    "t" * 64,  # long, one character
+    "abcdefghijklmnopqrstuvwxyz0123456789",  # runs
+    "Tandem-Tandem-Tandem-Tandem-Tandem-Tandem-",  # a block repeated
+    "0123456789" * 4,
+    "3141592653589793238462643383279",  # digits only: 31 of them are 103 bits at best
+]
+
+
+@pytest.mark.parametrize("weak", WEAK)
+def test_weak_tokens_are_estimated_below_128_bits(weak):
+    assert token_bits(weak) < MIN_TOKEN_BITS
+
+
+def test_random_tokens_pass_the_estimate():
+    """What the embedded cloud and the error message make, and `openssl rand -hex 16`."""
+    for _ in range(2000):
+        assert token_bits(secrets.token_urlsafe(32)) >= MIN_TOKEN_BITS
+        assert token_bits(secrets.token_hex(16)) >= MIN_TOKEN_BITS
+
+
+@pytest.mark.parametrize("route", ["--token", "--token-file", "env", "config", "named", "metrics"])
+def test_serve_refuses_a_weak_token_however_it_is_given(tmp_path, monkeypatch, capsys, route):
+    """A plain error (how to make a good one, never the token itself), before any model loads:
+    the wrong-token throttle slows guessing, only a random token makes it hopeless."""
+    weak = "test-token-0123456789"
+    config = tmp_path / "cloud.toml"
+    table = {
+        "config": f'token = "{weak}"',
+        "named": f'[cloud.tokens]\nalice = "{weak}"',
+        "metrics": f'token = "{TOKEN}"\nmetrics_token = "{weak}"',
+    }.get(route, f'token = "{TOKEN}"')
+    config.write_text(f"[cloud]\n{table}\n")
+    # a missing model: a token let through ends in another error, not in a served cloud
+    argv = ["serve", "--no-corpus", "--config", str(config), "--model-dir", str(tmp_path / "no")]
+    if route == "--token":
+        argv += ["--token", weak]
+    elif route == "--token-file":
+        argv += ["--token-file", str(_token_file(tmp_path, weak + "\n"))]
+    elif route == "env":
+        config.write_text("[cloud]\n")
+        monkeypatch.setenv("TANDEM_CLOUD_TOKEN", weak)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "too easy to guess" in err, err
+    assert "secrets.token_urlsafe(32)" in err and weak not in err
+    assert ("alice" in err) == (route == "named") and ("metrics" in err) == (route == "metrics")
+
+
+def test_serve_takes_a_random_token(tmp_path):
+    token = secrets.token_urlsafe(32)
+    assert _config_of("--token-file", str(_token_file(tmp_path, token))).token == token

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -85,8 +87,12 @@ class Cloud:
                 out[(s.name, tuple(sorted(s.labels.items())))] = s.value
         return out
 
-    async def health(self, status: int = 200) -> dict:
-        async with aiohttp.ClientSession() as http, http.get(f"{self.http}/healthz") as resp:
+    async def health(self, status: int = 200, token: str | None = METRICS_TOKEN) -> dict:
+        """/healthz, by default with the metrics token: its detail (sessions, model) too."""
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"{self.http}/healthz", headers=self.headers(token)) as resp,
+        ):
             assert resp.status == status
             return await resp.json()
 
@@ -297,6 +303,28 @@ async def test_healthz(cloud):
     assert health["model"] == ENGINE_NAME
     assert health["sessions"] == 0
     assert health["uptime_s"] >= 0
+
+
+@pytest.mark.parametrize("token", [None, TOKEN, "wrong"])
+async def test_healthz_says_only_its_status_without_the_metrics_token(cloud, token):
+    """The public frontend's /healthz (a balancer's check needs only its status code) names
+    neither the model nor the load; an access token is not the metrics token."""
+    assert await cloud.health(token=token) == {"status": "ok"}
+
+
+async def test_healthz_has_its_detail_on_the_metrics_bind(start_cloud, caplog):
+    """With a metrics bind and no metrics token, the detail is on that bind alone."""
+    with caplog.at_level(logging.INFO, logger="tandem.cloud"):
+        cloud = await start_cloud(metrics_token=None, metrics_port=0)
+    serving = next(r.getMessage() for r in caplog.records if "metrics_serving" in r.getMessage())
+    bind = re.search(r"url=(http://\S+)/metrics", serving)
+    assert bind is not None, serving
+    assert await cloud.health(token=None) == {"status": "ok"}
+    async with aiohttp.ClientSession() as http, http.get(bind[1] + "/healthz") as resp:
+        assert resp.status == 200
+        detail = await resp.json()
+    assert detail["status"] == "ok" and detail["model"] == ENGINE_NAME
+    assert detail["sessions"] == 0
 
 
 async def test_healthz_says_503_once_the_engine_is_down(start_cloud, tiny):

@@ -71,6 +71,34 @@ async def test_a_forwarded_address_from_an_untrusted_peer_is_ignored(start_cloud
     assert await status_of(cloud.url, forwarded("10.0.0.9", WRONG)) == 429
 
 
+async def raw_status(http_url: str, lines: list[str]) -> int:
+    """The status of a GET of the session path sent byte for byte, with these header lines
+    (a client can repeat a header; an HTTP library might fold the lines into one)."""
+    host, port = http_url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    head = ["GET /v1/session HTTP/1.1", f"Host: {host}", *lines, "Connection: close", "", ""]
+    writer.write("\r\n".join(head).encode())
+    await writer.drain()
+    status = int((await reader.readline()).split()[1])
+    writer.close()
+    await writer.wait_closed()
+    return status
+
+
+async def test_every_forwarded_for_line_is_read(start_cloud):
+    """A client sends an X-Forwarded-For line of its own and a proxy adds another line (it
+    need not append to the client's): the address is the last line's, whatever the first
+    says, so a client cannot dodge its count by changing its own line."""
+    cloud = await start_cloud(auth_failures=3, auth_window_s=30, trusted_proxies=["127.0.0.1"])
+    wrong = "Authorization: Bearer wrong"
+    for n in range(3):
+        lines = [wrong, f"X-Forwarded-For: 10.0.0.{n}", "X-Forwarded-For: 10.0.0.9"]
+        assert await raw_status(cloud.http, lines) == 401
+    lines = [wrong, "X-Forwarded-For: 10.0.0.7", "X-Forwarded-For: 10.0.0.9"]
+    assert await raw_status(cloud.http, lines) == 429  # 10.0.0.9 guessed three times
+    assert await raw_status(cloud.http, [wrong, "X-Forwarded-For: 10.0.0.8"]) == 401
+
+
 def test_the_client_is_the_nearest_address_no_trusted_proxy_wrote():
     proxies = ServerConfig(trusted_proxies=["10.1.0.0/16", "::1"]).proxy_networks()
     assert client_address("10.1.2.3", "203.0.113.7", proxies) == "203.0.113.7"
