@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
@@ -14,6 +15,18 @@ from collab.plumbing.files import private_opener
 from personal_index.ingest import FileResult, Ingestor, Progress
 from personal_index.parse_worker import DEFAULT_PARSE_TIMEOUT_S, ParseWorker
 from personal_index.safe_read import DEFAULT_MAX_FILE_MB
+from personal_index.watched import (
+    FolderCheck,
+    FolderMovedError,
+    Removal,
+    WatchBook,
+    WatchNeedsConfirmation,
+    absolute,
+    is_under,
+    remove_documents,
+    unwatch,
+    watch_guard,
+)
 from retrieval.chunking import (
     DEFAULT_CHUNK_TOKENS,
     DEFAULT_OVERLAP_TOKENS,
@@ -23,6 +36,11 @@ from retrieval.chunking import (
 from retrieval.embedder import OnnxEmbedder, prepare_onnx_embedder
 from retrieval.search import Searcher, SearchMode
 from retrieval.store import DocumentRow, FolderRow, Hit, IndexStore, StoreStats
+
+log = logging.getLogger(__name__)
+
+RemovalListener = Callable[[list[str]], None]
+"""Told the paths that left the index (documents, or folders: everything under them)."""
 
 
 class IngestBusyError(RuntimeError):
@@ -62,6 +80,9 @@ class PersonalIndex:
             DEFAULT_CHUNK_TOKENS if chunk_tokens is None else chunk_tokens,
             DEFAULT_OVERLAP_TOKENS if overlap_tokens is None else overlap_tokens,
         )
+        self.watches = WatchBook(self.store.root)
+        """Watched folders' records and exclusions (`personal_index.watched`)."""
+        self._removal_listeners: list[RemovalListener] = []
 
     def __enter__(self) -> PersonalIndex:
         return self
@@ -70,10 +91,24 @@ class PersonalIndex:
         self.close()
 
     def close(self) -> None:
+        self.watches.close()
         try:
             self.store.close()
         except (OSError, sqlite3.OperationalError) as exc:
             raise IndexWriteError(self.store.root, exc) from exc
+
+    def on_removed(self, listener: RemovalListener) -> None:
+        """Call `listener` with the paths of documents whenever they leave the index, however
+        (a removal, a sync that found the file gone): the app drops their text from stored
+        citations. Called in the removing thread; its failure is logged, not raised."""
+        self._removal_listeners.append(listener)
+
+    def _removed(self, paths: list[str]) -> None:
+        for listener in self._removal_listeners:
+            try:
+                listener(paths)
+            except Exception:
+                log.exception("removal listener failed for %d paths", len(paths))
 
     def ingest(
         self,
@@ -101,6 +136,8 @@ class PersonalIndex:
                     progress,
                     max_file_mb=max_file_mb,
                     worker=ParseWorker(parse_timeout_s),
+                    exclusions=self.watches.excluded_paths(),
+                    on_removed=self._removed,
                 ).ingest(paths)
             except (OSError, sqlite3.OperationalError) as exc:
                 raise IndexWriteError(self.store.root, exc) from exc
@@ -135,7 +172,20 @@ class PersonalIndex:
 
     def remove(self, path: str | Path) -> int:
         """Forget a file, or every document under a folder; returns how many were removed."""
-        return self.store.remove_prefix(os.path.abspath(os.path.expanduser(os.fspath(path))))
+        return self.forget(path).documents
+
+    def forget(self, path: str | Path) -> Removal:
+        """Remove the documents at or under `path`; inside a watched folder it stays removed
+        (excluded from its syncs), and a watched folder removed whole is no longer watched
+        (`personal_index.watched.remove_documents`)."""
+        removal = remove_documents(self.store, self.watches, path)
+        if removal.documents:
+            self._removed([removal.path])
+        return removal
+
+    def include(self, path: str | Path) -> list[str]:
+        """Undo exclusions at or under `path`; returns the watched folders to sync again."""
+        return sorted({e.folder for e in self.watches.include(os.fspath(path))})
 
     def documents(self) -> list[DocumentRow]:
         return self.store.documents()
@@ -145,10 +195,27 @@ class PersonalIndex:
         process may have ingested or removed documents meanwhile)."""
         return self.store.has_chunks()
 
-    def watch(self, folder: str | Path) -> str:
-        """Keep `folder` in sync from now on (`personal_index.watch`); returns its full path."""
-        path = os.path.abspath(os.path.expanduser(os.fspath(folder)))
+    def watch(self, folder: str | Path, *, confirmed: bool = False) -> str:
+        """Keep `folder` in sync from now on (`personal_index.watch`); returns its full path.
+        Its real path and device/inode are recorded: a sync reads it only while it is still
+        that folder. Watching it again records where it leads now, and the documents of
+        where it led before leave the index (their paths no longer name its files). `/`, the
+        home folder and very large trees raise `WatchNeedsConfirmation` unless `confirmed`."""
+        path = absolute(folder)
+        if not os.path.isdir(path):
+            raise NotADirectoryError(f"{path} is not a folder")
+        if not confirmed and (reason := watch_guard(path)) is not None:
+            raise WatchNeedsConfirmation(path, reason)
+        before = self.watches.get(path)
+        now = self.watches.record(path)
         self.store.add_folder(path)
+        if before is not None and not is_under(before.real_path, now.real_path):
+            others = [self.watches.real_path(f.path) for f in self.store.folders()]
+            held = any(is_under(before.real_path, o) for o in others if o != now.real_path)
+            if not held and self.store.remove_prefix(before.real_path):
+                log.info("%s now leads to %s: dropped the documents of %s", path,
+                         now.real_path, before.real_path)  # fmt: skip
+                self._removed([before.real_path])
         return path
 
     def sync_folder(
@@ -159,19 +226,35 @@ class PersonalIndex:
         max_file_mb: float = DEFAULT_MAX_FILE_MB,
     ) -> list[FileResult]:
         """Bring a watched folder and the index level (an incremental ingest; a folder that is
-        gone takes its documents with it) and record the time of the sync."""
-        path = os.path.abspath(os.path.expanduser(os.fspath(folder)))
+        gone takes its documents with it) and record the time of the sync. A folder that now
+        resolves elsewhere, or is another folder, raises `FolderMovedError` with the notice:
+        nothing is read or changed (`check_folder`)."""
+        path = absolute(folder)
+        check = self.check_folder(path)
+        if check.state == "moved":
+            raise FolderMovedError(check.notice)
         results: list[FileResult] = []
-        if os.path.isdir(path):
-            results = self.ingest([path], progress, max_file_mb=max_file_mb)
-        elif self.remove(path):
-            results = [FileResult(path, "removed", reason="folder no longer exists")]
+        if check.state == "ok":
+            results = self.ingest([check.real_path], progress, max_file_mb=max_file_mb)
+        else:
+            gone = sorted({path, check.real_path})
+            if sum(self.store.remove_prefix(p) for p in gone):
+                self._removed(gone)
+                results = [FileResult(path, "removed", reason="folder no longer exists")]
         self.store.folder_synced(path)
         return results
 
+    def check_folder(self, folder: str | Path) -> FolderCheck:
+        """Whether `folder` is still where the user watched it (`WatchBook.check`); an older
+        Tandem's watched folder is recorded as it resolves now."""
+        path = absolute(folder)
+        watched = any(f.path == path for f in self.store.folders())
+        return self.watches.check(path, upgrade=watched)
+
     def unwatch(self, folder: str | Path) -> bool:
-        """Stop keeping `folder` in sync; its documents stay. False if it was not watched."""
-        return self.store.remove_folder(os.path.abspath(os.path.expanduser(os.fspath(folder))))
+        """Stop keeping `folder` in sync; its documents stay, its exclusions go. False if it
+        was not watched."""
+        return unwatch(self.store, self.watches, folder) is not None
 
     def folders(self) -> list[FolderRow]:
         """The folders kept in sync, with their last sync time."""

@@ -8,7 +8,10 @@ callback so the CLI can draw a bar and the TUI a per-file table.
 Hostile folders (issue 28): only regular files are read (FIFOs, devices, sockets are skipped
 with a reason), a symlink never leads outside the folder being ingested, a file over the size
 cap is not read, each file is read once and those bytes are both hashed and parsed, and the
-parsing runs in a worker process (`parse_worker`) that is killed past the parse deadline."""
+parsing runs in a worker process (`parse_worker`) that is killed past the parse deadline.
+
+Paths the user removed from a watched folder (`personal_index.watched`) are excluded: they and
+whatever lies under them are skipped with the reason, and a stored one leaves the index."""
 
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ import numpy as np
 from personal_index.parse_worker import ParseWorker
 from personal_index.parsers import DEFAULT_LIMITS, ParseError, ParseLimits, is_supported
 from personal_index.safe_read import DEFAULT_MAX_FILE_MB, MB, Refused, read_document, refusal
+from personal_index.watched import EXCLUDED_REASON, is_under
 from retrieval.chunking import Chunk, Chunker
 from retrieval.store import CHUNK_FORMAT, ChunkRecord, DocumentMeta, DocumentRow, IndexStore
 
@@ -82,17 +86,20 @@ class _Work:
     unchanged: bool = False
 
 
-def _walk(target: Path) -> Iterator[Path]:
+def _walk(target: Path, pruned: Callable[[str], bool] = lambda _path: False) -> Iterator[Path]:
     """`target` itself unless it is a folder (a FIFO or device named on the command line gets
-    its reason too); else the files under it, symlinked folders not followed."""
+    its reason too); else the files under it, symlinked folders not followed. A folder that is
+    `pruned` (excluded) is yielded itself, not entered."""
     if not target.is_dir():
         yield target
         return
     for root, dirs, files in os.walk(target):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        visible = sorted(d for d in dirs if not d.startswith("."))
+        dirs[:] = [d for d in visible if not pruned(os.path.join(root, d))]
         for name in sorted(files):
             if not name.startswith("."):
                 yield Path(root) / name
+        yield from (Path(root) / d for d in visible if d not in dirs)
 
 
 class Ingestor:
@@ -107,6 +114,8 @@ class Ingestor:
         max_file_mb: float = DEFAULT_MAX_FILE_MB,
         limits: ParseLimits = DEFAULT_LIMITS,
         worker: ParseWorker | None = None,
+        exclusions: Sequence[str] = (),
+        on_removed: Callable[[list[str]], None] | None = None,
     ) -> None:
         if not max_file_mb > 0:
             raise ValueError(f"max_file_mb must be positive (got {max_file_mb!r})")
@@ -120,6 +129,10 @@ class Ingestor:
         self.worker = worker if worker is not None else ParseWorker()
         """Parses in a child process, started by the first file to parse and stopped when
         `ingest` returns."""
+        self.exclusions = tuple(exclusions)
+        """Paths the user removed from a watched folder: skipped, with what lies under them."""
+        self.on_removed = on_removed
+        """Told the paths of documents this ingest removed (gone, excluded, now refused)."""
 
     def ingest(self, targets: Sequence[str | Path]) -> list[FileResult]:
         """Index every supported file under `targets` (files or folders). Unchanged files are
@@ -142,11 +155,14 @@ class Ingestor:
                 continue
             if target.is_dir():
                 results.extend(self._purge_missing(target))
-            for path in _walk(target):
+            for path in _walk(target, self._excluded):
                 key = str(path)
                 if key in seen:
                     continue
                 seen.add(key)
+                if self._excluded(key):
+                    results.append(self._skip(key, EXCLUDED_REASON, folder=path.is_dir()))
+                    continue
                 if (reason := refusal(path, target)) is not None:
                     results.append(self._skip(key, reason))
                     continue
@@ -174,12 +190,27 @@ class Ingestor:
         return results
 
     # ---- pipeline ---------------------------------------------------------------------------
-    def _skip(self, key: str, reason: str) -> FileResult:
+    def _excluded(self, path: str) -> bool:
+        return any(is_under(path, e) for e in self.exclusions)
+
+    def _skip(self, key: str, reason: str, *, folder: bool = False) -> FileResult:
         """A path that is not a document of the folder; one indexed before (a file since
-        replaced by a FIFO, or by a symlink leading out) leaves the index."""
-        if self.store.document(key) is not None:
+        replaced by a FIFO, or by a symlink leading out; an excluded file, or what an
+        excluded `folder` holds) leaves the index."""
+        if folder:
+            if self.store.remove_prefix(key):
+                self._removed([key])
+        elif self.store.document(key) is not None:
             self.store.remove_paths([key])
+            self._removed([key])
         return FileResult(key, "skipped", reason=reason)
+
+    def _removed(self, paths: list[str]) -> None:
+        if self.on_removed is not None and paths:
+            try:
+                self.on_removed(paths)
+            except Exception:  # a listener's failure must not stop the ingest
+                log.exception("removal listener failed")
 
     def _needs_work(self, path: Path, root: Path) -> _Work | None:
         """None if the stored version is current by size + mtime; else work for the pipeline,
@@ -322,6 +353,7 @@ class Ingestor:
         ]
         if gone:
             self.store.remove_paths(gone)
+            self._removed(gone)
         return [FileResult(p, "removed", reason="file no longer exists") for p in gone]
 
     def _post(self, done: int, total: int, chunks: int, result: FileResult) -> None:

@@ -6,7 +6,10 @@ incremental ingest of the folder (unchanged files cost one `stat`; files that ar
 purged), so a burst of edits, an editor's save-by-rename or a `git checkout` all end in the
 same state as `tandem ingest FOLDER` run by hand. The folders and their last sync time live in
 the index (`IndexStore.folders`), so the CLI and the next start see them too; at start every
-folder is synced once, for what changed while the app was closed."""
+folder is synced once, for what changed while the app was closed.
+
+A folder is watched and read where it was when the user watched it (`personal_index.watched`):
+one that now resolves elsewhere is not synced (the listener is told why) and not watched."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import watchfiles
 from personal_index.index import IngestBusyError, PersonalIndex
 from personal_index.ingest import FileResult
 from personal_index.safe_read import DEFAULT_MAX_FILE_MB
+from personal_index.watched import FolderMovedError
 
 log = logging.getLogger(__name__)
 
@@ -92,16 +96,17 @@ class FolderWatcher:
         first = True
         while not stop.is_set():
             folders = [f.path for f in await asyncio.to_thread(self.index.folders)]
-            existing = [f for f in folders if Path(f).is_dir()]
             if first or self._rescan.is_set():
                 self._rescan.clear()
                 first = False
                 for folder in folders:
                     await self.sync(folder)
             self._reload.clear()
-            if not existing:
+            live = await asyncio.to_thread(self._where, folders)  # real path -> folder
+            if not live:
                 await _first_of(stop, self._reload)
                 continue
+            existing = list(live)
             interrupt = asyncio.Event()
             relay = asyncio.ensure_future(_relay(interrupt, stop, self._reload))
             try:
@@ -110,8 +115,8 @@ class FolderWatcher:
                     debounce=DEBOUNCE_MS, step=50, recursive=True,
                 ):  # fmt: skip
                     changed = [path for _change, path in changes]
-                    for folder in folders_touched(changed, existing):
-                        await self.sync(folder)
+                    for real in folders_touched(changed, existing):
+                        await self.sync(live[real])
             finally:
                 relay.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -126,14 +131,39 @@ class FolderWatcher:
                 except IngestBusyError:
                     await asyncio.sleep(BUSY_RETRY_S)
                     continue
+                except FolderMovedError as exc:  # not read; no longer watched until re-added
+                    log.warning("not syncing %s: %s", folder, exc)
+                    self._tell(folder, None, str(exc))
+                    self._reload.set()
+                    return None
                 except Exception as exc:
                     log.warning("could not sync %s: %s", folder, exc)
                     self._tell(folder, None, str(exc))
                     return None
+                if results is None:  # no longer watched: listen to the new list
+                    self._reload.set()
+                    return None
                 self._tell(folder, results, None)
                 return results
 
-    def _sync_now(self, folder: str) -> list[FileResult]:
+    def _where(self, folders: Sequence[str]) -> dict[str, str]:
+        """{real path: folder} of the folders that exist and are still where they were
+        watched: only those are listened to (a moved one would lead the watch elsewhere)."""
+        live: dict[str, str] = {}
+        for folder in folders:
+            try:
+                check = self.index.check_folder(folder)
+            except Exception:
+                log.exception("could not check the watched folder %s", folder)
+                continue
+            if check.state == "ok" and Path(check.real_path).is_dir():
+                live.setdefault(check.real_path, folder)
+        return live
+
+    def _sync_now(self, folder: str) -> list[FileResult] | None:
+        """The sync's results; None if `folder` was unwatched meanwhile (nothing is read)."""
+        if all(f.path != folder for f in self.index.folders()):
+            return None
         results = self.index.sync_folder(folder, max_file_mb=self.max_file_mb)
         changed = [r for r in results if r.outcome not in ("unchanged", "skipped")]
         if changed:

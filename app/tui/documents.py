@@ -1,5 +1,9 @@
 """The Documents screen: see what the private index holds, add files and folders, remove them.
 
+A folder added here is watched (kept in sync). Watching `/`, the home folder or a very large
+tree asks first; `w` stops watching a folder. A document removed from inside a watched folder
+stays out of it (listed as excluded, after the documents) until `i` includes it again.
+
 Everything that touches the index runs in thread workers: opening it loads the ONNX embedder,
 and its store serialises readers behind a running ingest. Ingest progress crosses from the
 ingesting thread to the UI through a `ProgressCoalescer` (toolong's pattern): however fast
@@ -34,10 +38,12 @@ from textual.widgets import (
     Footer,
     Input,
     Label,
+    OptionList,
     ProgressBar,
     Static,
     Tree,
 )
+from textual.widgets.option_list import Option
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from app.plain import strip_controls
@@ -49,6 +55,7 @@ if TYPE_CHECKING:
 
     from personal_index.index import PersonalIndex
     from personal_index.ingest import FileResult, Progress
+    from personal_index.watched import Exclusion
     from retrieval.store import DocumentRow, FolderRow, StoreStats
 
 log = logging.getLogger(__name__)
@@ -58,6 +65,9 @@ INGEST_GROUP = "documents-ingest"
 not orphan them; any screen instance can see that one is running."""
 REFRESH_GROUP = "documents-refresh"
 REMOVE_GROUP = "documents-remove"
+EXCLUDED_KEY = "excluded:"
+"""Row keys of excluded files in the documents list (a document's key is its absolute path,
+so the two never meet)."""
 
 OUTCOMES: tuple[str, ...] = ("indexed", "unchanged", "failed", "skipped", "removed")
 _OUTCOME_STYLE = {
@@ -144,6 +154,8 @@ class IngestOutcome:
     busy: bool = False
     seconds: float = 0.0
     folder: str | None = None  # the folder now watched, if one was added
+    confirm: str | None = None  # why watching the folder needs a yes first (nothing was done)
+    included: str | None = None  # the excluded path brought back, if that was the job
 
 
 @dataclass
@@ -152,11 +164,12 @@ class _Snapshot:
     documents: list[DocumentRow]
     root: Path
     folders: list[FolderRow] = field(default_factory=list)
+    excluded: list[Exclusion] = field(default_factory=list)
 
 
 def folders_line(folders: Sequence[FolderRow], now: float | None = None) -> Text:
-    """'Watching ~/notes (synced 14:03:07) · ~/papers (not synced yet) · s rescans' as plain
-    text (folder names are the user's: never markup)."""
+    """'Watching ~/notes (synced 14:03:07) · ~/papers (not synced yet) · s rescans · w stops'
+    as plain text (folder names are the user's: never markup)."""
     if not folders:
         return plain_text("No watched folders: a folder you add here is kept in sync.")
     now = time.time() if now is None else now
@@ -168,7 +181,7 @@ def folders_line(folders: Sequence[FolderRow], now: float | None = None) -> Text
             fmt = "%H:%M:%S" if now - f.synced_at < 86400 else "%Y-%m-%d %H:%M"
             when = "synced " + time.strftime(fmt, time.localtime(f.synced_at))
         parts.append(f"{tilde(f.path)} ({when})")
-    return plain_text("Watching " + " · ".join(parts) + " · s rescans")
+    return plain_text("Watching " + " · ".join(parts) + " · s rescans · w stops")
 
 
 class PickerTree(DirectoryTree):
@@ -184,14 +197,14 @@ class PickerTree(DirectoryTree):
         return super().process_label(plain_text(label) if isinstance(label, str) else label)
 
 
-class ConfirmRemove(ModalScreen[bool]):
-    """Asks before a document leaves the index (the file itself is never touched)."""
+class Confirm(ModalScreen[bool]):
+    """A yes/no question whose default (Enter, Escape, n) is no."""
 
     DEFAULT_CSS = """
-    ConfirmRemove {
+    Confirm {
         align: center middle;
     }
-    ConfirmRemove > #confirm-dialog {
+    Confirm > #confirm-dialog {
         width: 64;
         max-width: 90%;
         height: auto;
@@ -199,49 +212,34 @@ class ConfirmRemove(ModalScreen[bool]):
         background: $surface;
         padding: 1 2;
     }
-    ConfirmRemove #confirm-question {
+    Confirm #confirm-question {
         width: 100%;
         margin-bottom: 1;
     }
-    ConfirmRemove #confirm-buttons {
+    Confirm #confirm-buttons {
         width: 100%;
         height: auto;
         align-horizontal: right;
     }
-    ConfirmRemove Button {
+    Confirm Button {
         margin-left: 2;
     }
     """
 
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("y", "confirm", "Remove", id="documents_confirm_remove"),
-        Binding("n,escape", "cancel", "Keep", id="documents_cancel_remove"),
-    ]
+    YES, NO = "Yes", "No"
 
-    def __init__(self, path: str) -> None:
-        super().__init__()
-        self.path = path
+    def question(self) -> Text:
+        raise NotImplementedError
 
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm-dialog"):
-            yield Label(
-                Text.assemble(
-                    "Remove ",
-                    plain_text(tilde(self.path), "bold"),
-                    " from the index?\nThe file on disk is not touched.  ",
-                    ("y", "bold"),
-                    " remove · ",
-                    ("n", "bold"),
-                    " keep",
-                ),
-                id="confirm-question",
-            )
+            yield Label(self.question(), id="confirm-question")
             with Horizontal(id="confirm-buttons"):
-                yield Button("Keep", id="confirm-no")
-                yield Button("Remove", variant="error", id="confirm-yes")
+                yield Button(self.NO, id="confirm-no")
+                yield Button(self.YES, variant="error", id="confirm-yes")
 
     def on_mount(self) -> None:
-        self.query_one("#confirm-no", Button).focus()  # Enter on the default keeps the document
+        self.query_one("#confirm-no", Button).focus()  # Enter on the default says no
 
     @on(Button.Pressed, "#confirm-yes")
     def action_confirm(self) -> None:
@@ -250,6 +248,116 @@ class ConfirmRemove(ModalScreen[bool]):
     @on(Button.Pressed, "#confirm-no")
     def action_cancel(self) -> None:
         self.dismiss(False)
+
+
+class ConfirmRemove(Confirm):
+    """Asks before a document leaves the index (the file itself is never touched)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("y", "confirm", "Remove", id="documents_confirm_remove"),
+        Binding("n,escape", "cancel", "Keep", id="documents_cancel_remove"),
+    ]
+    YES, NO = "Remove", "Keep"
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+
+    def question(self) -> Text:
+        return Text.assemble(
+            "Remove ",
+            plain_text(tilde(self.path), "bold"),
+            " from the index?\nThe file on disk is not touched.  ",
+            ("y", "bold"),
+            " remove · ",
+            ("n", "bold"),
+            " keep",
+        )
+
+
+class ConfirmWatch(Confirm):
+    """Asks before watching `/`, the home folder or a very large tree: everything in it would
+    be indexed and kept in sync."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("y", "confirm", "Watch", id="documents_confirm_watch"),
+        Binding("n,escape", "cancel", "Cancel", id="documents_cancel_watch"),
+    ]
+    YES, NO = "Watch", "Cancel"
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__()
+        self.path, self.reason = path, reason
+
+    def question(self) -> Text:
+        return Text.assemble(
+            "Watch ",
+            plain_text(tilde(self.path), "bold"),
+            "?\nIt would index ",
+            plain_text(self.reason),
+            " and keep it in sync.  ",
+            ("y", "bold"),
+            " watch · ",
+            ("n", "bold"),
+            " cancel",
+        )
+
+
+class StopWatching(ModalScreen[str | None]):
+    """Picks the watched folder to stop keeping in sync (its documents stay)."""
+
+    DEFAULT_CSS = """
+    StopWatching {
+        align: center middle;
+    }
+    StopWatching > #unwatch-dialog {
+        width: 72;
+        max-width: 90%;
+        height: auto;
+        max-height: 80%;
+        border: thick $primary 60%;
+        background: $surface;
+        padding: 1 2;
+    }
+    StopWatching #unwatch-folders {
+        height: auto;
+        max-height: 12;
+    }
+    """
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "cancel", "Keep watching", id="documents_cancel_unwatch"),
+    ]
+
+    def __init__(self, folders: Sequence[str]) -> None:
+        super().__init__()
+        self.folders = list(folders)
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="unwatch-dialog"):
+            yield Label(
+                Text.assemble(
+                    "Stop watching which folder? Its documents stay in the index.  ",
+                    ("Enter", "bold"),
+                    " stops · ",
+                    ("Escape", "bold"),
+                    " keeps watching",
+                )
+            )
+            yield OptionList(
+                *(Option(plain_text(tilde(f)), id=str(i)) for i, f in enumerate(self.folders)),
+                id="unwatch-folders",
+            )
+
+    def on_mount(self) -> None:
+        self.query_one(OptionList).focus()
+
+    @on(OptionList.OptionSelected)
+    def _chosen(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(self.folders[event.option_index])
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
 
 
 class DocumentsScreen(Screen[None]):
@@ -274,6 +382,8 @@ class DocumentsScreen(Screen[None]):
         Binding("d,delete", "remove", "Remove", id="documents_remove"),
         Binding("r", "refresh", "Refresh", id="documents_refresh"),
         Binding("s", "rescan", "Rescan folders", id="documents_rescan"),
+        Binding("w", "unwatch", "Stop watching", id="documents_unwatch"),
+        Binding("i", "include", "Include", id="documents_include"),
         Binding("escape", "back", "Back", id="documents_back"),
     ]
 
@@ -284,6 +394,7 @@ class DocumentsScreen(Screen[None]):
         *,
         on_folder_added: Callable[[str], Any] | None = None,
         on_rescan: Callable[[], Any] | None = None,
+        on_folder_removed: Callable[[str], Any] | None = None,
         name: str | None = None,
         id: str | None = None,
         classes: str | None = None,
@@ -292,6 +403,11 @@ class DocumentsScreen(Screen[None]):
         self._get_index = get_index
         self._on_folder_added = on_folder_added
         self._on_rescan = on_rescan
+        self._on_folder_removed = on_folder_removed
+        self._folders: list[str] = []
+        """The watched folders as last read from the index."""
+        self._excluded: dict[str, str] = {}
+        """Excluded path -> its watched folder, as last read."""
         start = Path(start_path).expanduser() if start_path is not None else Path.home()
         if not start.exists():
             start = Path.home()
@@ -412,7 +528,11 @@ class DocumentsScreen(Screen[None]):
         try:
             index = self._open_index()
             snapshot = _Snapshot(
-                index.stats(), index.documents(), Path(index.store.root), index.folders()
+                index.stats(),
+                index.documents(),
+                Path(index.store.root),
+                index.folders(),
+                index.watches.exclusions(),
             )
         except Exception as exc:
             log.exception("could not read the private index")
@@ -436,6 +556,8 @@ class DocumentsScreen(Screen[None]):
         where = Text.assemble(("Private index", "bold"), plain_text(f" at {tilde(snap.root)}"))
         self.query_one("#documents-where", Static).update(where)
         self.query_one("#documents-folders", Static).update(folders_line(snap.folders))
+        self._folders = [f.path for f in snap.folders]
+        self._excluded = {e.path: e.folder for e in snap.excluded}
         table = self.query_one("#documents-list", DataTable)
         keep = self._highlighted_document()
         table.clear()
@@ -448,6 +570,10 @@ class DocumentsScreen(Screen[None]):
             # Text cells: a DataTable reads a str cell as markup, and paths are free text.
             table.add_row(plain_text(tilde(d.path)), plain_text(d.kind or "?"),
                           Text(str(d.chunk_count)), status, key=d.path)  # fmt: skip
+        for e in snap.excluded:  # what the user removed from a watched folder: i undoes it
+            table.add_row(plain_text(tilde(e.path), "dim"), Text(""), Text(""),
+                          Text("excluded · i includes", "yellow"),
+                          key=EXCLUDED_KEY + e.path)  # fmt: skip
         if keep is not None and keep in table.rows:
             table.move_cursor(row=table.get_row_index(keep), animate=False)
 
@@ -485,8 +611,10 @@ class DocumentsScreen(Screen[None]):
         else:
             self.add_path(self.query_one("#documents-path", Input).value)
 
-    def add_path(self, raw: str) -> None:
-        """Start ingesting `raw` (a file or folder) in a thread worker on the app."""
+    def add_path(self, raw: str, *, confirmed: bool = False) -> None:
+        """Start ingesting `raw` (a file or folder: watched) in a thread worker on the app;
+        a folder that needs a yes first (`/`, home, a very large tree) asks, unless
+        `confirmed`."""
         text = raw.strip()
         if not text:
             self._say("Type a path or pick one in the tree, then press a.", error=True)
@@ -498,14 +626,22 @@ class DocumentsScreen(Screen[None]):
         if not target.exists():
             self._fail(f"No such file or folder: {tilde(target)}")
             return
+        self._start_ingest(target, confirmed=confirmed)
+
+    def _start_ingest(
+        self, target: Path, *, confirmed: bool = False, include: str | None = None
+    ) -> None:
         self.query_one("#documents-files", DataTable).clear()
         self.query_one("#documents-progress", ProgressBar).update(total=None, progress=0)
         self._say(f"Scanning {tilde(target)}…")
         self._set_busy(True)
         self._ingest_target = target
         coalescer = ProgressCoalescer(self._wake)
+        job = partial(
+            self._ingest_thread, self.app, target, coalescer, confirmed=confirmed, include=include
+        )
         self.ingest_worker = self.app.run_worker(
-            partial(self._ingest_thread, self.app, target, coalescer),
+            job,
             name=f"ingest {target}",
             group=INGEST_GROUP,
             thread=True,
@@ -516,8 +652,17 @@ class DocumentsScreen(Screen[None]):
         """Called from the ingesting thread: one message asks the UI to drain."""
         self.post_message(DocumentsScreen.IngestProgress(coalescer))
 
-    def _ingest_thread(self, app: App[Any], target: Path, coalescer: ProgressCoalescer) -> None:
+    def _ingest_thread(
+        self,
+        app: App[Any],
+        target: Path,
+        coalescer: ProgressCoalescer,
+        *,
+        confirmed: bool = False,
+        include: str | None = None,
+    ) -> None:
         from personal_index.index import IngestBusyError
+        from personal_index.watched import FolderMovedError, WatchNeedsConfirmation
 
         outcome = IngestOutcome(target, coalescer)
         started = time.monotonic()
@@ -525,13 +670,21 @@ class DocumentsScreen(Screen[None]):
             index = self._open_index()
             cap = getattr(getattr(app, "settings", None), "ingest_max_mb", None)
             extra = {} if cap is None else {"max_file_mb": cap}
-            if target.is_dir():  # a folder added here is kept in sync from now on
-                outcome.folder = index.watch(target)
+            if include is not None:  # back into its watched folder: sync that folder now
+                for folder in index.include(include):
+                    outcome.results += index.sync_folder(folder, coalescer.push, **extra)
+                outcome.included = include
+            elif target.is_dir():  # a folder added here is kept in sync from now on
+                outcome.folder = index.watch(target, confirmed=confirmed)
                 outcome.results = index.sync_folder(target, coalescer.push, **extra)
             else:
                 outcome.results = index.ingest([target], coalescer.push, **extra)
+        except WatchNeedsConfirmation as exc:  # nothing was read or recorded
+            outcome.confirm = exc.reason
         except IngestBusyError as exc:
             outcome.error, outcome.busy = f"Index busy: {exc}", True
+        except FolderMovedError as exc:
+            outcome.error = str(exc)
         except Exception as exc:
             log.exception("ingest of %s failed", target)
             outcome.error = f"Ingest failed: {exc}"
@@ -573,6 +726,9 @@ class DocumentsScreen(Screen[None]):
         if alive:
             self._drain(outcome.coalescer, target=outcome.target)
             self._set_busy(False)
+        if outcome.confirm is not None:
+            self._ask_to_watch(outcome.target, outcome.confirm)
+            return
         if outcome.error is not None:
             if alive:
                 self.query_one("#documents-progress", ProgressBar).update(total=1, progress=0)
@@ -584,7 +740,8 @@ class DocumentsScreen(Screen[None]):
             if alive:
                 bar = self.query_one("#documents-progress", ProgressBar)
                 bar.update(total=max(len(results), 1), progress=max(len(results), 1))
-                self._say(f"Done: {summary}", error=False)
+                back = f"Included {tilde(outcome.included)} again. " if outcome.included else ""
+                self._say(f"{back}Done: {summary}", error=False)
             if not (alive and self.is_current):
                 self.app.notify(strip_controls(f"Ingest of {where} finished: {summary}"),
                                 markup=False)  # fmt: skip
@@ -596,12 +753,32 @@ class DocumentsScreen(Screen[None]):
         if alive:
             self.refresh_index()
 
+    def _ask_to_watch(self, target: Path, reason: str) -> None:
+        """Watching `target` needs a yes first: ask, and add it again when the answer is yes."""
+        if not self._alive():
+            text = f"{tilde(target)} was not watched: it would index {reason}"
+            self.app.notify(strip_controls(text), severity="warning", markup=False)
+            return
+        self.query_one("#documents-progress", ProgressBar).update(total=1, progress=0)
+        self._say(f"Watching {tilde(target)} would index {reason}: confirm or cancel.")
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.add_path(str(target), confirmed=True)
+            else:
+                self._say(f"Not watched: {tilde(target)}.")
+
+        self.app.push_screen(ConfirmWatch(str(target), reason), answered)
+
     # ---- removing -----------------------------------------------------------------------------
     def action_remove(self) -> None:
         """Ask, then remove the highlighted document from the index."""
         path = self._highlighted_document()
         if path is None:
             self._say("No document to remove.", error=True)
+            return
+        if path.startswith(EXCLUDED_KEY):
+            self._say("That file is already out of the index: i includes it again.", error=True)
             return
         if self.ingest_running():
             self._fail("An ingest is running; remove documents when it has finished.")
@@ -619,25 +796,80 @@ class DocumentsScreen(Screen[None]):
     @work(thread=True, group=REMOVE_GROUP, exit_on_error=False)
     def _remove_worker(self, app: App[Any], path: str) -> None:
         try:
-            removed = self._open_index().remove(path)
+            removal = self._open_index().forget(path)
         except Exception as exc:
             log.exception("could not remove %s", path)
             self._to_ui(app, self._removed, path, 0, str(exc))
         else:
-            self._to_ui(app, self._removed, path, removed, None)
+            self._to_ui(app, self._removed, path, removal.documents, None, removal.excluded_from)
 
-    def _removed(self, path: str, removed: int, error: str | None) -> None:
+    def _removed(
+        self, path: str, removed: int, error: str | None, excluded_from: str | None = None
+    ) -> None:
         if removed:
             self._post_index_changed()
         if not self._alive():
             return
         if error is not None:
             self._fail(f"Could not remove {tilde(path)}: {error}")
+        elif removed and excluded_from is not None:
+            self._say(f"Removed {tilde(path)}: it stays out of {tilde(excluded_from)} "
+                      "(i includes it again).")  # fmt: skip
         elif removed:
             self._say(f"Removed {tilde(path)} from the index.")
         else:
             self._say(f"{tilde(path)} was not in the index.", error=True)
         self.refresh_index()
+
+    # ---- watched folders and exclusions ---------------------------------------------------------
+    def action_unwatch(self) -> None:
+        """Pick a watched folder and stop keeping it in sync (its documents stay)."""
+        if not self._folders:
+            self._say("No folder is watched.", error=True)
+            return
+
+        def chosen(folder: str | None) -> None:
+            if folder:
+                self._say(f"Stopping watching {tilde(folder)}…")
+                self._unwatch_worker(self.app, folder)
+
+        self.app.push_screen(StopWatching(self._folders), chosen)
+
+    @work(thread=True, group=REMOVE_GROUP, exit_on_error=False)
+    def _unwatch_worker(self, app: App[Any], folder: str) -> None:
+        try:
+            done = self._open_index().unwatch(folder)
+        except Exception as exc:
+            log.exception("could not stop watching %s", folder)
+            self._to_ui(app, self._unwatched, folder, False, str(exc))
+        else:
+            self._to_ui(app, self._unwatched, folder, done, None)
+
+    def _unwatched(self, folder: str, done: bool, error: str | None) -> None:
+        if done and self._on_folder_removed is not None:
+            self._on_folder_removed(folder)
+        if not self._alive():
+            return
+        if error is not None:
+            self._fail(f"Could not stop watching {tilde(folder)}: {error}")
+        elif done:
+            self._say(f"Stopped watching {tilde(folder)}; its documents stay in the index.")
+        else:
+            self._say(f"{tilde(folder)} was not watched.", error=True)
+        self.refresh_index()
+
+    def action_include(self) -> None:
+        """Bring the highlighted excluded file back: no longer excluded, its folder synced."""
+        key = self._highlighted_document()
+        if key is None or not key.startswith(EXCLUDED_KEY):
+            self._say("Highlight an excluded file (listed after the documents) to include it.",
+                      error=True)  # fmt: skip
+            return
+        if self.ingest_running():
+            self._fail("An ingest is running; include the file when it has finished.")
+            return
+        path = key[len(EXCLUDED_KEY) :]
+        self._start_ingest(Path(self._excluded.get(path, path)), include=path)
 
     # ---- other actions ------------------------------------------------------------------------
     def action_refresh(self) -> None:

@@ -350,6 +350,8 @@ def test_binding_ids() -> None:
         "documents_remove": "d,delete",
         "documents_refresh": "r",
         "documents_rescan": "s",
+        "documents_unwatch": "w",
+        "documents_include": "i",
         "documents_back": "escape",
     }
 
