@@ -46,6 +46,16 @@ def _format_stats(s: dict[str, Any], device: str) -> str:
     return "[" + " · ".join(parts) + "]"
 
 
+def _sent(exchange, summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """What left the device for the answer (edge_runtime.sent), out of the figures: the
+    answer's ledger as far as it got, [] where nothing was sent."""
+    sent = summary.pop("sent", None)
+    if sent is None and exchange.stats is None:  # it ended before its figures came
+        live = exchange.live_stats()
+        sent = live.sent if live is not None else None
+    return list(sent or [])
+
+
 def settings_for(args: argparse.Namespace):
     """The settings file, with this command's flags on top (a flag left out keeps the file's
     value). A settings file that cannot be read is reported and the defaults are used."""
@@ -83,7 +93,8 @@ async def run_ask(args: argparse.Namespace) -> int:
                 out["errors"].append(f"{status.label}: {status.detail}")
                 if not args.json:
                     _say(f"error: {status.label}: {status.detail}", err=True)
-        options = assistant.options(top_p=args.top_p, seed=args.seed)
+        options = assistant.options(top_p=args.top_p, seed=args.seed,
+                                    allow_private_in_cloud=args.allow_private_in_cloud)  # fmt: skip
         exchange = assistant.exchange(args.question, args.mode, options=options, save=False)
         async for event in exchange.events():
             if isinstance(event, TextDelta) and not args.json:
@@ -109,6 +120,7 @@ async def run_ask(args: argparse.Namespace) -> int:
     out["citations"] = sorted(exchange.citations, key=lambda row: row["number"])
     summary = exchange.stats.as_dict() if exchange.stats else {}
     if args.json:
+        out["sent"] = _sent(exchange, summary)
         print(safe_json({**out, "stats": summary, "device_model": device.name}), flush=True)
     else:
         _say()

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -22,6 +22,7 @@ from collab.plumbing.paths import conversations_path, index_paths
 if TYPE_CHECKING:
     from app.conversations import ConversationStore
     from app.embedded import EmbeddedCloud
+    from edge_runtime.consent import Consent
     from edge_runtime.device import DeviceModel
     from edge_runtime.events import Event, Provenance, Stats
     from edge_runtime.modes.base import ModeContext, Orchestrator
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tandem.assistant")
 
-CloudState = Literal["off", "starting", "ready", "unavailable"]
+CloudState = Literal["off", "idle", "starting", "ready", "unavailable"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class CloudStatus:
         where = "embedded" if self.embedded else "remote"
         return {
             "off": "cloud off",
+            "idle": f"cloud not connected ({where})",
             "starting": f"cloud starting ({where})…",
             "ready": f"cloud ready ({where})",
             "unavailable": "cloud unavailable",
@@ -80,6 +82,9 @@ class Exchange:
     # send it back. Grows while the answer is the cloud's; stops when the device goes on alone.
     shared_chars: int | None = None
     shared_tokens: int | None = None  # the same in tokens (the stored figures keep it)
+    # Which cloud saw it (edge_runtime.cloud_identity, never the token): later turns send
+    # it back to that cloud only. None: not shared, or by a cloud that did not say.
+    shared_with: str | None = None
     _sharing: bool = False
     _device_alone: bool = False
     _events: AsyncIterator[Event] | None = None
@@ -124,6 +129,7 @@ class Exchange:
         if event.shared and not self._device_alone:
             self._sharing = True
             self.shared_chars = len(self.text)
+            self.shared_with = event.cloud  # a retry on a new session: the cloud that answers
         elif not event.shared and not self._device_alone:
             self._sharing, self._device_alone = False, True
             self.shared_tokens = event.tokens if self.shared_chars is not None else None
@@ -163,6 +169,11 @@ class Assistant:
         self._ctx: ModeContext | None = None
         self._modes: dict[str, Orchestrator] = {}
         self._conversations: ConversationStore | None = None
+        self._citations_kept_for: PersonalIndex | None = None
+        # the front end's way to ask the user whether a cloud may take part in answers shaped
+        # by private passages (the TUI's dialog); None: nobody to ask (edge_runtime.consent)
+        self.consent_asker: Callable[[str], Awaitable[str | None]] | None = None
+        self._embedder: Any = None  # the device's embedder where no index is open
 
     # ------------------------------------------------------------------ loading
 
@@ -183,12 +194,22 @@ class Assistant:
         return self.device
 
     def open_index(self) -> PersonalIndex:
-        """The private index, created empty on first use (loads the embedder: a second)."""
+        """The private index, created empty on first use (loads the embedder: a second). A
+        document that leaves it, however, takes its text out of the stored citations."""
         if self.index is None:
             from personal_index.index import PersonalIndex
 
             self.index = PersonalIndex(*index_paths())
+        if self._citations_kept_for is not self.index:
+            self.index.on_removed(self._forget_citations)
+            self._citations_kept_for = self.index
         return self.index
+
+    def _forget_citations(self, paths: list[str]) -> None:
+        """Called in the removing thread (the store is thread-safe)."""
+        changed = self.conversations.forget_document_text(paths)
+        if changed:
+            log.info("dropped the text of %d citations of removed documents", changed)
 
     def existing_index(self) -> PersonalIndex | None:
         """The private index if the user has indexed anything (a one-shot question need not
@@ -231,19 +252,27 @@ class Assistant:
     def cloud_skipped(self) -> None:
         self.cloud_status = CloudStatus("off", "not connected at start")
 
+    def cloud_idle(self) -> None:
+        """The cloud is connected on first use by a mode that needs it, not at start (the
+        selected mode keeps questions on this device): until then no connection is opened."""
+        url, _ = effective_cloud(self.settings)
+        self.cloud_status = CloudStatus("idle", "connects when a mode needs it",
+                                        embedded=not url)  # fmt: skip
+
     async def connect_cloud(
         self, on_status: Callable[[CloudStatus], None] | None = None
     ) -> CloudStatus:
         """Reach the configured cloud, or start the embedded backend when none is configured;
         then open a session once (token, tokenizer and version are checked at handshake).
         `on_status` hears every change of `cloud_status` on the way."""
+        from edge_runtime.client import shown_url
         from edge_runtime.modes.base import CloudSettings
 
         url, token = effective_cloud(self.settings)
         embedded = not url
         try:
-            self._set_cloud(CloudStatus("starting", "" if embedded else url, embedded=embedded),
-                            on_status)  # fmt: skip
+            self._set_cloud(CloudStatus("starting", "" if embedded else shown_url(url),
+                                        embedded=embedded), on_status)  # fmt: skip
             if embedded:
                 self._set_cloud(CloudStatus("starting", "first start indexes the corpus",
                                             embedded=True), on_status)  # fmt: skip
@@ -251,10 +280,11 @@ class Assistant:
             ctx = self.context()
             s = self.settings
             ctx.cloud = CloudSettings(url, token, retries=1, ca_file=s.cloud_ca or None,
-                                      allow_insecure=s.cloud_allow_insecure)  # fmt: skip
+                                      allow_insecure=s.cloud_allow_insecure,
+                                      embedded=embedded)  # fmt: skip
             if self.device is not None:
                 await self._probe()
-            self._set_cloud(CloudStatus("ready", url, embedded=embedded), on_status)
+            self._set_cloud(CloudStatus("ready", shown_url(url), embedded=embedded), on_status)
         except Exception as exc:  # any failure: say why, local mode still works
             log.info("cloud unavailable: %s", exc)
             self._set_cloud(CloudStatus("unavailable", _plain(exc), embedded=embedded), on_status)
@@ -311,7 +341,40 @@ class Assistant:
         self._ctx.device = self.device
         self._ctx.index = self.index if self.index_has_documents() else None
         self._ctx.cloud_starting = self.cloud_status.state == "starting"
+        self._ctx.judge = self.relevance
+        self._ctx.consent = self.consent()
         return self._ctx
+
+    def consent(self) -> Consent:
+        """What the user said about each cloud taking part in answers shaped by private
+        passages (settings `cloud_consent`), and how to ask them (the front end's dialog)."""
+        from edge_runtime.consent import Consent
+
+        async def ask(identity: str) -> Any:
+            return await self.consent_asker(identity) if self.consent_asker else None
+
+        return Consent(dict(self.settings.cloud_consent),
+                       ask if self.consent_asker is not None else None,
+                       self._remember_consent)  # fmt: skip
+
+    def _remember_consent(self, identity: str, said: str) -> None:
+        from app.settings import save_settings
+
+        self.settings.cloud_consent = {**self.settings.cloud_consent, identity: said}
+        save_settings(self.settings)
+
+    def relevance(self, question: str, texts: Sequence[str]) -> list[float]:
+        """The device's own cosine of each text with the question (its embedder: the index's,
+        or loaded alone): how it checks the relevance a cloud claims for public passages."""
+        from retrieval.embedder import question_cosines
+
+        embedder = self.index.embedder if self.index is not None else self._embedder
+        if embedder is None:
+            from collab.plumbing.paths import embedder_dir
+            from retrieval.embedder import OnnxEmbedder, prepare_onnx_embedder
+
+            embedder = self._embedder = OnnxEmbedder(prepare_onnx_embedder(embedder_dir()))
+        return question_cosines(embedder.embed, question, texts)
 
     def mode(self, name: str) -> Orchestrator:
         from edge_runtime.modes import build_mode
@@ -340,7 +403,7 @@ class Assistant:
             available, reason = True, ""
             if self.device is None:
                 available, reason = False, "the device model is loading"
-            elif cls.needs_cloud and self.cloud_status.state != "ready":
+            elif cls.needs_cloud and self.cloud_status.state not in ("ready", "idle"):
                 available = False
                 reason = f"{self.cloud_status.label}: {self.cloud_status.detail}".rstrip(": ")
             out.append(ModeInfo(name, cls.description, cls.needs_cloud, available, reason))
@@ -386,7 +449,8 @@ class Assistant:
             if conversation_id is None:
                 conversation_id = store.create().id
             cid = conversation_id
-            history = [Turn(q, a, m, shared) for q, a, m, shared in store.turns(cid)]
+            history = [Turn(t.question, t.answer, t.mode, t.shared, t.shared_with)
+                       for t in store.turns(cid)]  # fmt: skip
             store.add_message(cid, "user", question, mode)
             store.set_title_from_question(cid, question)
             title = store.get(cid).title
@@ -394,10 +458,13 @@ class Assistant:
 
             def on_end(ex: Exchange) -> None:
                 stats = ex.stats.as_dict() if ex.stats else {}
+                if ex.stats is None and (live := ex.live_stats()) is not None:
+                    stats["sent"] = live.sent  # cancelled: what had left (edge_runtime.sent)
                 stats["shared_tokens"] = ex.provenance()["shared_tokens"]
                 store.update_message(message_id, text=ex.text, citations=ex.citations,
                                      stats=stats, status=ex.status, error=ex.error,
-                                     shared_chars=ex.shared_chars)  # fmt: skip
+                                     shared_chars=ex.shared_chars,
+                                     shared_with=ex.shared_with)  # fmt: skip
 
         events = orchestrator.answer(question, history, options or self.options())
         return Exchange(question, mode, conversation_id, title, orchestrator,

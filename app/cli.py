@@ -62,26 +62,84 @@ def _open_store():
     return IndexStore(index_dir(), DIM)
 
 
-def _cmd_ingest(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+def _watch_book():
+    """The watched folders' records and exclusions (no model): open after the store."""
+    from personal_index.watched import WatchBook
 
+    return WatchBook(index_dir())
+
+
+def _forget_citations(paths: list[str]) -> None:
+    """Documents left the index: their text leaves the stored citations too (the app's
+    Assistant does the same for removals made in the TUI)."""
+    from app.conversations import ConversationStore, ConversationStoreError
+    from collab.plumbing.paths import conversations_path
+
+    if not conversations_path().exists():
+        return
+    try:
+        with ConversationStore(conversations_path()) as conversations:
+            conversations.forget_document_text(paths)
+    except ConversationStoreError as exc:
+        print(f"warning: stored citations still quote the removed text: {exc}", file=sys.stderr)
+
+
+def _open_index():
+    """The private index (loads the embedder); removals it makes reach the citations."""
+    from personal_index.index import PersonalIndex
+
+    index = PersonalIndex(*index_paths())
+    index.on_removed(_forget_citations)
+    return index
+
+
+def _max_file_mb() -> float:
     from app.settings import Settings, SettingsError, load_settings
-    from personal_index.index import IndexWriteError, IngestBusyError, PersonalIndex
 
     try:
-        max_file_mb = load_settings().ingest_max_mb
+        return load_settings().ingest_max_mb
     except SettingsError as exc:
         print(f"warning: {exc}; using the defaults", file=sys.stderr)
-        max_file_mb = Settings().ingest_max_mb
-    bar = tqdm(total=0, unit="file", desc="ingest", disable=args.json)
+        return Settings().ingest_max_mb
+
+
+def _progress_bar(disable: bool):
+    """A tqdm bar and the ingest progress callback that draws it."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=0, unit="file", desc="ingest", disable=disable)
 
     def on_progress(p) -> None:
         bar.total, bar.n = p.total, p.done
         bar.set_postfix_str(Path(p.result.path).name[-40:], refresh=False)
         bar.refresh()
 
+    return bar, on_progress
+
+
+_OUTCOMES = ("indexed", "unchanged", "failed", "skipped", "removed")
+
+
+def _print_results(results, *, unchanged: bool = True) -> None:
+    """One line per file (without the unchanged ones unless `unchanged`), then the counts."""
+    from app.plain import strip_controls
+
+    for r in results:
+        if r.outcome == "unchanged" and not unchanged:
+            continue
+        detail = f"{r.chunks} chunks" if r.outcome == "indexed" else (r.reason or "")
+        print(strip_controls(f"{r.outcome:9}  {r.path}  {detail}".rstrip()))
+    counts = {o: sum(r.outcome == o for r in results) for o in _OUTCOMES}
+    print(", ".join(f"{n} {o}" for o, n in counts.items() if n) or "nothing to ingest")
+
+
+def _cmd_ingest(args: argparse.Namespace) -> int:
+    from personal_index.index import IndexWriteError, IngestBusyError
+
+    max_file_mb = _max_file_mb()
+    bar, on_progress = _progress_bar(args.json)
     try:
-        with PersonalIndex(*index_paths()) as index:
+        with _open_index() as index:
             results = index.ingest(args.paths, on_progress, max_file_mb=max_file_mb)
     except (IngestBusyError, IndexWriteError) as exc:
         print(f"\nerror: {exc}", file=sys.stderr)
@@ -91,26 +149,32 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r.__dict__ for r in results], indent=2))
     else:
-        for r in results:
-            detail = f"{r.chunks} chunks" if r.outcome == "indexed" else (r.reason or "")
-            print(f"{r.outcome:9}  {r.path}  {detail}".rstrip())
-        counts = {
-            o: sum(r.outcome == o for r in results)
-            for o in ("indexed", "unchanged", "failed", "skipped", "removed")
-        }
-        print(", ".join(f"{n} {o}" for o, n in counts.items() if n) or "nothing to ingest")
+        _print_results(results)
     return 1 if any(r.outcome == "failed" for r in results) else 0
 
 
 def _cmd_docs_list(args: argparse.Namespace) -> int:
-    with _open_store() as store:
-        rows, stats = store.documents(), store.stats()
+    from app.plain import strip_controls
+
+    with _open_store() as store, _watch_book() as book:
+        rows, stats, folders = store.documents(), store.stats(), store.folders()
+        excluded = book.exclusions()
     if args.json:
-        print(json.dumps([r.__dict__ for r in rows], indent=2))
+        out = [r.__dict__ for r in rows]
+        out += [{"path": e.path, "status": "excluded", "folder": e.folder,
+                 "excluded_at": e.excluded_at} for e in excluded]  # fmt: skip
+        print(json.dumps(out, indent=2))
         return 0
     for r in rows:
         detail = f"{r.chunk_count} chunks" if r.status == "indexed" else f"failed: {r.error}"
-        print(f"{r.path}  ({r.kind or '?'}, {detail})")
+        print(strip_controls(f"{r.path}  ({r.kind or '?'}, {detail})"))
+    for f in folders:
+        when = "not synced yet" if f.synced_at is None else f"synced {_when(f.synced_at)}"
+        print(strip_controls(f"watching {f.path}  ({when})"))
+    for e in excluded:
+        print(strip_controls(f"excluded {e.path}  (removed from the watched {e.folder})"))
+    if excluded:
+        print("`tandem docs include PATH` brings an excluded file back")
     print(
         f"{stats.documents} documents, {stats.chunks} chunks, {stats.failed} failed;"
         f" index at {index_dir()}"
@@ -118,15 +182,180 @@ def _cmd_docs_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _when(timestamp: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+
+
 def _cmd_docs_remove(args: argparse.Namespace) -> int:
-    target = os.path.abspath(os.path.expanduser(args.path))
-    with _open_store() as store:
-        removed = store.remove_prefix(target)
-    if not removed:
-        print(f"error: no indexed document at or under {target}", file=sys.stderr)
+    from app.plain import strip_controls
+    from personal_index.watched import remove_documents
+
+    with _open_store() as store, _watch_book() as book:
+        removal = remove_documents(store, book, args.path)
+    if removal.documents:
+        _forget_citations([removal.path])
+    for folder in removal.unwatched:
+        print(strip_controls(f"stopped watching {folder}"))
+    if not removal.documents and not removal.unwatched:
+        print(strip_controls(f"error: no indexed document at or under {removal.path}"),
+              file=sys.stderr)  # fmt: skip
         return 2
-    print(f"removed {removed} document{'s' * (removed != 1)}")
+    n = removal.documents
+    print(f"removed {n} document{'s' * (n != 1)}")
+    if removal.excluded_from is not None:
+        print(strip_controls(
+            f"{removal.path} stays out of the watched folder {removal.excluded_from}: "
+            f"`tandem docs include {removal.path}` brings it back"
+        ))  # fmt: skip
     return 0
+
+
+def _cmd_docs_watch(args: argparse.Namespace) -> int:
+    """Watch a folder and sync it once now; `/`, the home folder and very large trees need
+    --yes (checked before the embedder loads: a refusal is immediate)."""
+    from app.plain import strip_controls
+    from personal_index.index import IndexWriteError, IngestBusyError
+    from personal_index.watched import absolute, watch_guard
+
+    folder = absolute(args.path)
+    if not os.path.isdir(folder):
+        print(strip_controls(f"error: {folder} is not a folder"), file=sys.stderr)
+        return 2
+    if not args.yes and (reason := watch_guard(folder)) is not None:
+        print(strip_controls(
+            f"refused: watching {folder} would index {reason} and keep it in sync. "
+            "Pass --yes if that is what you want."
+        ), file=sys.stderr)  # fmt: skip
+        return 2
+    max_file_mb = _max_file_mb()
+    bar, on_progress = _progress_bar(args.json)
+    try:
+        with _open_index() as index:
+            index.watch(folder, confirmed=True)
+            results = index.sync_folder(folder, on_progress, max_file_mb=max_file_mb)
+    except (IngestBusyError, IndexWriteError) as exc:
+        print(f"\nerror: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        bar.close()
+    if args.json:
+        print(json.dumps({"folder": folder, "results": [r.__dict__ for r in results]}, indent=2))
+    else:
+        _print_results(results)
+        print(strip_controls(
+            f"watching {folder}: the app keeps it in sync while it runs; "
+            "`tandem docs sync` syncs it now"
+        ))  # fmt: skip
+    return 1 if any(r.outcome == "failed" for r in results) else 0
+
+
+def _cmd_docs_unwatch(args: argparse.Namespace) -> int:
+    from app.plain import strip_controls
+    from personal_index.watched import absolute, is_under, unwatch
+
+    with _open_store() as store, _watch_book() as book:
+        real = book.real_path(absolute(args.path))
+        folder = unwatch(store, book, args.path)
+        kept = sum(
+            is_under(d.path, real) or (folder is not None and is_under(d.path, folder))
+            for d in store.documents()
+        )
+        left = [f.path for f in store.folders()]
+    if folder is None:
+        print(strip_controls(f"error: {absolute(args.path)} is not watched"), file=sys.stderr)
+        for other in left:
+            print(strip_controls(f"watching {other}"), file=sys.stderr)
+        return 2
+    print(strip_controls(
+        f"stopped watching {folder}; its {kept} document{'s' * (kept != 1)} stay in the index "
+        f"(`tandem docs remove {folder}` removes them)"
+    ))  # fmt: skip
+    return 0
+
+
+def _cmd_docs_sync(args: argparse.Namespace) -> int:
+    """Sync the watched folders now (all, or those named); a folder that resolves elsewhere
+    than where it was watched is refused with the reason."""
+    from app.plain import strip_controls
+    from personal_index.index import IndexWriteError, IngestBusyError
+    from personal_index.watched import FolderMovedError, absolute
+
+    max_file_mb = _max_file_mb()
+    report: list[dict] = []
+    bar, on_progress = _progress_bar(args.json)
+    try:
+        with _open_index() as index:
+            folders = [f.path for f in index.folders()]
+            if args.paths:
+                named = {absolute(p) for p in args.paths}
+                unknown = named - set(folders)
+                if unknown:
+                    bar.close()
+                    for path in sorted(unknown):
+                        print(strip_controls(f"error: {path} is not watched"), file=sys.stderr)
+                    return 2
+                folders = [f for f in folders if f in named]
+            for folder in folders:
+                try:
+                    results = index.sync_folder(folder, on_progress, max_file_mb=max_file_mb)
+                except FolderMovedError as exc:
+                    report.append({"folder": folder, "refused": str(exc), "results": []})
+                else:
+                    report.append({"folder": folder, "refused": None, "results": results})
+    except (IngestBusyError, IndexWriteError) as exc:
+        print(f"\nerror: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        bar.close()
+    refused = any(item["refused"] is not None for item in report)
+    failed = any(r.outcome == "failed" for item in report for r in item["results"])
+    if args.json:
+        for item in report:
+            item["results"] = [r.__dict__ for r in item["results"]]
+        print(json.dumps(report, indent=2))
+    elif not report:
+        print("no watched folders: `tandem docs watch FOLDER` adds one")
+    else:
+        for item in report:
+            if item["refused"] is not None:
+                print(strip_controls(f"refused  {item['refused']}"))
+                continue
+            print(strip_controls(f"{item['folder']}:"))
+            _print_results(item["results"], unchanged=False)
+    return 1 if refused or failed else 0
+
+
+def _cmd_docs_include(args: argparse.Namespace) -> int:
+    """Undo an exclusion and sync its folder, so that the file is indexed again at once."""
+    from app.plain import strip_controls
+    from personal_index.index import IndexWriteError, IngestBusyError
+    from personal_index.watched import FolderMovedError, absolute
+
+    try:
+        with _open_index() as index:
+            gone = index.watches.include(absolute(args.path))
+            if not gone:
+                print(strip_controls(f"error: nothing excluded at or under {absolute(args.path)}"),
+                      file=sys.stderr)  # fmt: skip
+                return 2
+            for e in gone:
+                print(strip_controls(f"included {e.path} again"))
+            status = 0
+            for folder in sorted({e.folder for e in gone}):
+                try:
+                    results = index.sync_folder(folder, max_file_mb=_max_file_mb())
+                except FolderMovedError as exc:
+                    print(strip_controls(f"refused  {exc}"))
+                    status = 1
+                    continue
+                print(strip_controls(f"{folder}:"))
+                _print_results(results, unchanged=False)
+    except (IngestBusyError, IndexWriteError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return status
 
 
 def _cmd_search(args: argparse.Namespace) -> int:
@@ -235,6 +464,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="if the cloud drops mid-answer, stop instead of finishing on the device",
     )
+    ask.add_argument(
+        "--allow-private-in-cloud", action="store_true",
+        help="for this answer, let a cloud other than the embedded one take part in an answer "
+        "shaped by your documents (dragon; split's drafts): without it, and without an "
+        '"always" in the settings, those modes answer without your documents\' context',
+    )  # fmt: skip
     ask.add_argument("--json", action="store_true", help="print one JSON object at the end")
     ask.set_defaults(func=_cmd_ask)
 
@@ -288,14 +523,38 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("paths", nargs="+")
     ingest.add_argument("--json", action="store_true")
     ingest.set_defaults(func=_cmd_ingest)
-    docs = sub.add_parser("docs", help="list or remove indexed documents")
+    docs = sub.add_parser("docs", help="list, remove and watch indexed documents")
     dsub = docs.add_subparsers(dest="docs_command", required=True)
-    dlist = dsub.add_parser("list", help="indexed documents and failures")
+    dlist = dsub.add_parser(
+        "list", help="indexed documents and failures, watched folders, excluded files"
+    )
     dlist.add_argument("--json", action="store_true")
     dlist.set_defaults(func=_cmd_docs_list)
-    dremove = dsub.add_parser("remove", help="forget a file, or every document under a folder")
+    dremove = dsub.add_parser(
+        "remove", help="forget a file, or every document under a folder (inside a watched "
+        "folder it stays out of its syncs until `docs include`)",
+    )  # fmt: skip
     dremove.add_argument("path")
     dremove.set_defaults(func=_cmd_docs_remove)
+    dwatch = dsub.add_parser("watch", help="keep a folder in sync with the index, and sync it now")
+    dwatch.add_argument("path")
+    dwatch.add_argument(
+        "--yes", action="store_true", help="watch / , the home folder or a very large tree"
+    )
+    dwatch.add_argument("--json", action="store_true")
+    dwatch.set_defaults(func=_cmd_docs_watch)
+    dunwatch = dsub.add_parser("unwatch", help="stop keeping a folder in sync (its documents stay)")
+    dunwatch.add_argument("path")
+    dunwatch.set_defaults(func=_cmd_docs_unwatch)
+    dsync = dsub.add_parser("sync", help="sync the watched folders now (all, or those named)")
+    dsync.add_argument("paths", nargs="*")
+    dsync.add_argument("--json", action="store_true")
+    dsync.set_defaults(func=_cmd_docs_sync)
+    dinclude = dsub.add_parser(
+        "include", help="bring back a file removed from a watched folder (and sync it now)"
+    )
+    dinclude.add_argument("path")
+    dinclude.set_defaults(func=_cmd_docs_include)
     search = sub.add_parser("search", help="search the private index")
     search.add_argument("query")
     search.add_argument("-k", type=int, default=5)

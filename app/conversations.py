@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import json
 import logging
+import os
 import re
 import sqlite3
 import threading
@@ -24,7 +25,7 @@ import unicodedata
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from collab.plumbing import migrations
 from collab.plumbing.files import (
@@ -35,6 +36,7 @@ from collab.plumbing.files import (
 )
 from collab.plumbing.migrations import transaction
 from collab.sources import Source
+from edge_runtime import sent_kinds
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +45,8 @@ TITLE_CHARS = 48
 ROLES = ("user", "assistant")
 STATUSES = ("complete", "cancelled", "failed", "streaming")
 EXPORT_SCHEMA = 1
+REMOVED_EXCERPT = "(removed from the index)"
+"""What a citation of a removed document previews instead of its text."""
 
 
 class ConversationStoreError(RuntimeError):
@@ -109,9 +113,17 @@ def _v2_shared_chars(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE messages ADD COLUMN shared_chars INTEGER")
 
 
-# MIGRATIONS[i] takes the schema from version i to i + 1. Add v3 as one more function here.
-MIGRATIONS: list[migrations.Migration] = [_v1_initial, _v2_shared_chars]
-SCHEMA_VERSION = len(MIGRATIONS)  # 2
+def _v3_shared_with(conn: sqlite3.Connection) -> None:
+    """v2 -> v3: each shared answer records which cloud saw it (`shared_with`: the cloud's
+    identity, edge_runtime.cloud_identity: URL and server name, never the token), so history
+    goes back only to that cloud. Answers stored before this version did not record it: which
+    cloud was configured then is unknown, so they stay NULL and are sent to no cloud."""
+    conn.execute("ALTER TABLE messages ADD COLUMN shared_with TEXT")
+
+
+# MIGRATIONS[i] takes the schema from version i to i + 1. Add v4 as one more function here.
+MIGRATIONS: list[migrations.Migration] = [_v1_initial, _v2_shared_chars, _v3_shared_with]
+SCHEMA_VERSION = len(MIGRATIONS)  # 3
 
 
 def migrate(conn: sqlite3.Connection, path: Path | str = "database") -> int:
@@ -121,6 +133,17 @@ def migrate(conn: sqlite3.Connection, path: Path | str = "database") -> int:
     """
     # MIGRATIONS is read at call time, so tests can add a step.
     return migrations.migrate(conn, MIGRATIONS, name=str(path))
+
+
+class StoredTurn(NamedTuple):
+    """One finished exchange as the history keeps it (what `edge_runtime.modes.base.Turn`
+    is built from; this module does not import the modes)."""
+
+    question: str
+    answer: str
+    mode: str
+    shared: str | None  # the part of the answer the cloud saw (None: not even the question)
+    shared_with: str | None  # that cloud's identity (None: unknown: sent to no cloud)
 
 
 @dataclass(frozen=True)
@@ -145,6 +168,7 @@ class MessageRow:
     status: str = "complete"  # complete | cancelled | failed | streaming
     error: str | None = None
     shared_chars: int | None = None  # assistant: how much of `text` the cloud saw (None: none)
+    shared_with: str | None = None  # assistant: the identity of the cloud that saw it
 
 
 _CONVERSATION_SELECT = """
@@ -154,7 +178,7 @@ _CONVERSATION_SELECT = """
 """
 _MESSAGE_COLUMNS = (
     "id, conversation_id, role, text, mode, created_at, citations, stats, status, error, "
-    "shared_chars"
+    "shared_chars, shared_with"
 )
 
 
@@ -184,6 +208,7 @@ def _message(row: tuple) -> MessageRow:
         status=row[8],
         error=row[9],
         shared_chars=row[10],
+        shared_with=row[11],
     )
 
 
@@ -225,6 +250,18 @@ def _source_line(index: int, citation: Mapping[str, Any]) -> str:
     src = Source.from_dict(citation, number=index)
     src = replace(src, title=src.title or src.path or "untitled")
     return f"[{src.number}] {src.heading} · {src.side} · {src.score_label}"
+
+
+def _sent_lines(sent: Any) -> list[str]:
+    """An answer's ledger in the Markdown export: the summary, a line per kind, and each text
+    that left quoted under its kind."""
+    rows = sent if isinstance(sent, list) else None
+    lines = [f"What was sent: {sent_kinds.summary(rows)}", ""]
+    for row in rows or []:
+        lines.append(f"- {sent_kinds.row_line(row)}")
+        for text in sent_kinds.texts(row):
+            lines += ["", *(f"  > {line}" for line in text.splitlines() or [""]), ""]
+    return [*lines, ""] if rows else lines
 
 
 class ConversationStore:
@@ -409,6 +446,7 @@ class ConversationStore:
         status: str | None = None,
         error: str | None = None,
         shared_chars: int | None = None,
+        shared_with: str | None = None,
     ) -> None:
         """Change the given fields of a message: partial answers while streaming, then the final."""
         if status is not None and status not in STATUSES:
@@ -426,6 +464,8 @@ class ConversationStore:
             columns["error"] = error
         if shared_chars is not None:
             columns["shared_chars"] = shared_chars
+        if shared_with is not None:
+            columns["shared_with"] = shared_with
         with self._saving():
             row = self.conn.execute(
                 "SELECT conversation_id FROM messages WHERE id = ?", (message_id,)
@@ -450,26 +490,67 @@ class ConversationStore:
             ).fetchall()
         return [_message(row) for row in rows]
 
-    def turns(self, conversation_id: int) -> builtins.list[tuple[str, str, str, str | None]]:
-        """Finished (question, answer, mode, shared) tuples for the model's history; `shared`
-        is the part of the answer the cloud saw, None if the question never reached it.
+    def turns(self, conversation_id: int) -> builtins.list[StoredTurn]:
+        """Finished (question, answer, mode, shared, shared_with) tuples for the model's
+        history; `shared` is the part of the answer the cloud saw, None if the question never
+        reached it; `shared_with` the identity of that cloud (None: unknown, sent to none).
 
         A turn is a user message directly followed by an assistant message with non-empty text:
         cancelled partial answers count; failed answers with no text do not.
         """
-        result: builtins.list[tuple[str, str, str, str | None]] = []
+        result: builtins.list[StoredTurn] = []
         rows = self.messages(conversation_id)
         for question, answer in itertools.pairwise(rows):
             if question.role == "user" and answer.role == "assistant" and answer.text.strip():
                 n = answer.shared_chars
                 shared = None if n is None else answer.text[: max(0, n)]
-                result.append((question.text, answer.text, answer.mode, shared))
+                cloud = answer.shared_with if shared is not None else None
+                result.append(StoredTurn(question.text, answer.text, answer.mode, shared, cloud))
         return result
+
+    def forget_document_text(self, paths: Iterable[str]) -> int:
+        """Drop the passage text from every stored device citation of a document at or under
+        one of `paths` (they left the private index): what was shown stays (title, location,
+        score, side, path), the text and excerpt go and the citation is marked "removed".
+        Returns how many citations changed. The old rows are overwritten (secure_delete)."""
+        bases = [p.rstrip(os.sep) or os.sep for p in paths]
+
+        def removed(citation: object) -> bool:
+            if not isinstance(citation, dict) or citation.get("side") != "device":
+                return False
+            where = citation.get("path")
+            return (
+                isinstance(where, str)
+                and not citation.get("removed")
+                and any(where == b or where.startswith(b.rstrip(os.sep) + os.sep) for b in bases)
+            )
+
+        changed = 0
+        with self._saving() as conn:
+            rows = conn.execute(
+                "SELECT id, citations FROM messages WHERE citations LIKE '%\"device\"%'"
+            ).fetchall()
+            for message_id, text in rows:
+                citations = _loads(text, [])
+                if not isinstance(citations, list) or not any(map(removed, citations)):
+                    continue
+                kept = []
+                for c in citations:
+                    if removed(c):
+                        c = {**c, "text": "", "excerpt": REMOVED_EXCERPT, "removed": True}
+                        changed += 1
+                    kept.append(c)
+                conn.execute(
+                    "UPDATE messages SET citations = ? WHERE id = ?",
+                    (json.dumps(kept, ensure_ascii=False), message_id),
+                )
+        return changed
 
     # -- export -----------------------------------------------------------------------------
 
     def export_markdown(self, conversation_id: int) -> str:
-        """The conversation as Markdown: answers verbatim, each followed by its sources."""
+        """The conversation as Markdown: answers verbatim, each followed by its sources and
+        what left this device for it (edge_runtime.sent: its ledger, with the texts)."""
         conversation = self.get(conversation_id)
         lines = [f"# {conversation.title}", ""]
         for message in self.messages(conversation_id):
@@ -494,6 +575,7 @@ class ConversationStore:
                     f"- {_source_line(i, c)}" for i, c in enumerate(message.citations, start=1)
                 ]
                 lines.append("")
+            lines += _sent_lines(message.stats.get("sent"))
         return "\n".join(lines).rstrip("\n") + "\n"
 
     def export_json(self, conversation_id: int) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import stat
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +69,9 @@ class Settings:
     theme: str = "textual-dark"
     ingest_max_mb: int = DEFAULT_MAX_FILE_MB  # ingest: a larger file is not read ("too large")
     keymap: dict[str, str] = field(default_factory=dict)  # binding id -> keys
+    # cloud identity -> "always" | "never": may that cloud take part in answers shaped by
+    # private passages (edge_runtime.consent; the embedded cloud needs no entry)
+    cloud_consent: dict[str, str] = field(default_factory=dict)
     modes: dict[str, Any] = field(default_factory=dict)  # the modes' declared settings by name
 
     def __init__(self, modes: dict[str, Any] | None = None, **values: Any) -> None:
@@ -127,6 +131,7 @@ _CORE_TYPES: dict[str, type] = {
     "theme": str,
     "ingest_max_mb": int,
     "keymap": dict,
+    "cloud_consent": dict,
 }
 assert set(_CORE_TYPES) == set(_CORE)
 
@@ -168,6 +173,10 @@ def settings_problems(settings: Settings) -> list[str]:
             f"cloud_url must start with ws:// or wss:// (got {settings.cloud_url!r}); "
             "leave it empty to use the embedded backend"
         )
+    for identity, said in settings.cloud_consent.items():
+        if said not in ("always", "never"):
+            problems.append(f'cloud_consent."{identity}" must be "always" or "never" '
+                            f"(got {said!r})")  # fmt: skip
     for binding_id, keys in settings.keymap.items():
         if not isinstance(keys, str) or not keys.strip():
             problems.append(f"keymap.{binding_id} must be a non-empty string of keys")
@@ -196,7 +205,7 @@ def _coerce(path: Path, key: str, value: Any) -> Any:
         ok = isinstance(value, expected)
     if not ok:
         raise SettingsError(f"{path}: {key} must be {_TYPE_NAMES[expected]}, got {value!r}")
-    if expected is dict:
+    if key == "keymap":
         value = _flatten_keymap(path, value)
     return value
 
@@ -219,6 +228,35 @@ def _flatten_keymap(path: Path, table: dict[str, Any], prefix: str = "") -> dict
     return flat
 
 
+def _keep_token_private(path: Path, fd: int, data: dict[str, Any]) -> None:
+    """A hand-written config.toml that holds a cloud token and is open to other users of this
+    machine is made 0600, as the settings screen writes it, and the log says so; where that
+    fails, a warning says to do it."""
+    token = data.get("cloud_token")
+    if not (isinstance(token, str) and token.strip()):
+        return
+    mode = None
+    try:
+        mode = stat.S_IMODE(os.fstat(fd).st_mode)
+        if not mode & (stat.S_IRWXG | stat.S_IRWXO):
+            return
+        private = mode & ~(stat.S_IRWXG | stat.S_IRWXO)
+        os.fchmod(fd, private)
+    except OSError as exc:
+        shown = "" if mode is None else f" (mode {mode:04o})"
+        logger.warning(
+            "%s holds the cloud token and other users of this machine may read it%s: it "
+            "could not be made private (%s); chmod 600 it",
+            path, shown, exc.strerror or exc,
+        )  # fmt: skip
+        return
+    logger.warning(
+        "%s holds the cloud token and was open to other users of this machine (mode %04o): "
+        "made it private to you (mode %04o)",
+        path, mode, private,
+    )  # fmt: skip
+
+
 def load_settings(path: Path | None = None) -> Settings:
     """Read the settings file; a missing file means the defaults.
 
@@ -227,17 +265,19 @@ def load_settings(path: Path | None = None) -> Settings:
     """
     path = path if path is not None else config_path()
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as f:
+            raw = f.read()
+            try:
+                data = tomllib.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise SettingsError(f"{path}: not UTF-8 text: {exc}") from exc
+            except tomllib.TOMLDecodeError as exc:
+                raise SettingsError(f"{path}: not valid TOML: {exc}") from exc
+            _keep_token_private(path, f.fileno(), data)  # the file opened, not a swapped path
     except FileNotFoundError:
         return Settings()
     except OSError as exc:
         raise SettingsError(f"{path}: cannot read the settings file: {exc}") from exc
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise SettingsError(f"{path}: not UTF-8 text: {exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise SettingsError(f"{path}: not valid TOML: {exc}") from exc
     values: dict[str, Any] = {}
     types = field_types()
     for key, value in data.items():
@@ -252,6 +292,33 @@ def load_settings(path: Path | None = None) -> Settings:
     return settings
 
 
+KEPT_LOCAL = (
+    "this install answers in local mode, as it did before auto became the default: your "
+    "settings name a remote cloud and no default mode; choose auto in the settings (F4) to "
+    "let Tandem pick a mode per question"
+)
+
+
+def keep_upgraded_default(path: Path | None = None) -> str | None:
+    """An install from before auto was the default keeps its effective default: a settings
+    file with no `default_mode` and a remote cloud (in the file or $TANDEM_CLOUD_URL) answered
+    in local mode then, and still does. The key is written into the file (on its first line,
+    the rest kept as the user wrote it), so the notice returned is shown once."""
+    path = path if path is not None else config_path()
+    try:
+        raw = path.read_text(encoding="utf-8")
+        data = tomllib.loads(raw)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None  # no file (a new install: auto), or one load_settings reports
+    remote = os.environ.get(CLOUD_URL_ENV) or data.get("cloud_url")
+    if "default_mode" in data or not remote:
+        return None
+    line = "# kept at upgrade: this install answered in local mode before auto was the default\n"
+    atomic_write(path, line + 'default_mode = "local"\n' + raw, mode=0o600)
+    logger.warning("%s: %s", path, KEPT_LOCAL)
+    return KEPT_LOCAL
+
+
 def save_settings(settings: Settings, path: Path | None = None) -> Path:
     """Write every key (so users see what they can set) atomically, readable only by the user.
 
@@ -263,6 +330,7 @@ def save_settings(settings: Settings, path: Path | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {name: getattr(settings, name) for name in _CORE} | settings.modes
     data["keymap"] = dict(sorted(settings.keymap.items()))
+    data["cloud_consent"] = dict(sorted(settings.cloud_consent.items()))
     text = _HEADER + tomli_w.dumps(data)
     atomic_write(path, text, mode=0o600)
     logger.info("settings saved to %s", path)

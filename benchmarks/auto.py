@@ -31,6 +31,7 @@ import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -141,9 +142,13 @@ def contexts(
     the same question second)."""
     from edge_runtime.modes import build_mode
     from edge_runtime.modes.base import CloudSettings, ModeContext
+    from retrieval.embedder import question_cosines
 
-    return {m: build_mode(m, ModeContext(device=device, index=index,
-                                         cloud=CloudSettings(url, token)))
+    # the run's own cloud on this machine (on-device, as the embedded one); public passages
+    # judged by the device's embedder, as the Assistant does
+    judge = partial(question_cosines, index.embedder.embed)
+    return {m: build_mode(m, ModeContext(device=device, index=index, judge=judge,
+                                         cloud=CloudSettings(url, token, embedded=True)))
             for m in methods}  # fmt: skip
 
 

@@ -47,6 +47,7 @@ HISTORY_TOKENS = 1_000
 def history_for(n: int, tokenizer: Any, prompts: Sequence[Any]) -> list[Any]:
     """About HISTORY_TOKENS tokens of earlier exchanges (conversation n's own mix)."""
     from benchmarks.dragon import NOTES
+    from edge_runtime.cloud_identity import EMBEDDED
     from edge_runtime.modes.base import Turn
 
     notes = list(NOTES.values())
@@ -55,7 +56,8 @@ def history_for(n: int, tokenizer: Any, prompts: Sequence[Any]) -> list[Any]:
     while size < HISTORY_TOKENS:
         question = prompts[(n * 7 + i) % len(prompts)].text
         answer = notes[(n + i) % len(notes)]
-        turns.append(Turn(question, answer, "cloud", shared=answer))
+        # the benchmark's cloud is one this device started (`start_cloud`): the embedded one
+        turns.append(Turn(question, answer, "cloud", shared=answer, shared_with=EMBEDDED))
         size += len(tokenizer.encode(question + answer))
         i += 1
     return turns
@@ -82,6 +84,7 @@ async def answer(mode: Any, question: str, history: list[Any], options: Any) -> 
 
 async def run(args: argparse.Namespace) -> list[dict]:
     from benchmarks.prompts import load_prompts
+    from edge_runtime.cloud_identity import EMBEDDED
     from edge_runtime.device import DeviceModel
     from edge_runtime.modes import get_mode
     from edge_runtime.modes.base import AnswerOptions, CloudSettings, ModeContext, Turn
@@ -97,14 +100,15 @@ async def run(args: argparse.Namespace) -> list[dict]:
             history = history_for(n, device.tokenizer, prompts)
             q1, q2 = prompts[30 + n % 10].text, prompts[(31 + n) % 40].text
             for name in args.modes:
-                ctx = ModeContext(device=device, index=None, cloud=CloudSettings(url, token),
+                ctx = ModeContext(device=device, index=None,
+                                  cloud=CloudSettings(url, token, embedded=True),
                                   retrieve_public=name == "cloud+corpus")  # fmt: skip
                 mode = get_mode("split" if name == "split" else "cloud")(ctx)
                 try:
                     before = await reused_tokens(cloud)
                     text1, s1 = await answer(mode, q1, history, options)
                     mid = await reused_tokens(cloud)
-                    turn1 = Turn(q1, text1, name, shared=text1)
+                    turn1 = Turn(q1, text1, name, shared=text1, shared_with=EMBEDDED)
                     _, s2 = await answer(mode, q2, [*history, turn1], options)
                     after = await reused_tokens(cloud)
                 finally:

@@ -150,7 +150,9 @@ def make_modes(
     modes = {}
     for name in methods:
         m = METHODS[name]
-        ctx = ModeContext(device=device, index=index, cloud=CloudSettings(url, token),
+        # the benchmark's own cloud on this machine: on-device, as the embedded one
+        cloud = CloudSettings(url, token, embedded=True)
+        ctx = ModeContext(device=device, index=index, cloud=cloud,
                           aggregator=m.aggregator, dragon_lookahead=m.lookahead)  # fmt: skip
         modes[name] = (BASELINES.get(m.mode) or get_mode(m.mode))(ctx)
     return modes

@@ -521,7 +521,8 @@ async def run_trials(
                     for name in methods:
                         method = METHODS[name]
                         ctx = ModeContext(device=device, index=index,
-                                          cloud=CloudSettings(tapped, token))  # fmt: skip
+                                          cloud=CloudSettings(tapped, token,
+                                                              embedded=True))  # fmt: skip
                         mode = get_mode(method.mode)(ctx)
                         if isinstance(mode, SplitMode):
                             mode.costs.as2 = as2

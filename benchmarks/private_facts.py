@@ -105,7 +105,8 @@ async def ask_all(
         mode_name = "split" if name.startswith("split") else name
         eta = float(name.removeprefix("split-eta-")) if mode_name == "split" else 0.0
         mode = get_mode(mode_name)(ModeContext(device=device, index=index,
-                                               cloud=CloudSettings(url, token)))  # fmt: skip
+                                               cloud=CloudSettings(url, token,
+                                                                   embedded=True)))  # fmt: skip
         try:
             for i, note in enumerate(notes):
                 options = AnswerOptions(max_new_tokens=max_tokens, temperature=temperature,

@@ -6,7 +6,9 @@ consumes to keep an RTT estimate (so `ping()` works while a request streams, and
 failure surfaces as a `CloudError` whose message can be shown to the user as is.
 
 `on_frame_sent` receives exactly the bytes of every frame sent, before they leave: the privacy
-test inspects all of them.
+test inspects all of them. Every frame that left is also written, with its message, into the
+ledger of the answer the session serves (`sent`: `edge_runtime.sent`), here where it is sent
+and nowhere else.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from collab.protocol import (
     decode,
     encode,
 )
+from edge_runtime.sent import SentLedger
 
 log = logging.getLogger("tandem.edge.client")
 
@@ -139,6 +142,21 @@ def session_url(url: str) -> str:
     return urlunsplit(parts._replace(path=SESSION_PATH))
 
 
+def shown_url(url: str) -> str:
+    """`url` as messages, logs and the status bar may show it: no user info, query or fragment
+    (where a token written into the URL would be)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:  # not a URL: shown only up to anything that may carry a secret
+        return re.split(r"[@?#]", url, maxsplit=1)[0]
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{host}:{port}" if port is not None else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
 def _loopback(host: str) -> bool:
     """Whether `host` is this machine (where ws:// exposes nothing)."""
     if host == "localhost":
@@ -181,6 +199,7 @@ class CloudClient:
         allow_insecure: bool = False,
     ) -> None:
         self.url = session_url(url)
+        self.shown_url = shown_url(self.url)  # what messages name: never a token in the URL
         self.mode = Mode(mode)
         self.variant = variant
         self.tokenizer_hash = tokenizer_hash
@@ -195,6 +214,11 @@ class CloudClient:
         self.limits: Limits = limits
         self.cloud_model_name = ""
         self.on_frame_sent: Callable[[bytes], None] | None = None
+        # the ledger of the answer this session serves now (`serve`, by the mode that takes
+        # it); None, or an ended answer's: what is sent belongs to no answer, except the Hello
+        # of a session opened outside one, held for the first answer that takes it
+        self.sent: SentLedger | None = None
+        self._unlisted_hello: tuple[Message, int] | None = None
         self.bytes_up = self.bytes_down = 0
         self.frames_up = self.frames_down = 0
         self.rtt_s: float | None = None
@@ -259,7 +283,9 @@ class CloudClient:
             except (OSError, ssl.SSLError) as exc:
                 raise CloudUnavailable(f"cannot read the CA bundle {self.ca_file}: {exc}") from None
         if url.scheme != "ws":
-            raise CloudUnavailable(f"the cloud URL must start with ws:// or wss://: {self.url}")
+            raise CloudUnavailable(
+                f"the cloud URL must start with ws:// or wss://: {self.shown_url}"
+            )
         if not self.allow_insecure and not _loopback(url.hostname or ""):
             raise CloudUntrusted(
                 f"refusing to send the access token and your questions unencrypted to "
@@ -290,18 +316,21 @@ class CloudClient:
             if exc.status in (429, 503):
                 raise _busy(exc) from None
             raise CloudUnavailable(
-                f"{self.url} did not open a session (HTTP {exc.status}): is it a Tandem cloud?"
+                f"{self.shown_url} did not open a session (HTTP {exc.status}): is it a Tandem "
+                "cloud?"
             ) from None
         except aiohttp.ClientConnectorCertificateError as exc:
             await http.close()
             raise CloudUntrusted(
-                f"the cloud at {self.url} did not prove who it is (its TLS certificate: "
+                f"the cloud at {self.shown_url} did not prove who it is (its TLS certificate: "
                 f"{getattr(exc.certificate_error, 'verify_message', exc.certificate_error)}); set "
                 "cloud_ca to the CA that signed it if it is yours"
             ) from None
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
             await http.close()
-            raise CloudUnavailable(f"cannot reach the cloud at {self.url}: {_plain(exc)}") from None
+            raise CloudUnavailable(
+                f"cannot reach the cloud at {self.shown_url}: {_plain(exc)}"
+            ) from None
         sock = ws.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):
@@ -309,7 +338,7 @@ class CloudClient:
         self._http, self._ws = http, ws
         try:
             hello = Hello(self.tokenizer_hash, self.mode, self.variant, model_name=self.model_name)
-            await self._send_frame(ws, encode(hello))
+            await self._send_frame(ws, encode(hello), hello)
             ack = await self._await_hello_ack(ws)
         except BaseException:
             await self._drop_connection()
@@ -325,7 +354,7 @@ class CloudClient:
         self._reader = asyncio.create_task(self._read_loop(ws, inbox), name="tandem-cloud-reader")
         log.info(
             "connected to %s: model=%s mode=%s variant=%s",
-            self.url, ack.model_name, self.mode.name.lower(), self.variant or "-",
+            self.shown_url, ack.model_name, self.mode.name.lower(), self.variant or "-",
         )  # fmt: skip
         return ack
 
@@ -346,7 +375,7 @@ class CloudClient:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise CloudUnavailable(
-                    f"the cloud at {self.url} did not answer the handshake within "
+                    f"the cloud at {self.shown_url} did not answer the handshake within "
                     f"{self.connect_timeout:g} s"
                 )
             try:
@@ -405,18 +434,40 @@ class CloudClient:
             raise CloudProtocolError(
                 f"this device made a {type(msg).__name__} frame it cannot send: {exc.reason}"
             ) from None
-        await self._send_frame(ws, frame)
+        await self._send_frame(ws, frame, msg)
 
-    async def _send_frame(self, ws: aiohttp.ClientWebSocketResponse, frame: bytes) -> None:
+    def serve(self, ledger: SentLedger | None) -> None:
+        """Write what this session sends from now on into `ledger` (the answer in progress;
+        None: no answer), with the Hello that opened it if no answer has listed it yet."""
+        self.sent = ledger
+        held = self._unlisted_hello
+        if ledger is not None and held is not None and ledger.record(*held):
+            self._unlisted_hello = None
+
+    async def _send_frame(
+        self, ws: aiohttp.ClientWebSocketResponse, frame: bytes, msg: Message
+    ) -> None:
+        """The one place a frame leaves: counted, and written into the answer's ledger."""
         if self.on_frame_sent is not None:
             self.on_frame_sent(frame)
-        try:
-            async with self._send_lock:
+        async with self._send_lock:  # the ledger in the order the frames left
+            try:
                 await ws.send_bytes(frame)
-        except (ConnectionError, RuntimeError) as exc:
-            raise ConnectionLost(f"the connection to the cloud was lost: {_plain(exc)}") from None
-        self.bytes_up += len(frame)
-        self.frames_up += 1
+            except (ConnectionError, RuntimeError) as exc:
+                raise ConnectionLost(
+                    f"the connection to the cloud was lost: {_plain(exc)}"
+                ) from None
+            self.bytes_up += len(frame)
+            self.frames_up += 1
+            self._ledger(msg, len(frame))
+
+    def _ledger(self, msg: Message, nbytes: int) -> None:
+        if self.sent is not None and self.sent.record(msg, nbytes):
+            return
+        if isinstance(msg, Hello):  # a session opened before any answer: the first one lists it
+            self._unlisted_hello = (msg, nbytes)
+        else:
+            log.debug("%s sent while no answer holds the session", type(msg).__name__)
 
     # ---- receiving -------------------------------------------------------------------------
     def _count_down(self, n: int) -> None:

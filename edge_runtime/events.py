@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -35,10 +36,13 @@ class Provenance:
     cloud and the tokens that follow are the cloud's (it produced, verified or aggregated
     them). `shared=False`: the device goes on alone (the cloud dropped): that text never
     reached the cloud and must never be sent to it, in this turn's history or any later one.
-    `tokens`: how many of the answer's tokens were committed when this was said."""
+    `tokens`: how many of the answer's tokens were committed when this was said. `cloud`: the
+    identity of the cloud that sees the text (edge_runtime.cloud_identity: its URL without
+    credentials and its name, never the token), so later turns go back to that cloud only."""
 
     shared: bool
     tokens: int = 0
+    cloud: str | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,9 @@ class Stats:
     per_round: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted)
     token_ids: list[int] = field(default_factory=list)  # the answer's ids (tests, benchmarks)
     figures: dict[str, Any] = field(default_factory=dict)  # the modes' declared figures set
+    # What left the device for this answer, by kind (edge_runtime.sent, written where frames
+    # are sent): [] for nothing, None when not recorded (a row stored before the ledger).
+    sent: list[dict[str, Any]] | None = None
 
     def __getattr__(self, name: str) -> Any:
         """A mode's declared figure: its value, its default until set, or computed."""
@@ -105,7 +112,7 @@ class Stats:
     def __copy__(self) -> Stats:
         """A snapshot: its figures no longer change with the answer's."""
         return replace(self, per_round=list(self.per_round), token_ids=list(self.token_ids),
-                       figures=dict(self.figures))  # fmt: skip
+                       figures=dict(self.figures), sent=copy.deepcopy(self.sent))  # fmt: skip
 
     @property
     def acceptance(self) -> float | None:

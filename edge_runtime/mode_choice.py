@@ -98,6 +98,8 @@ class Signals:
     rtt_s: float | None = None  # the cloud's measured round trip
     split_gain: float | None = None  # split's predicted tokens/s ÷ the cloud's alone (measured)
     tokens: int = 512  # the answer's length bound (what the speeds are weighed over)
+    consulted: bool = False  # the public corpus was asked (`public` is its answer, checked)
+    consent: bool = True  # this cloud may take part in answers shaped by private passages
 
 
 @dataclass(frozen=True)
@@ -110,21 +112,35 @@ SPLIT_GAIN = 1.1
 """Split for chat only on a clear predicted gain (the AS² margin, edge_runtime.split_costs)."""
 
 
+NO_CONSENT = "your notes answer this (this cloud may not take part in answers shaped by them)"
+CONSULTED = " · public sources consulted"
+NOT_CONSULTED = " · public sources not consulted"
+
+
 def choose(signals: Signals, policy: Policy) -> Choice:
-    """The mode for this question and why (the module's rules, in order)."""
+    """The mode for this question and why (the module's rules, in order); once the cloud is
+    reachable, the reason says whether the public corpus was asked."""
     s = signals
     if not policy.questions_leave:
         return Choice("local", "your policy keeps questions on this device")
     if s.cloud != "ready":
         return Choice("local", NO_CLOUD[s.cloud])
+    choice = _choose(s, policy)
+    said = CONSULTED if s.consulted else NOT_CONSULTED
+    return Choice(choice.mode, choice.reason + said)
+
+
+def _choose(s: Signals, policy: Policy) -> Choice:
     private, public = bool(s.private), bool(s.public)
     outweighs = ""
     if private and public:
         device_share, cloud_share = dragon_shares(s.private, s.public)
         if min(device_share, cloud_share) >= DRAGON_MIN_SHARE:
-            if policy.private_in_cloud:
-                return Choice("dragon", "needs both your notes and public sources")
-            return Choice("local", KEPT_OUT)
+            if not policy.private_in_cloud:
+                return Choice("local", KEPT_OUT)
+            if not s.consent:
+                return Choice("local", NO_CONSENT)
+            return Choice("dragon", "needs both your notes and public sources")
         private, public = device_share > cloud_share, cloud_share > device_share
         outweighs = f" (the other side would weigh {min(device_share, cloud_share):.1%})"
     if private:
@@ -136,7 +152,7 @@ def choose(signals: Signals, policy: Policy) -> Choice:
     if s.speeds.cloud_far_slower(s.rtt_s, s.tokens):
         return Choice("local", "no sources needed, and the cloud is slow right now")
     gain = s.split_gain
-    unshaped = policy.private_in_cloud or not s.private_history
+    unshaped = (policy.private_in_cloud and s.consent) or not s.private_history
     if gain is not None and gain >= SPLIT_GAIN and unshaped:
         return Choice("split", f"no sources needed; drafting here makes it {gain:.1f}× faster")
     return Choice("cloud", "no sources needed: the cloud's larger model answers")
@@ -148,3 +164,22 @@ def dragon_shares(private: Sequence[float], public: Sequence[float]) -> tuple[fl
     h_device = side_weight(relevance(np.asarray(private, dtype=np.float64)))
     h_cloud = side_weight(relevance(np.asarray(public, dtype=np.float64)))
     return side_etas(h_device, h_cloud)
+
+
+def public_can_matter(
+    private: Sequence[float], private_turn: bool, policy: Policy, consent: bool, k: int
+) -> bool:
+    """Whether the public corpus's answer could change the choice, once the private search is
+    done (rule 3 onwards): only then is the cloud asked, since whether a query follows tells it,
+    question by question, how the private search went. With private passages relevant it
+    matters if dragon may follow (policy and consent), or if `k` public passages as relevant
+    as can be would outweigh them (rule 3's hand-over to the cloud); after an answer only
+    this device has seen, only where the policy lets private turns shape cloud answers."""
+    if private:
+        if policy.private_in_cloud and consent:
+            return True
+        device_share, _ = dragon_shares(private, [1.0] * max(k, 1))
+        return device_share < DRAGON_MIN_SHARE
+    if private_turn:
+        return policy.private_in_cloud
+    return True

@@ -23,6 +23,9 @@ class AnswerOptions:
     eta: float = 0.0  # split: RAPID's η, how far the device's drafts pull the cloud (0 = exact)
     pipeline: bool = True  # split: PicoSpec's pipeline (draft on while the cloud verifies)
     min_score: float | None = RELEVANCE_FLOOR  # relevance floor: below it, not cited
+    # this answer may send a remote cloud content shaped by private passages (the user's
+    # consent for one answer: `tandem ask --allow-private-in-cloud`; edge_runtime.consent)
+    allow_private_in_cloud: bool = False
 
     @property
     def sampling(self) -> SamplingParams:

@@ -16,7 +16,7 @@ import logging
 import os
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -347,6 +347,17 @@ class OnnxEmbedder:
     def embed(self, texts: list[str]) -> np.ndarray:
         """[len(texts), 384] float32, L2-normalised, in the order given."""
         return self._model.embed(texts)
+
+
+def question_cosines(
+    embed: Callable[[list[str]], np.ndarray], question: str, texts: Sequence[str]
+) -> list[float]:
+    """The cosine of each text with the question, from one embedder's unit vectors: how the
+    device scores passages it did not retrieve itself (a cloud's, whose scores are claims)."""
+    if not texts:
+        return []
+    vectors = np.asarray(embed([question, *texts]), dtype=np.float32)
+    return [float(x) for x in vectors[1:] @ vectors[0]]
 
 
 class TorchEmbedder:

@@ -3,16 +3,22 @@ gives way to the rules before it; the policy wins over every signal."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from edge_runtime.mode_choice import (
+    CONSULTED,
     DRAGON_MIN_SHARE,
+    NO_CONSENT,
+    NOT_CONSULTED,
     SLOW_CLOUD,
     Choice,
     Policy,
     Speeds,
     choose,
     dragon_shares,
+    public_can_matter,
 )
 from edge_runtime.mode_choice import Signals as _Signals
 
@@ -22,7 +28,9 @@ NO_PRIVATE_IN_CLOUD = Policy(private_in_cloud=False)
 
 
 def Signals(private: float | None, public: float | None, **kw) -> _Signals:
-    """The signals with one best passage a side (None: none passed the floor)."""
+    """The signals with one best passage a side (None: none passed the floor); the public
+    corpus counts as consulted where a public passage is given, unless told."""
+    kw.setdefault("consulted", public is not None)
     return _Signals(() if private is None else (private,), () if public is None else (public,),
                     **kw)  # fmt: skip
 
@@ -94,7 +102,7 @@ def test_a_side_dragon_would_all_but_ignore_hands_the_answer_to_the_other():
 def test_private_only_is_local_whatever_the_speeds():
     for speeds in (Speeds(), measured(cloud=100, device=1)):
         choice = choose(Signals(0.31, None, speeds=speeds, split_gain=3.0), OPEN)
-        assert choice == Choice("local", "your notes answer this")
+        assert choice == Choice("local", "your notes answer this" + NOT_CONSULTED)
 
 
 def test_public_only_is_cloud_even_when_split_is_faster_or_the_cloud_slow():
@@ -102,12 +110,13 @@ def test_public_only_is_cloud_even_when_split_is_faster_or_the_cloud_slow():
     cloud mode can answer from the public corpus."""
     for speeds, gain in ((Speeds(), None), (measured(cloud=1, device=100), 3.0)):
         choice = choose(Signals(None, 0.4, speeds=speeds, split_gain=gain), OPEN)
-        assert choice == Choice("cloud", "public sources answer this")
+        assert choice == Choice("cloud", "public sources answer this" + CONSULTED)
 
 
 def test_a_follow_up_to_a_private_answer_stays_local_unless_public_sources_match():
     follow_up = Signals(None, None, private_turn=True, private_history=True)
-    assert choose(follow_up, OPEN) == Choice("local", "follows an answer only this device has seen")
+    expected = Choice("local", "follows an answer only this device has seen" + NOT_CONSULTED)
+    assert choose(follow_up, OPEN) == expected
     public = Signals(None, 0.5, private_turn=True, private_history=True)
     assert choose(public, OPEN).mode == "cloud"
 
@@ -148,3 +157,42 @@ def test_speeds_are_a_moving_average_that_ignores_missing_figures():
     speeds.observe("cloud", 10.0)
     speeds.observe("cloud", 20.0)
     assert speeds.tokens_per_s["cloud"] == pytest.approx(13.0)
+
+
+def test_dragon_needs_the_clouds_consent():
+    """Both sides relevant, the policy open: without consent for this cloud the notes answer
+    on the device, and the reason says why; consent or not, chat with private turns in the
+    drafter's prompt does not go to split."""
+    both = Signals(0.7, 0.6)
+    assert choose(both, OPEN).mode == "dragon"
+    assert choose(dataclasses.replace(both, consent=False), OPEN) == Choice(
+        "local", NO_CONSENT + CONSULTED
+    )
+    shaped = Signals(None, None, split_gain=1.4, private_history=True, consent=False)
+    assert choose(shaped, OPEN).mode == "cloud"
+
+
+@pytest.mark.parametrize(
+    ("private", "private_turn", "policy", "consent", "asked"),
+    [
+        ((), False, OPEN, True, True),  # nothing private: cloud or chat rules need it
+        ((), False, OPEN, False, True),
+        ((0.6,), False, OPEN, True, True),  # dragon may follow
+        ((0.6,), False, OPEN, False, True),  # public passages could still outweigh 0.6
+        ((0.9,), False, OPEN, False, False),  # nothing public could outweigh 0.9: not asked
+        ((0.9,), False, NO_PRIVATE_IN_CLOUD, True, False),
+        ((0.6,), False, NO_PRIVATE_IN_CLOUD, True, True),
+        ((), True, OPEN, True, True),  # a follow-up to a device-only answer: as the policy says
+        ((), True, NO_PRIVATE_IN_CLOUD, True, False),  # decided on the device, by the policy
+    ],
+)
+def test_the_cloud_is_asked_only_where_its_answer_can_change_the_choice(
+    private, private_turn, policy, consent, asked
+):
+    assert public_can_matter(private, private_turn, policy, consent, k=3) is asked
+    if not asked and private:  # and indeed: whatever it would have said, the same choice
+        chosen = {
+            choose(_Signals(private, public, private_turn=private_turn, consent=consent), policy)
+            for public in ((), (0.35,), (1.0, 1.0, 1.0))
+        }
+        assert len({c.mode for c in chosen}) == 1

@@ -7,6 +7,7 @@ the bare question and nothing private."""
 from __future__ import annotations
 
 import socket
+from functools import partial
 
 import pytest
 from aiohttp.test_utils import TestServer
@@ -17,10 +18,12 @@ from cloud_backend.engine import LLMEngine
 from cloud_backend.server import create_app
 from edge_runtime.device import DeviceModel
 from edge_runtime.events import Citation, ModeChoice, Stats, TextDelta
+from edge_runtime.mode_choice import CONSULTED
 from edge_runtime.modes import build_mode
 from edge_runtime.modes.base import AnswerOptions, CloudSettings, ModeContext, Turn
 from model_runtime.ort_runtime import OrtCausalLM
 from model_runtime.torch_runtime import TorchCausalLM
+from retrieval.embedder import question_cosines
 from tests.test_modes import WireTap
 
 TOKEN = "test-token-0123456789"
@@ -50,9 +53,13 @@ async def cloud_url(cloud_engine, public_corpus):
     await server.close()
 
 
-def context(device, index, url: str | None, **settings) -> ModeContext:
-    cloud = CloudSettings(url, TOKEN, retries=0, connect_timeout_s=2.0) if url else None
-    return ModeContext(device=device, index=index, cloud=cloud, settings=settings)
+def context(device, index, url: str | None, *, embedded: bool = True, **settings) -> ModeContext:
+    """A loopback cloud standing in for the embedded one (on-device: no consent needed) unless
+    told; public passages judged by the private index's embedder, as the Assistant does."""
+    cloud = CloudSettings(url, TOKEN, retries=0, connect_timeout_s=2.0,
+                          embedded=embedded) if url else None  # fmt: skip
+    judge = partial(question_cosines, index.embedder.embed) if index is not None else None
+    return ModeContext(device=device, index=index, cloud=cloud, settings=settings, judge=judge)
 
 
 async def ask(mode, question, history=(), options=OPTIONS):
@@ -171,6 +178,7 @@ async def test_the_relevance_query_carries_the_bare_question_only(device, privat
         assert private not in wire  # ...and nothing else: no passage, no earlier turn
     # a follow-up to that private turn with nothing to retrieve stays on the device
     events, _ = await ask(auto, "And what about next year?", [secret_turn])
-    assert choice_of(events) == ModeChoice("local", "follows an answer only this device has seen")
+    said = "follows an answer only this device has seen" + CONSULTED  # the policy lets it ask
+    assert choice_of(events) == ModeChoice("local", said)
     await auto.close()
     await tap.close()

@@ -187,7 +187,9 @@ async def test_drcg_text_answers_on_the_device_from_both_sides_passages(
 
     index = build_private_index(tmp_path, embedder_dir)
     mode = DrcgTextMode(
-        ModeContext(device=device, index=index, cloud=CloudSettings(cloud_url, TOKEN))
+        ModeContext(
+            device=device, index=index, cloud=CloudSettings(cloud_url, TOKEN, embedded=True)
+        )
     )
     # relevant on both sides (the passages under the relevance floor are left out)
     question = "Write a short note about our trip to Maui and the 1755 Lisbon earthquake."

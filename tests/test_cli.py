@@ -98,8 +98,15 @@ async def test_ask_dragon_json_and_last_line_carry_its_figures_and_both_sides_so
                                cloud_token="t" * 24))  # fmt: skip
         question = "Who owns the tandem bicycle, and what was the 1755 Lisbon earthquake?"
         parser = build_parser()
+        # a cloud that is not this device's own: dragon takes part only with consent
+        args = parser.parse_args(["ask", question, "--mode", "dragon", "--json"])
+        assert await run_ask(args) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert any("answered on this device alone" in n for n in out["notices"])
+        assert out["stats"]["aggregator"] is None and out["stats"]["bytes_up"] == 0
+        assert question not in [t for row in out["sent"] for t in row.get("texts", [])]
         args = parser.parse_args(["ask", question, "--mode", "dragon", "--aggregator", "cloud",
-                                  "--json"])  # fmt: skip
+                                  "--json", "--allow-private-in-cloud"])  # fmt: skip
         assert await run_ask(args) == 0
         out = json.loads(capsys.readouterr().out)
         stats = out["stats"]
@@ -108,10 +115,14 @@ async def test_ask_dragon_json_and_last_line_carry_its_figures_and_both_sides_so
         assert stats["cloud_acceptance"] is not None and stats["device_acceptance"] is not None
         assert stats["ttft_s"] > 0 and stats["bytes_up"] > 0 and stats["bytes_down"] > 0
         assert "tokens_per_s" in stats
+        # what left, by kind (edge_runtime.sent), beside the figures rather than among them
+        assert "sent" not in stats and sum(row["bytes"] for row in out["sent"]) >= stats["bytes_up"]
+        assert question in [t for row in out["sent"] for t in row.get("texts", [])]
         cited = [(c["number"], c["side"]) for c in out["citations"]]
         assert cited == sorted(cited) and {side for _, side in cited} == {"device", "cloud"}
 
-        args = parser.parse_args(["ask", question, "--mode", "dragon", "--aggregator", "device"])
+        args = parser.parse_args(["ask", question, "--mode", "dragon", "--aggregator", "device",
+                                  "--allow-private-in-cloud"])  # fmt: skip
         assert await run_ask(args) == 0
         printed = capsys.readouterr()
         last = printed.err.strip().splitlines()[-1]
@@ -179,6 +190,7 @@ async def test_ask_strips_control_characters_from_all_it_prints(
     assert all(c in "\n" or (c >= " " and not "\x7f" <= c <= "\x9f") for c in raw), repr(raw)
     out = json.loads(raw)
     assert out["citations"][0]["title"] == name  # escaped in the JSON, not lost
+    assert out["sent"] == []  # local: nothing left the device
     assert await run_ask(parser.parse_args(["ask", "Where is the cabin key?", "--mode",
                                             "local"])) == 0  # fmt: skip
     printed = capsys.readouterr()

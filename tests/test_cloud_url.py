@@ -77,3 +77,30 @@ async def test_ask_answers_with_a_bare_url_in_the_environment(
     out = json.loads(capsys.readouterr().out)
     assert out["answer"] and not out["errors"], out
     assert out["stats"]["mode"] == "cloud" and out["stats"]["bytes_down"] > 0
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "ws://127.0.0.1:9/v1/session?token=SECRET-IN-URL",
+        "ws://me:SECRET-IN-URL@127.0.0.1:9/v1/session",
+        "ws://127.0.0.1:9/v1/session#SECRET-IN-URL",
+    ],
+)
+async def test_a_token_written_into_the_url_is_never_shown(url, caplog):
+    """A cloud that cannot be reached is named in the message, the status bar and the log
+    without its user info, query or fragment (where a token pasted into the URL would be)."""
+    from app.assistant import Assistant
+    from edge_runtime.client import shown_url
+
+    assert shown_url(url) == "ws://127.0.0.1:9/v1/session"
+    client = CloudClient(url, TOKEN, Mode.CLOUD, "", b"\0" * 32, "device", connect_timeout=2)
+    with pytest.raises(CloudUnavailable) as refused:
+        await client.connect()
+    assert "SECRET" not in str(refused.value) and "127.0.0.1:9/v1/session" in str(refused.value)
+    heard = []  # no device model: the status goes starting → ready without a handshake
+    assistant = Assistant(Settings(cloud_url=url, cloud_token=TOKEN))
+    await assistant.connect_cloud(on_status=heard.append)
+    assert [s.state for s in heard] == ["starting", "ready"]
+    assert all(s.detail == "ws://127.0.0.1:9/v1/session" for s in heard)
+    assert "SECRET" not in caplog.text

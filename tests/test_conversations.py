@@ -59,7 +59,7 @@ def test_creates_folders_and_schema(tmp_path: Path) -> None:
     path = tmp_path / "a" / "b" / "c.sqlite"
     ConversationStore(path).close()
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     conn.close()
 
 
@@ -139,12 +139,17 @@ def test_turns_pairs_finished_answers(store: ConversationStore) -> None:
     store.add_message(cid, "user", "q3", "split")
     store.add_message(cid, "assistant", "partial", "split", status="cancelled")
     store.add_message(cid, "user", "q4 unanswered", "local")
-    assert store.turns(cid) == [("q1", "a1", "local", None), ("q3", "partial", "split", None)]
+    assert store.turns(cid) == [
+        ("q1", "a1", "local", None, None),
+        ("q3", "partial", "split", None, None),
+    ]
     # what the cloud saw of an answer is kept with it (a prefix, in characters)
     store.add_message(cid, "user", "q5", "dragon")
     mid = store.add_message(cid, "assistant", "", "dragon", status="streaming")
-    store.update_message(mid, text="cloud part, device part", status="complete", shared_chars=10)
-    assert store.turns(cid)[-1] == ("q5", "cloud part, device part", "dragon", "cloud part")
+    store.update_message(mid, text="cloud part, device part", status="complete", shared_chars=10,
+                         shared_with="embedded")  # fmt: skip
+    assert store.turns(cid)[-1] == ("q5", "cloud part, device part", "dragon", "cloud part",
+                                    "embedded")  # fmt: skip
 
 
 def test_answers_stored_before_provenance_was_recorded_stay_private(tmp_path: Path) -> None:
@@ -160,8 +165,8 @@ def test_answers_stored_before_provenance_was_recorded_stay_private(tmp_path: Pa
     )
     conn.close()
     with ConversationStore(path) as s:
-        assert user_version(s.conn) == 2
-        assert s.turns(1) == [("q", "cloud + device text", "dragon", None)]
+        assert user_version(s.conn) == SCHEMA_VERSION
+        assert s.turns(1) == [("q", "cloud + device text", "dragon", None, None)]
 
 
 def test_title_from_first_question(store: ConversationStore) -> None:
@@ -248,7 +253,7 @@ def test_migrates_an_older_database(tmp_path: Path) -> None:
         cid = s.create("after migration").id
         assert s.get(cid).title == "after migration"
         assert s.conn.execute("SELECT x FROM keep_me").fetchone() == (42,)
-        assert user_version(s.conn) == 2
+        assert user_version(s.conn) == SCHEMA_VERSION
 
 
 def test_a_future_migration_runs_once_and_keeps_data(
@@ -303,7 +308,7 @@ def test_newer_database_is_refused_untouched(tmp_path: Path) -> None:
     conn.commit()
     conn.close()
     before = path.read_bytes()
-    with pytest.raises(SchemaTooNewError, match=r"schema version 7.*up to 2"):
+    with pytest.raises(SchemaTooNewError, match=rf"schema version 7.*up to {SCHEMA_VERSION}"):
         ConversationStore(path)
     assert path.read_bytes() == before
 

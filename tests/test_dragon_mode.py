@@ -92,7 +92,8 @@ async def ask(mode, question, options, history=()):
 
 
 def dragon(device, url, index, aggregator="auto", **kw):
-    ctx = ModeContext(device=device, index=index, cloud=CloudSettings(url, TOKEN),
+    # a loopback cloud standing in for the embedded one: on-device, no consent asked
+    ctx = ModeContext(device=device, index=index, cloud=CloudSettings(url, TOKEN, embedded=True),
                       aggregator=aggregator, **kw)  # fmt: skip
     return build_mode("dragon", ctx)
 
@@ -373,7 +374,8 @@ async def test_cloud_killed_mid_answer_is_reported_and_the_device_finishes(
              "--no-corpus"]  # fmt: skip
     cloud = await EmbeddedCloud.start(serve, timeout_s=120)
     try:
-        ctx = ModeContext(device, private_index, CloudSettings(cloud.url, cloud.token))
+        ctx = ModeContext(device, private_index,
+                          CloudSettings(cloud.url, cloud.token, embedded=True))  # fmt: skip
         mode = build_mode("dragon", ctx)
         events, killed = [], False
         options = AnswerOptions(max_new_tokens=60, temperature=0.0, k=2)
@@ -461,8 +463,8 @@ async def test_drdg_sw_keeps_the_whole_answer_the_two_mixtures_find_likelier(
     from benchmarks.baselines import DrdgSwMode
 
     k, n = 2, 10
-    mode = DrdgSwMode(ModeContext(device=device, index=private_index,
-                                  cloud=CloudSettings(cloud_url, TOKEN)))  # fmt: skip
+    on_device = CloudSettings(cloud_url, TOKEN, embedded=True)
+    mode = DrdgSwMode(ModeContext(device=device, index=private_index, cloud=on_device))
     _, stats, events = await ask(mode, QUESTION, AnswerOptions(n, temperature=0.0, k=k))
     await mode.close()
     d_docs = [
@@ -582,7 +584,8 @@ async def test_a_second_turn_reusing_the_conversation_answers_as_a_fresh_session
         mode = build_mode(name, ctx)
         try:
             text1, _, _ = await ask(mode, "Tell me about the sea.", options)
-            history = [Turn("Tell me about the sea.", text1, name, shared=text1)]
+            history = [Turn("Tell me about the sea.", text1, name, shared=text1,
+                            shared_with=mode.cloud_identity())]  # fmt: skip
             _, kept, _ = await ask(mode, "And the mountains?", options, history)
         finally:
             await mode.close()

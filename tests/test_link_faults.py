@@ -164,7 +164,9 @@ async def test_chaos_a_conversation_through_faults_loses_nothing(rig, tmp_path, 
     try:
         for turn, (mode, fault) in enumerate(CHAOS):
             question = f"{QUESTIONS[turn % 2]} (turn {turn})"
-            options = assistant.options(max_new_tokens=24, temperature=0.0)
+            # the user agreed: dragon and split take part with the private turns in context
+            options = assistant.options(max_new_tokens=24, temperature=0.0,
+                                        allow_private_in_cloud=True)  # fmt: skip
             exchange = assistant.exchange(question, mode, conversation_id=conversation,
                                           options=options)  # fmt: skip
             conversation = exchange.conversation_id
@@ -193,8 +195,8 @@ async def test_chaos_a_conversation_through_faults_loses_nothing(rig, tmp_path, 
         assert stored == seen
         assert all(m.status == "complete" for m in messages)
         turns = store.turns(conversation)  # what the next question would carry
-        assert [(q, a, m) for q, a, m, _ in turns] == seen
-        for (_, answer, _, shared), (_, fault) in zip(turns, CHAOS, strict=True):
+        assert [(q, a, m) for q, a, m, _, _ in turns] == seen
+        for (_, answer, _, shared, _), (_, fault) in zip(turns, CHAOS, strict=True):
             # the cloud is sent back only what it saw: all of an answer it gave, a prefix of
             # one the device finished alone
             assert shared is not None and answer.startswith(shared)

@@ -57,6 +57,7 @@ MAIN_FIGURES = json.loads(
 )
 
 AUTO_FIGURES = {"auto_mode": None, "auto_reason": None}  # added with auto (issue 34)
+NOT_RECORDED = {"sent": None}  # what left the device (issue 44): unknown for an older answer
 
 
 def test_a_config_file_main_wrote_still_loads_and_saves_the_same_keys(tmp_path: Path) -> None:
@@ -67,9 +68,11 @@ def test_a_config_file_main_wrote_still_loads_and_saves_the_same_keys(tmp_path: 
     assert s.keymap == {"cycle_mode": "ctrl+o"}
     save_settings(s, path)
     assert load_settings(path) == s
-    # nothing lost; added only the settings declared since (auto's policy, with defaults)
+    # nothing lost; added only the settings declared since (auto's policy, with defaults, and
+    # the clouds' consent, empty)
     old, saved = set(tomllib.loads(MAIN_CONFIG)), set(tomllib.loads(path.read_text("utf-8")))
-    assert old <= saved and saved - old == {"auto_cloud_questions", "auto_private_in_cloud"}
+    added = {"auto_cloud_questions", "auto_private_in_cloud", "cloud_consent"}
+    assert old <= saved and saved - old == added
 
 
 def test_a_stored_answers_figures_from_main_still_read(tmp_path: Path) -> None:
@@ -78,16 +81,19 @@ def test_a_stored_answers_figures_from_main_still_read(tmp_path: Path) -> None:
         store.add_message(conversation.id, "assistant", "an answer", "dragon", stats=MAIN_FIGURES)
         row = store.messages(conversation.id)[0]
     stats = Stats.from_dict(row.stats)
-    assert stats.as_dict() == MAIN_FIGURES | AUTO_FIGURES  # same keys, same values; auto's unset
+    # same keys, same values; auto's unset, and no record of what it sent
+    assert stats.as_dict() == MAIN_FIGURES | AUTO_FIGURES | NOT_RECORDED
     assert (stats.aggregator, stats.switches, stats.device_acceptance) == ("cloud", 2, 0.75)
     assert "aggregator cloud · accept device 0.75 / cloud 1.00 · 2 switches" in figures(stats)
 
 
 def test_ask_json_keys_are_unchanged_for_the_built_in_modes() -> None:
     """The same keys as main's flat Stats printed (their order may differ: the core first,
-    then each mode's), and auto's two, null in the other modes' answers."""
+    then each mode's), and auto's two, null in the other modes' answers; the ledger of what
+    was sent (`sent`) is stored with the figures and printed beside them (`app.ask`)."""
     for mode in ("local", "cloud", "split", "dragon"):
-        assert set(Stats(mode).as_dict()) == set(MAIN_FIGURES) | set(AUTO_FIGURES)
+        keys = set(MAIN_FIGURES) | set(AUTO_FIGURES)
+        assert set(Stats(mode).as_dict()) == keys | set(NOT_RECORDED)
 
 
 def test_built_in_modes_carry_their_own_declarations() -> None:

@@ -261,7 +261,7 @@ async def test_rapid_pulls_the_cloud_toward_a_drafter_reading_private_passages(
     accepted at η = 100 than at η = 0. (The tiny random models spread p over the whole
     vocabulary, so only a large η shows at this size; the exact law of a RAPID round, through
     the variant, the codec and the verdict, is tested in tests/test_math_edges.py.)"""
-    ctx = ModeContext(near_drafter, private_index, CloudSettings(cloud_url, TOKEN))
+    ctx = ModeContext(near_drafter, private_index, CloudSettings(cloud_url, TOKEN, embedded=True))
     split = build_mode("split", ctx)
     counts = {}
     for eta in (0.0, 100.0):
@@ -301,12 +301,14 @@ async def test_rapid_refuses_dssd_and_leaves_a_greedy_answer_alone(near_drafter,
 # ---------------------------------------------------------------------------- privacy
 
 
-def client_frames(data: bytes) -> list[bytes]:
-    """Unmask a client's websocket frames (RFC 6455 §5.2) after the HTTP upgrade."""
+def client_frames(data: bytes, binary_only: bool = False) -> list[bytes]:
+    """Unmask a client's websocket frames (RFC 6455 §5.2) after the HTTP upgrade (only the
+    binary ones, the protocol's, if `binary_only`: no close, ping or pong)."""
     pos = data.index(b"\r\n\r\n") + 4
     out = []
     while pos < len(data):
         b0, b1 = data[pos], data[pos + 1]
+        keep = not binary_only or b0 & 0x0F == 0x2
         assert not b0 & 0x70, "compressed or extended frames would hide text from this test"
         assert b1 & 0x80, "client frames must be masked"
         n, pos = b1 & 0x7F, pos + 2
@@ -316,7 +318,8 @@ def client_frames(data: bytes) -> list[bytes]:
             n, pos = int.from_bytes(data[pos : pos + 8], "big"), pos + 8
         mask, pos = data[pos : pos + 4], pos + 4
         body = bytes(c ^ mask[i % 4] for i, c in enumerate(data[pos : pos + n]))
-        out.append(body)
+        if keep:
+            out.append(body)
         pos += n
     return out
 
@@ -381,10 +384,14 @@ async def test_split_never_sends_private_text(variant, near_drafter, cloud_url, 
     url = f"ws://127.0.0.1:{tap_port}/v1/session"
     split = build_mode("split", context(near_drafter, url, variant, index=private_index))
     question = "Where is the spare key hidden?"
-    options = AnswerOptions(max_new_tokens=24, temperature=0.7, seed=3, k=2)
+    # the user agreed: the drafts come from a prompt holding the passages (what is tested)
+    options = AnswerOptions(max_new_tokens=24, temperature=0.7, seed=3, k=2,
+                            allow_private_in_cloud=True)  # fmt: skip
     # an earlier turn answered locally may quote private text: it must not travel either
+    this_cloud = CloudSettings(url, TOKEN).identity("tiny-cloud")  # the turn it saw goes back
     history = [Turn("What is my locker code?", "Your locker code is 4417.", "local"),
-               Turn("Hi", "Hello there!", "cloud", shared="Hello there!")]  # fmt: skip
+               Turn("Hi", "Hello there!", "cloud", shared="Hello there!",
+                    shared_with=this_cloud)]  # fmt: skip
     _, stats, events = await ask(split, question, options, history)
     await split.close()
     await tap.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import stat
 import sys
 import tomllib
@@ -239,3 +240,53 @@ def test_the_ingest_size_cap_is_a_validated_setting(isolated: Path) -> None:
         load_settings()
     save_settings(Settings(ingest_max_mb=3))
     assert tomllib.loads(path.read_text())["ingest_max_mb"] == 3
+
+
+# ---- a hand-written config.toml holding a token (issue 44) -----------------------------------
+
+
+def _hand_written(text: str, mode: int) -> Path:
+    path = config_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+def test_a_readable_config_holding_a_token_is_made_private(caplog) -> None:
+    path = _hand_written('cloud_url = "wss://c.example"\ncloud_token = "s3cret"\n', 0o644)
+    with caplog.at_level(logging.WARNING, logger="app.settings"):
+        assert load_settings().cloud_token == "s3cret"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    [record] = [r for r in caplog.records if "cloud token" in r.getMessage()]
+    assert str(path) in record.getMessage() and "0644" in record.getMessage()
+    assert "s3cret" not in record.getMessage()
+    caplog.clear()
+    load_settings()  # private now: nothing more to say
+    assert not [r for r in caplog.records if "cloud token" in r.getMessage()]
+
+
+def test_a_readable_config_without_a_token_is_left_as_it_is(caplog) -> None:
+    path = _hand_written('cloud_url = "wss://c.example"\ncloud_token = ""\n', 0o644)
+    with caplog.at_level(logging.WARNING, logger="app.settings"):
+        load_settings()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert not caplog.records
+
+
+def test_a_config_that_cannot_be_made_private_is_warned_about(
+    caplog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another user's file (here: the system call refused, as it is for a file this user does
+    not own) is still read, with a warning that says what to do."""
+    path = _hand_written('cloud_token = "s3cret"\n', 0o640)
+
+    def refuse(fd: int, mode: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "fchmod", refuse)
+    with caplog.at_level(logging.WARNING, logger="app.settings"):
+        assert load_settings().cloud_token == "s3cret"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    [record] = [r for r in caplog.records if "cloud token" in r.getMessage()]
+    assert "chmod 600" in record.getMessage() and "0640" in record.getMessage()

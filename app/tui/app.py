@@ -23,9 +23,15 @@ from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from app.assistant import Assistant, CloudStatus
+from app.assistant import Assistant, CloudStatus, Exchange
 from app.plain import strip_controls
-from app.settings import Settings, SettingsError, load_settings, save_settings
+from app.settings import (
+    Settings,
+    SettingsError,
+    keep_upgraded_default,
+    load_settings,
+    save_settings,
+)
 from app.tui.chat_view import AnswerView, ConversationView, PromptInput
 from app.tui.plain import markup_escaped, plain
 from app.tui.sources import SourceScreen, SourcesPanel, by_number
@@ -73,6 +79,7 @@ class TandemApp(App[None]):
         Binding("f5", "toggle_sources", "Sources", id="toggle_sources"),
         Binding("f6", "reask_other_mode", "Other mode", id="reask_other_mode"),
         Binding("ctrl+r", "reconnect_cloud", "Reconnect", id="reconnect_cloud", show=False),
+        Binding("f7", "what_was_sent", "What was sent", id="what_was_sent", show=False),
     ]
 
     def __init__(
@@ -84,7 +91,9 @@ class TandemApp(App[None]):
     ) -> None:
         super().__init__()
         self.settings_error: str | None = None
+        self.upgrade_notice: str | None = None
         if settings is None:
+            self.upgrade_notice = keep_upgraded_default()
             try:
                 settings = load_settings()
             except SettingsError as exc:  # start on defaults; the file is left as it is
@@ -92,14 +101,21 @@ class TandemApp(App[None]):
                 settings = Settings()
         self.settings = settings
         self.assistant = assistant or Assistant(settings)
-        self.connect_cloud_at_start = connect_cloud
-        if connect_cloud:  # reported as starting until the device model lets it handshake
-            self.assistant.cloud_expected()
+        self.assistant.consent_asker = self.ask_consent
         self.store = self.assistant.conversations
         self.conversation_id: int | None = None
         self.mode_name = settings.default_mode
+        # connect at start only where the selected mode may use the cloud; else on first use
+        # by a mode that needs it (a policy keeping questions here opens no connection)
+        self.connect_cloud_at_start = connect_cloud and self.assistant.may_use_cloud(self.mode_name)
+        if self.connect_cloud_at_start:  # reported as starting until the device model loads
+            self.assistant.cloud_expected()
+        elif connect_cloud:
+            self.assistant.cloud_idle()
+        self._connect_later = connect_cloud and not self.connect_cloud_at_start
         self.sources: list[dict[str, Any]] = []
         self._live_timer: Timer | None = None
+        self._exchange: Exchange | None = None  # the answer streaming now
         self._answer_started = 0.0
         self._applying_theme = False
         self.watcher: FolderWatcher | None = None
@@ -142,6 +158,8 @@ class TandemApp(App[None]):
         if self.settings_error:
             self.say(f"{self.settings_error}. Started on defaults.", severity="error",
                         timeout=10)  # fmt: skip
+        if self.upgrade_notice:
+            self.say(self.upgrade_notice, timeout=15)
         self.open_latest_conversation()
         self.query_one(PromptInput).focus()
         self.load_modes()
@@ -196,7 +214,7 @@ class TandemApp(App[None]):
             self.status.set_state(device=f"device {self.assistant.device.name}")
             if self.connect_cloud_at_start:
                 self.connect_cloud()
-            else:
+            elif not self._connect_later:
                 self.assistant.cloud_skipped()
         self.refresh_modes()
 
@@ -292,6 +310,24 @@ class TandemApp(App[None]):
             return
         self.mode_name = name
         self.refresh_modes()
+        if self._cloud_waits_for(name):  # first use of a mode that needs it: connect now
+            self.connect_cloud()
+
+    def _cloud_waits_for(self, mode: str) -> bool:
+        """Whether the cloud is still to be connected and `mode` may use it."""
+        idle = self.assistant.cloud_status.state == "idle"
+        return idle and self.assistant.device is not None and self.assistant.may_use_cloud(mode)
+
+    async def ask_consent(self, identity: str) -> str | None:
+        """Ask whether `identity` may take part in answers shaped by private passages
+        (edge_runtime.consent): "always", "once", "never", or None (not this time)."""
+        from app.tui.consent import ConsentScreen
+
+        said = await self.push_screen(ConsentScreen(identity), wait_for_dismiss=True)
+        if said in ("always", "never"):
+            self.settings = self.assistant.settings
+            self.say(f"remembered for {identity}: {said} (change it in the settings, F4)")
+        return said
 
     def action_cycle_mode(self) -> None:
         try:
@@ -341,6 +377,9 @@ class TandemApp(App[None]):
                             self.action_reask_other_mode)  # fmt: skip
         yield SystemCommand("Reconnect to the cloud", "Try the cloud link again",
                             self.action_reconnect_cloud)  # fmt: skip
+        yield SystemCommand("What was sent", "What left this device for the selected answer "
+                            "(or the last): by kind, with the texts that left",
+                            self.action_what_was_sent)  # fmt: skip
         yield SystemCommand("Help", "Keys and where data lives", self.action_help)
 
     # ------------------------------------------------------------------ conversations
@@ -474,7 +513,11 @@ class TandemApp(App[None]):
         mode that is not the selected one (the status bar says so)."""
         from edge_runtime.events import Citation, Failure, ModeChoice, Notice, Stats, TextDelta
 
+        if self._cloud_waits_for(mode):  # the first question in a mode that may use it
+            await self.assistant.connect_cloud(on_status=self._cloud_status_changed)
+            self.refresh_modes()
         exchange = self.assistant.exchange(question, mode, conversation_id=self.conversation_id)
+        self._exchange = exchange
         self.conversation_id = exchange.conversation_id
         self.query_one("#conversation-title", Static).update(plain(exchange.title))
         view = self.conversation
@@ -518,6 +561,7 @@ class TandemApp(App[None]):
             self.say(f"the answer failed: {note}", severity="error")
         finally:
             await events.aclose()
+            self._exchange = None
             self._stop_live(final)
             if exchange.status == "failed" and not answer.text:
                 note = exchange.error or "failed"
@@ -569,6 +613,43 @@ class TandemApp(App[None]):
         if src is not None:
             self.push_screen(SourceScreen(src))
 
+    # ------------------------------------------------------------------ what was sent
+
+    def _selected_answer(self) -> AnswerView | None:
+        """The answer holding the focus (a citation line of it), else the last one shown."""
+        focused = self.focused
+        if focused is not None:
+            for widget in (focused, *focused.ancestors):
+                if isinstance(widget, AnswerView):
+                    return widget
+        answers = self.conversation.query(AnswerView)
+        return answers.last() if answers else None
+
+    def action_what_was_sent(self) -> None:
+        """What left this device for the selected answer (edge_runtime.sent): its ledger as
+        stored with the answer, or so far while it streams."""
+        from app.tui.sent_screen import SentScreen
+
+        view = self._selected_answer()
+        if view is None:
+            self.say("no answer yet: nothing was sent", severity="warning")
+            return
+        if not view.finished and self._exchange is not None:
+            live = self._exchange.live_stats()
+            sent = live.sent if live is not None else []
+            self.push_screen(SentScreen(sent, self._exchange.question, live=True))
+            return
+        answers = list(self.conversation.query(AnswerView))
+        back = len(answers) - answers.index(view)  # stored answers from the end: shown ones
+        messages = self.store.messages(self.conversation_id) if self.conversation_id else []
+        at = [i for i, m in enumerate(messages) if m.role == "assistant"]
+        if back > len(at):
+            self.say("this answer is not in the conversation history", severity="warning")
+            return
+        i = at[-back]
+        question = next((m.text for m in reversed(messages[:i]) if m.role == "user"), "")
+        self.push_screen(SentScreen(messages[i].stats.get("sent"), question))
+
     # ------------------------------------------------------------------ other screens
 
     def action_documents(self) -> None:
@@ -579,6 +660,7 @@ class TandemApp(App[None]):
             start_path=Path.home(),
             on_folder_added=self._folder_added,
             on_rescan=self._rescan_folders,
+            on_folder_removed=self._folder_added,  # either way: watch the new list
         )
         self.push_screen(screen)
 
@@ -627,6 +709,12 @@ class TandemApp(App[None]):
         ]
         rows.append(("ctrl+p", "Command palette", ""))
         rows.append(("ctrl+q", "Quit", ""))
+        if self.screen is not self.screen_stack[0]:  # F1 on another screen: its keys too
+            rows += [
+                (keymap.get(b.id, b.key), f"{b.description or b.action} (this screen)", b.id)
+                for b in getattr(type(self.screen), "BINDINGS", [])
+                if isinstance(b, Binding) and b.id
+            ]
         paths = {"config": str(config_path()), **describe_paths()}
         self.push_screen(HelpScreen(rows, paths))
 

@@ -33,6 +33,8 @@ from edge_runtime.declared import settings as declared_settings
 
 logger = logging.getLogger(__name__)
 
+CONSENT_CHOICES = ("always", "never", "ask")
+
 
 def _options(values: Iterable[str], current: str) -> list[tuple[str, str]]:
     """Select options from `values`, keeping `current` even when it is not among them (a value
@@ -127,6 +129,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
                     id="cloud_token",
                     compact=True,
                 )
+                yield from self._consent_fields()
                 yield Label("Cloud engine")
                 yield _select(CLOUD_ENGINES, s.cloud_engine, "cloud_engine")
                 yield Label("Device model")
@@ -191,6 +194,23 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 yield from _setting_field(setting, getattr(self.settings, setting.name))
                 yield from self._mode_fields(setting.name)
 
+    def _consent_fields(self) -> ComposeResult:
+        """One choice per cloud the user answered about: may it take part in answers shaped
+        by private passages ("ask" forgets the answer: the next such answer asks again)."""
+        for n, (identity, said) in enumerate(sorted(self.settings.cloud_consent.items())):
+            label = Label(plain(f"Private context: {identity}"))
+            label.tooltip = (
+                "may this cloud take part in answers shaped by your documents (dragon, split's "
+                "drafts)? Their text never leaves either way"
+            )
+            yield label
+            yield _select(CONSENT_CHOICES, said, f"consent-{n}")
+
+    def _consent_values(self) -> dict[str, str]:
+        identities = sorted(self.settings.cloud_consent)
+        chosen = {identity: self._choice(f"consent-{n}") for n, identity in enumerate(identities)}
+        return {identity: said for identity, said in chosen.items() if said != "ask"}
+
     def on_mount(self) -> None:
         self.query_one("#cloud_url", Input).focus()
 
@@ -234,6 +254,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
             temperature=float(numbers["temperature"]),
             theme=self._choice("theme"),
             keymap=dict(self.settings.keymap),
+            cloud_consent=self._consent_values(),
             **self._mode_values(numbers),
         )
         problems = settings_problems(settings)

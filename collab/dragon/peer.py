@@ -141,7 +141,9 @@ class DragonPeer:
         finally:
             recv.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await recv
+                # a frame the pending read had already taken when the answer ended: a Done
+                # must still close the request (dropped, the side would wait for it forever)
+                self.link.ended(await recv)
             await self._stop_step()
 
     # ---- drafting --------------------------------------------------------------------------

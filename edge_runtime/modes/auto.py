@@ -9,17 +9,35 @@ private; the cloud sends its Citations and Done and decodes nothing). The two ru
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import re
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from collab.protocol import Generate
 from collab.split import Transcript
 from edge_runtime.client import CloudError
 from edge_runtime.device import retrieve_private
 from edge_runtime.events import Citation, Event, ModeChoice, Stats
-from edge_runtime.mode_choice import Choice, CloudReach, Policy, Signals, Speeds, choose
+from edge_runtime.mode_choice import (
+    Choice,
+    CloudReach,
+    Policy,
+    Signals,
+    Speeds,
+    choose,
+    public_can_matter,
+)
 from edge_runtime.modes.auto_declared import DECLARED
-from edge_runtime.modes.base import Answer, AnswerOptions, ModeContext, Orchestrator, Turn
+from edge_runtime.modes.base import (
+    Answer,
+    AnswerOptions,
+    ModeContext,
+    Orchestrator,
+    Turn,
+    private_history,
+    seen_by,
+)
 from edge_runtime.modes.cloud_link import CloudBacked
 
 PROBE_TIMEOUT_S = 10.0
@@ -41,6 +59,7 @@ class AutoMode(Orchestrator):
         self._own: dict[str, Orchestrator] = {}  # where no shared modes are given (tests)
         self._answering: Orchestrator | None = None
         self._probe_bytes = (0, 0)  # what the last relevance query sent and received
+        self._consented = False  # the user agreed for this answer when auto chose dragon
         # (monotonic time, cloud settings): that cloud is not asked again before that time
         self._unreachable: tuple[float, object] = (0.0, None)
 
@@ -71,6 +90,8 @@ class AutoMode(Orchestrator):
         mode = self.mode(choice.mode)
         mode._live_bytes = None  # its last answer's link is not this one's
         self._answering = mode
+        if self._consented:  # the user was asked for this answer already
+            options = dataclasses.replace(options, allow_private_in_cloud=True)
         try:
             async for event in mode.generate(question, history, options, answer):
                 yield event
@@ -83,47 +104,66 @@ class AutoMode(Orchestrator):
     async def choose(
         self, question: str, history: Sequence[Turn], options: AnswerOptions
     ) -> Choice:
-        """Measure the signals (the private search and the cloud's public relevance at once)
-        and apply the rules."""
+        """Search privately first; ask the cloud how well its corpus matches only where its
+        answer can change the choice (`public_can_matter`), and judge what it returns with the
+        device's own embedder; then apply the rules. Where dragon is chosen for a cloud the
+        user has not decided about, they are asked (declined: the notes answer locally)."""
         policy = self.policy
-        self._probe_bytes = (0, 0)
+        self._probe_bytes, self._consented = (0, 0), False
+        found = await retrieve_private(self.ctx.index, question, options.k, options.min_score)
         asks_cloud = policy.questions_leave and self.ctx.cloud is not None
         until, which = self._unreachable
         backing_off = which is self.ctx.cloud and time.monotonic() < until  # a new link: ask
-        probe = None
-        if asks_cloud and not backing_off:
-            probe = asyncio.ensure_future(
-                asyncio.wait_for(self.public_relevance(question), PROBE_TIMEOUT_S)
-            )
-        try:
-            found = await retrieve_private(self.ctx.index, question, options.k, options.min_score)
-        except BaseException:
-            if probe is not None:
-                probe.cancel()
-            raise
         reach: CloudReach = "unreachable" if asks_cloud else "off"
         if reach == "off" and self.ctx.cloud_starting:
             reach = "starting"
         public: list[float] = []
-        rtt = None
-        if probe is not None:
+        rtt, identity, consulted, consent = None, None, False, False
+        if asks_cloud and not backing_off:
             try:
-                (public, rtt), reach = await probe, "ready"
+                async with asyncio.timeout(PROBE_TIMEOUT_S):
+                    identity = await self.cloud_identity()
+                    consent = identity is not None and self.consent(identity, options) is not False
+                    private_turn = bool(history) and seen_by(history[-1], identity) is None
+                    scores = [s.score for s in found]
+                    if public_can_matter(scores, private_turn, policy, consent, options.k):
+                        public, rtt = await self.public_relevance(question, options)
+                        consulted = True
+                reach = "ready"
             except (CloudError, OSError, TimeoutError):
                 self._unreachable = (time.monotonic() + PROBE_BACKOFF_S, self.ctx.cloud)
-        last = history[-1] if history else None
         signals = Signals(
             private=[s.score for s in found],
             public=public,
             cloud=reach,
-            private_turn=last is not None and last.shared is None,
-            private_history=any(t.shared != t.answer for t in history),
+            private_turn=bool(history) and seen_by(history[-1], identity) is None,
+            private_history=private_history(history, identity),
             speeds=self.speeds,
             rtt_s=rtt,
             split_gain=self.split_gain(options) if reach == "ready" else None,
             tokens=options.max_new_tokens,
+            consulted=consulted,
+            consent=consent,  # undecided counts as yes until dragon is chosen: then asked
         )
-        return choose(signals, policy)
+        choice = choose(signals, policy)
+        if choice.mode == "dragon" and identity is not None:
+            self._consented = await self.ctx.consent.grant(identity, options.allow_private_in_cloud)
+            if not self._consented:
+                choice = choose(dataclasses.replace(signals, consent=False), policy)
+        return choice
+
+    def consent(self, identity: str, options: AnswerOptions) -> bool | None:
+        """What the user said for that cloud (None: not yet; they are asked if dragon is
+        chosen)."""
+        return self.ctx.consent.known(identity, options.allow_private_in_cloud)
+
+    async def cloud_identity(self) -> str | None:
+        """Which cloud answers (its session opened if it is not: a handshake, nothing of the
+        question): what consent and provenance are keyed on."""
+        cloud = self.mode("cloud")
+        assert isinstance(cloud, CloudBacked)
+        await cloud.client()
+        return cloud.cloud_identity()
 
     def split_gain(self, options: AnswerOptions) -> float | None:
         """Split's predicted speed over the cloud decoding alone, from its measured costs
@@ -134,10 +174,14 @@ class AutoMode(Orchestrator):
             return None
         return float(predicted.tokens_per_second / predicted.cloud_only_tokens_per_second)
 
-    async def public_relevance(self, question: str) -> tuple[list[float], float | None]:
-        """The relevance of each public passage the cloud retrieves for the bare question
-        (those past its floor), and the session's round trip: a retrieval request on the
-        cloud mode's session, its frames read by the request link every request uses."""
+    async def public_relevance(
+        self, question: str, options: AnswerOptions
+    ) -> tuple[list[float], float | None]:
+        """The relevance of each public passage the cloud retrieves for the bare question, as
+        the device judges it (`public_scores`: its own embedder on the returned texts; the
+        cloud's numbers are claims, never used), and the session's round trip: a retrieval
+        request on the cloud mode's session, its frames read by the request link every
+        request uses."""
         cloud = self.mode("cloud")
         assert isinstance(cloud, CloudBacked)
         rid = next(CloudBacked._request_ids)
@@ -147,9 +191,13 @@ class AutoMode(Orchestrator):
             await link.send(Generate(question, max_new_tokens=0, retrieve=True, request_id=rid))
             while not link.ended(await link.recv()):
                 pass
-            return [e.score for e in link.take_events() if isinstance(e, Citation)], link.rtt()
+            passages = [e for e in link.take_events() if isinstance(e, Citation)]
         finally:
             self._probe_bytes = (link.bytes_up, link.bytes_down)
+        scores = await asyncio.to_thread(public_scores, self.ctx.judge, question, passages)
+        return [s for s in scores if options.min_score is None or s >= options.min_score], (
+            link.rtt()
+        )
 
     def _learn(self, name: str, stats: Stats, elapsed_s: float) -> None:
         """Keep each mode's decode speed (what the slow-cloud rule weighs)."""
@@ -165,3 +213,31 @@ class AutoMode(Orchestrator):
         if self._answering is not None:  # the bytes of the answering mode's link
             self._live_bytes = self._answering._live_bytes
         return super().live_stats()
+
+
+_WORD = re.compile(r"\w+")
+
+
+def restates(question: str, text: str) -> bool:
+    """Whether a passage adds nothing to the question (every word of it is the question's) or
+    quotes the question whole: no evidence that the corpus answers it. A cloud echoing each
+    question back would otherwise make every question look public to the device."""
+    asked = _WORD.findall(question.lower())
+    words = _WORD.findall(text.lower())
+    if not words or set(words) <= set(asked):
+        return True
+    return bool(asked) and f" {' '.join(asked)} " in f" {' '.join(words)} "
+
+
+def public_scores(
+    judge: Callable[[str, Sequence[str]], Sequence[float]] | None,
+    question: str,
+    passages: Sequence[Citation],
+) -> list[float]:
+    """The device's own relevance of each returned public passage: its embedder's cosine of
+    the passage text with the question (a passage that only restates the question counts 0).
+    Without an embedder on the device, nothing the cloud returns counts as relevant."""
+    if judge is None or not passages:
+        return []
+    scores = [float(x) for x in judge(question, [p.text for p in passages])]
+    return [0.0 if restates(question, p.text) else x for p, x in zip(passages, scores, strict=True)]

@@ -6,11 +6,13 @@ question
 and the cloud-visible history; split sends the question, that history, drafted token ids and
 draft probabilities. Private passages only ever enter the device model's prompt. Earlier turns
 answered in local mode may rest on private text, and so may what the device wrote alone after
-the cloud dropped: the cloud is sent back only what it saw (`Turn.shared`)."""
+the cloud dropped: a cloud is sent back only what it saw itself (`Turn.shared`,
+`Turn.shared_with`)."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -24,6 +26,7 @@ from collab.sampling import sample
 from collab.sources import Source
 from collab.split import Transcript
 from edge_runtime.client import HEARTBEAT_S
+from edge_runtime.consent import Consent
 from edge_runtime.declared import Declaration
 from edge_runtime.declared import settings as declared_settings
 from edge_runtime.device import (
@@ -35,6 +38,7 @@ from edge_runtime.device import (
 )
 from edge_runtime.events import Event, Notice, Stats, TextDelta
 from edge_runtime.options import AnswerOptions
+from edge_runtime.sent import SentLedger
 from model_runtime.generate import TextStream
 from model_runtime.prompting import fit_prompt, prompt_budget
 from model_runtime.tokenizer import IM_END_ID
@@ -45,7 +49,8 @@ if TYPE_CHECKING:
 STOP_IDS = frozenset({IM_END_ID})
 
 __all__ = ["STOP_IDS", "Answer", "AnswerOptions", "CloudSettings", "ModeContext", "Orchestrator",
-           "Turn", "cloud_history", "device_generate", "device_prompt", "need_device"]  # fmt: skip
+           "Turn", "cloud_history", "device_generate", "device_prompt", "need_device",
+           "seen_by"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -53,12 +58,15 @@ class Turn:
     """One finished exchange, the mode that answered it, and what of it the cloud has seen:
     `shared` is the part of the answer the cloud produced, verified or aggregated (its prefix
     up to where the device went on alone), or None if the question never reached the cloud
-    (local mode; a cloud that could not be reached). None unless told: private by default."""
+    (local mode; a cloud that could not be reached). `shared_with` names the cloud that saw it
+    (edge_runtime.cloud_identity); a shared turn naming none (stored before Tandem recorded
+    which cloud) is sent to no cloud. None unless told: private by default."""
 
     question: str
     answer: str
     mode: str
     shared: str | None = None
+    shared_with: str | None = None  # the identity of the cloud that saw `shared`
 
 
 @dataclass
@@ -75,6 +83,13 @@ class CloudSettings:
     heartbeat_s: float | None = HEARTBEAT_S  # websocket pings (None: off)
     ca_file: str | None = None  # PEM bundle to verify a wss:// cloud with (None: the system's)
     allow_insecure: bool = False  # ws:// to a host not on loopback (token and text in clear)
+    embedded: bool = False  # the cloud Tandem started on this device (counts as on-device)
+
+    def identity(self, server_name: str = "") -> str:
+        """This cloud's identity (edge_runtime.cloud_identity): consent and provenance key."""
+        from edge_runtime.cloud_identity import cloud_identity
+
+        return cloud_identity(self.url, server_name, embedded=self.embedded)
 
 
 @dataclass
@@ -99,6 +114,14 @@ class ModeContext:
     # every mode's declared settings by name (edge_runtime.declared), as the user set them;
     # a mode reads its own with `setting`
     settings: dict[str, Any] = field(default_factory=dict)
+    # which clouds may take part in answers shaped by private passages (edge_runtime.consent)
+    consent: Consent = field(default_factory=Consent)
+    # what leaves for the answer in progress (None between answers): every session a mode
+    # takes meanwhile writes what it sends there (edge_runtime.sent, CloudBacked.client)
+    sent: SentLedger | None = None
+    # the device's own relevance of each text to a question (cosines, its embedder): how the
+    # device checks the public relevance a cloud claims (None: no embedder loaded)
+    judge: Callable[[str, Sequence[str]], Sequence[float]] | None = None
 
     def setting(self, name: str) -> Any:
         """A declared setting's value: as set, else its declared default (KeyError: no mode
@@ -121,13 +144,41 @@ def full_history(history: Sequence[Turn]) -> list[str]:
     return [text for turn in history for text in (turn.question, turn.answer)]
 
 
-def cloud_history(history: Sequence[Turn]) -> list[str]:
-    """What the cloud may see of earlier turns: only what it already saw (history by
-    provenance, not by mode). A turn answered locally, or one whose question never reached the
-    cloud, is left out; a turn the device finished alone after the cloud dropped is sent only
-    up to where the cloud's part ended (the device's continuation may quote private passages);
-    a turn of which the cloud saw no answer text is left out."""
-    return [text for t in history if t.shared for text in (t.question, t.shared)]
+def seen_by(turn: Turn, identity: str | None) -> str | None:
+    """What the cloud `identity` saw of `turn` (None: nothing, not even the question). Only
+    the cloud that saw a turn counts: one the embedded cloud saw is private to a remote cloud
+    configured later, and a turn whose cloud is unknown (None) is private to every cloud."""
+    if identity is None or turn.shared_with != identity:
+        return None
+    return turn.shared
+
+
+def cloud_history(history: Sequence[Turn], identity: str | None) -> list[str]:
+    """What the cloud `identity` may see of earlier turns: only what it already saw itself
+    (history by provenance, not by mode). A turn answered locally, one whose question never
+    reached this cloud, and one another cloud (or an unrecorded one) saw are left out; a turn
+    the device finished alone after the cloud dropped is sent only up to where the cloud's
+    part ended (the device's continuation may quote private passages); a turn of which the
+    cloud saw no answer text is left out."""
+    return [
+        text for t in history if (shared := seen_by(t, identity)) for text in (t.question, shared)
+    ]
+
+
+def private_history(history: Sequence[Turn], identity: str | None) -> bool:
+    """Whether some earlier turn holds text that cloud did not see itself (a local answer,
+    the device's own continuation, another cloud's turn): in a device prompt, it shapes what
+    the device drafts."""
+    return any(seen_by(t, identity) != t.answer for t in history)
+
+
+def shared_history(history: Sequence[Turn], identity: str | None) -> list[Turn]:
+    """The conversation as that cloud saw it: its own turns, each cut to what it saw."""
+    return [
+        dataclasses.replace(t, answer=shared)
+        for t in history
+        if (shared := seen_by(t, identity)) is not None
+    ]
 
 
 def device_prompt(
@@ -164,6 +215,9 @@ class Answer:
     transcript: Transcript
     stream: TextStream | None
     prompt: list[int] = field(default_factory=list)  # the device prompt, where one is built
+    # set by a mode's `prepare` when the answer must not reach the cloud after all (no
+    # consent for private context): the device answers from `prompt` alone, nothing is sent
+    device_only: bool = False
     finished: bool = False
     broken: bool = False
 
@@ -234,8 +288,15 @@ class Orchestrator(ABC):
             stats, start, Transcript(options.max_new_tokens, STOP_IDS),
             TextStream(device.tokenizer) if device is not None else None,
         )  # fmt: skip
-        async for event in self.generate(question, history, options, answer):
-            yield event
+        sent = SentLedger()
+        stats.sent, self.ctx.sent = sent.rows, sent
+        try:
+            async for event in self.generate(question, history, options, answer):
+                yield event
+        finally:
+            sent.close()  # what is sent from here on is no longer this answer's
+            if self.ctx.sent is sent:
+                self.ctx.sent = None
         transcript = answer.transcript
         stats.elapsed_s = time.perf_counter() - start
         stats.token_ids = list(transcript.tokens)
@@ -255,15 +316,23 @@ class Orchestrator(ABC):
     ) -> AsyncIterator[Event]:
         """Retrieve private passages (yielding their citations) and build the device prompt
         into `answer.prompt` (yielding a notice if old exchanges were left out)."""
-        device = need_device(self.ctx)
         passages = await retrieve_private(self.ctx.index, question, options.k, options.min_score)
-        for source in passages:
-            yield source
-        if nothing_relevant(self.ctx.index, options.k, passages):
-            yield Notice(NOTHING_PRIVATE)
+        for event in self.prompt_with(question, history, passages, options, answer):
+            yield event
+
+    def prompt_with(
+        self, question: str, history: Sequence[Turn], passages: Sequence[Source],
+        options: AnswerOptions, answer: Answer, *, withheld: bool = False,
+    ) -> list[Event]:  # fmt: skip
+        """Build the device prompt from these passages into `answer.prompt`: their citations,
+        and notices (nothing relevant, unless the passages were `withheld`; old exchanges
+        left out)."""
+        events: list[Event] = list(passages)
+        if not withheld and nothing_relevant(self.ctx.index, options.k, passages):
+            events.append(Notice(NOTHING_PRIVATE))
+        device = need_device(self.ctx)
         answer.prompt, notices = device_prompt(device, question, history, passages, options)
-        for notice in notices:
-            yield notice
+        return events + notices
 
     def live_stats(self) -> Stats | None:
         """A snapshot of the figures of the answer in progress (elapsed time and bytes so

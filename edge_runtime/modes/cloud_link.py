@@ -14,7 +14,13 @@ from abc import abstractmethod
 from collections.abc import AsyncIterator, Sequence
 
 from collab.protocol import Done, Generate, Mode
-from edge_runtime.client import CloudClient, CloudError, CloudUnavailable, ConnectionLost
+from edge_runtime.client import (
+    CloudClient,
+    CloudError,
+    CloudUnavailable,
+    ConnectionLost,
+    session_url,
+)
 from edge_runtime.events import Event, Failure, Notice, Provenance
 from edge_runtime.modes.base import (
     Answer,
@@ -26,6 +32,7 @@ from edge_runtime.modes.base import (
     device_generate,
     device_prompt,
     need_device,
+    private_history,
 )
 from edge_runtime.modes.link import RequestLink
 
@@ -58,13 +65,19 @@ class CloudBacked(Orchestrator):
         try:
             async for event in self.prepare(question, history, options, answer):
                 yield event
+            if answer.device_only:  # no consent for what the cloud would be sent: nothing is
+                async for event in device_generate(need_device(self.ctx), answer.prompt,
+                                                   answer, options):  # fmt: skip
+                    yield event
+                return
             for last_try in (False, True):
                 reused = self._open_client() is not None
                 link = self.link(await self.client(), rid, answer)
                 self._live_bytes = (link.client, link.up0, link.down0)
                 try:
                     await link.send(self.generate_message(rid, question, history, options))
-                    yield Provenance(True, len(answer.transcript.tokens))
+                    cloud = self.cloud_identity()
+                    yield Provenance(True, len(answer.transcript.tokens), cloud)
                     async for event in self.converse(link, options, answer):
                         yield event
                     for event in link.take_events():
@@ -122,12 +135,48 @@ class CloudBacked(Orchestrator):
         client = self.ctx.clients.get((self.protocol_mode, self.variant))
         return client if client is not None and client.connected else None
 
+    def cloud_identity(self) -> str | None:
+        """The identity of the cloud this mode's open session reaches (its URL and the name
+        it gave at handshake; never the token): what a turn's provenance names, and the only
+        cloud its history goes back to. None without a session, or when the session is not
+        to the configured cloud (it was changed under it): then no history is sent."""
+        client, cloud = self._open_client(), self.ctx.cloud
+        if client is None or cloud is None or client.url != session_url(cloud.url):
+            return None
+        return cloud.identity(client.cloud_model_name)
+
+    async def shaped_by_private(self, passages: Sequence[object], history: Sequence[Turn]) -> bool:
+        """Whether a device prompt of these passages and this conversation holds anything
+        private to this cloud (a passage; a turn it did not see itself): what the device then
+        drafts is shaped by it. Opens the session first, to know which cloud it is."""
+        if passages:
+            return True
+        if not history:
+            return False
+        await self.client()
+        return private_history(history, self.cloud_identity())
+
+    async def private_allowed(self, options: AnswerOptions) -> bool:
+        """Whether this answer may send the cloud content shaped by private passages or turns
+        (edge_runtime.consent): opens the session to learn which cloud it is, and asks the
+        user if they have not decided for that cloud."""
+        await self.client()
+        identity = self.cloud_identity()
+        if identity is None:
+            return False
+        return await self.ctx.consent.grant(identity, options.allow_private_in_cloud)
+
     async def client(self) -> CloudClient:
+        """This mode's session, opened if need be. From here on what it sends is written in
+        the ledger of the answer in progress (`ModeContext.sent`), its Hello with the first
+        answer that takes it: every request, retrieval query and handshake of an answer takes
+        its session here first."""
         if self.ctx.cloud is None:
             raise CloudUnavailable("no cloud is configured")
         key = (self.protocol_mode, self.variant)
         client = self._open_client()
         if client is not None:
+            client.serve(self.ctx.sent)
             await self._drain(client)
             return client
         dropped = self.ctx.clients.pop(key, None)
@@ -146,6 +195,7 @@ class CloudBacked(Orchestrator):
             ca_file=self.ctx.cloud.ca_file,
             allow_insecure=self.ctx.cloud.allow_insecure,
         )
+        client.serve(self.ctx.sent)
         await client.connect(retries=self.ctx.cloud.retries)
         self.ctx.clients[key] = client
         self._cancelled = None
@@ -172,7 +222,7 @@ class CloudBacked(Orchestrator):
             top_k=options.top_k,
             top_p=options.top_p,
             seed=options.seed,
-            history=tuple(cloud_history(history)),
+            history=tuple(cloud_history(history, self.cloud_identity())),
             retrieve=self.retrieve_public,
             request_id=rid,
         )

@@ -45,6 +45,7 @@ from collab.dragon.peer import DragonPeer, first_aggregator
 from collab.protocol import AggregatorPolicy, DragonDraft, DragonSetup, DragonTarget, Mode, Side
 from collab.sources import Source
 from edge_runtime.client import CloudClient, CloudError, CloudProtocolError
+from edge_runtime.consent import refused
 from edge_runtime.device import (
     NOTHING_PRIVATE,
     forget_removed,
@@ -112,6 +113,16 @@ class DragonMode(CloudBacked):
         numbered after the cloud's (1..k), the way each side's prompts cite them."""
         device = need_device(self.ctx)
         hits = await search_private(self.ctx.index, question, options.k, options.min_score)
+        if await self.shaped_by_private(hits, history) and not await self.private_allowed(
+            options
+        ):  # its drafts, weights and tokens would carry what they say: answer here instead
+            local = [hit.source(n, "device") for n, hit in enumerate(hits, 1)]
+            who = self.cloud_identity() or "this cloud"
+            yield Notice(f"answered on this device alone (local mode): {refused(who)}")
+            for event in self.prompt_with(question, history, local, options, answer):
+                yield event
+            answer.device_only = True
+            return
         passages = [hit.source(options.k + n, "device") for n, hit in enumerate(hits, 1)]
         for source in passages:
             yield source

@@ -17,8 +17,17 @@ from collections.abc import AsyncIterator, Sequence
 from collab.protocol import Generate, Mode
 from collab.variants import get_variant, rapid_variants
 from collab.variants.base import SplitVariant
+from edge_runtime.consent import refused
+from edge_runtime.device import retrieve_private
 from edge_runtime.events import Event, Failure, Notice
-from edge_runtime.modes.base import Answer, AnswerOptions, ModeContext, Turn, need_device
+from edge_runtime.modes.base import (
+    Answer,
+    AnswerOptions,
+    ModeContext,
+    Turn,
+    need_device,
+    shared_history,
+)
 from edge_runtime.modes.cloud_link import CloudBacked
 from edge_runtime.modes.link import RequestLink
 from edge_runtime.modes.split_declared import DECLARED
@@ -73,7 +82,19 @@ class SplitMode(CloudBacked):
     async def prepare(
         self, question: str, history: Sequence[Turn], options: AnswerOptions, answer: Answer
     ) -> AsyncIterator[Event]:
-        async for event in self.private_prompt(question, history, options, answer):
+        """The drafter's prompt: the private passages and the whole conversation, where the
+        user agreed to let this cloud take part in answers shaped by them (the drafts are);
+        else only what this cloud may see: its own turns, no passage (and a notice)."""
+        passages = await retrieve_private(self.ctx.index, question, options.k, options.min_score)
+        withheld = await self.shaped_by_private(passages, history)
+        withheld = withheld and not await self.private_allowed(options)
+        if withheld:
+            identity = self.cloud_identity()
+            yield Notice(f"drafting without your documents and private turns: "
+                         f"{refused(identity or 'this cloud')}")  # fmt: skip
+            history, passages = shared_history(history, identity), []
+        for event in self.prompt_with(question, history, passages, options, answer,
+                                      withheld=withheld):  # fmt: skip
             yield event
 
     async def converse(

@@ -20,6 +20,7 @@ from app.tui.status import ModeBar, StatusBar
 from cloud_backend.config import ServerConfig
 from cloud_backend.engine import LLMEngine
 from cloud_backend.server import create_app
+from edge_runtime.cloud_identity import cloud_identity
 from model_runtime.torch_runtime import TorchCausalLM
 
 TOKEN = "tui-test-token-0123456789"
@@ -76,9 +77,12 @@ def index(isolated_dirs, embedder_dir, tmp_path):
 
 
 def make_app(tiny_device, index, url: str | None = None, **settings) -> TandemApp:
+    """The app on these parts; a cloud at `url` is one the user has let take part in answers
+    shaped by their documents ("always"), unless `cloud_consent` says otherwise."""
     values = {"k": 1, "max_tokens": 40, "default_mode": "local", **settings}
     if url:
         values.update(cloud_url=url, cloud_token=TOKEN)
+        values.setdefault("cloud_consent", {cloud_identity(url, "tiny-cloud"): "always"})
     s = Settings(**values)
     return TandemApp(s, Assistant(s, device=tiny_device, index=index), connect_cloud=bool(url))
 
@@ -156,9 +160,11 @@ async def test_cloud_and_split_answers_with_cloud_sources(tiny_device, index, cl
     app = make_app(tiny_device, index, url_of(cloud))
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        assert app.assistant.cloud_status.state == "ready"
+        # local mode sends nothing: the cloud is connected on first use by a mode needing it
+        assert app.assistant.cloud_status.state == "idle" and not app.assistant.link_alive()
         await pilot.press("ctrl+o")  # local → cloud
         assert app.mode_name == "cloud"
+        await until(pilot, lambda: app.assistant.cloud_status.state == "ready")
         answer = await ask(pilot, "What is the capital of France?")
         assert answer.text
         assert app.sources and all(s["side"] == "cloud" for s in app.sources)

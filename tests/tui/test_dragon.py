@@ -43,7 +43,8 @@ async def settled(pilot, app: TandemApp) -> None:
 async def test_dragon_is_offered_and_unavailable_with_the_reason_while_the_cloud_is_not(
     isolated_dirs, tiny_device
 ):
-    settings = Settings(default_mode="local", cloud_url=UNREACHABLE, cloud_token="t")
+    # auto may use the cloud: it is connected at start, and found unreachable
+    settings = Settings(default_mode="auto", cloud_url=UNREACHABLE, cloud_token="t")
     app = TandemApp(settings, Assistant(settings, device=tiny_device))
     async with app.run_test(size=(120, 36), notifications=True) as pilot:
         await settled(pilot, app)
@@ -60,7 +61,7 @@ async def test_dragon_is_offered_and_unavailable_with_the_reason_while_the_cloud
         assert "cloud unavailable" in commands["Mode: dragon"].help
         commands["Mode: dragon"].callback()
         await pilot.pause()
-        assert app.mode_name == "local"
+        assert app.mode_name == "auto"
         assert any("dragon is unavailable" in str(n.message) for n in app._notifications)
 
 
