@@ -2,20 +2,24 @@
 answer (docs/usage.md#auto lists the rules; docs/benchmarks/auto.md the evaluation behind them).
 
 The signals: how relevant the private passages are (the device's own search, its floor
-applied), how relevant the public ones are (the cloud's retrieval of the bare question, its
-floor applied; none when not asked), whether the cloud answered, whether the conversation's
-last turn is one the cloud never saw, and the speeds measured so far. The policy: may the
-question leave the device at all, and may private passages (or private turns) shape an answer
-the cloud takes part in (dragon; split, whose drafts come from a prompt holding them).
+applied), how relevant the public ones are (the passages the cloud retrieved for the bare
+question, scored by the device itself, its floor applied; none when not asked:
+`public_can_matter` says when asking can change the choice), whether the cloud answered,
+whether the conversation's last turn is one the cloud never saw, whether the user consented
+to this cloud taking part in answers shaped by private passages (edge_runtime.consent), and
+the speeds measured so far. The policy: may the question leave the device at all, and may
+private passages (or private turns) shape an answer the cloud takes part in (dragon; split,
+whose drafts come from a prompt holding them).
 
 The rules, in order (the first that applies decides):
 1. the policy keeps questions on the device → local;
 2. no cloud (none configured, still starting, or it did not answer the question's relevance
    query) → local;
 3. private and public passages both relevant → dragon (local if the policy keeps private text
-   out of cloud-backed answers), unless one side would carry under DRAGON_MIN_SHARE of
-   DRAGON's mixture: its weights come from the same scores (η = softmax of each side's
-   logsumexp of 20 × cosine, collab.dragon), so dragon would follow the other side alone;
+   out of cloud-backed answers, or the user has not consented for this cloud), unless one
+   side would carry under DRAGON_MIN_SHARE of DRAGON's mixture: its weights come from the
+   same scores (η = softmax of each side's logsumexp of 20 × cosine, collab.dragon), so
+   dragon would follow the other side alone;
    that side's mode answers instead (rules 4 and 5), at a fraction of dragon's cost;
 4. private passages relevant, or the conversation goes on from a turn the cloud never saw and
    no public passage is relevant → local;

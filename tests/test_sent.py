@@ -22,7 +22,6 @@ from aiohttp.test_utils import TestServer
 
 from benchmarks.auto import counting_sockets
 from cloud_backend.config import ServerConfig
-from cloud_backend.engine import LLMEngine
 from cloud_backend.server import create_app
 from collab.protocol import (
     HEADER_SIZE,
@@ -52,7 +51,6 @@ from collab.protocol import (
     message,
 )
 from collab.protocol.modes import SESSION_TO_CLOUD, declared
-from edge_runtime.device import DeviceModel
 from edge_runtime.events import Stats, TextDelta
 from edge_runtime.modes import build_mode
 from edge_runtime.modes.base import AnswerOptions, CloudSettings, ModeContext, Turn
@@ -71,9 +69,10 @@ from edge_runtime.sent_kinds import (
     summary,
     totals,
 )
-from model_runtime.ort_runtime import OrtCausalLM
-from model_runtime.torch_runtime import TorchCausalLM
+from tests import test_auto_mode
 from tests.test_modes import WireTap
+
+cloud_engine, device = test_auto_mode.cloud_engine, test_auto_mode.device  # tiny cloud, device
 
 TOKEN = "test-token-0123456789"
 HASH = bytes(range(32))
@@ -291,16 +290,6 @@ def check_against_the_wire(sent: list[dict[str, Any]], payloads: list[bytes]) ->
 
 QUESTIONS = ("What is a tandem bicycle?", "Where is the spare key hidden?")
 OPTIONS = AnswerOptions(max_new_tokens=10, temperature=0.0, k=2, allow_private_in_cloud=True)
-
-
-@pytest.fixture(scope="module")
-def cloud_engine(tiny, tiny_tokenizer) -> LLMEngine:
-    return LLMEngine(TorchCausalLM(tiny["hf"]), tiny_tokenizer, "tiny-cloud")
-
-
-@pytest.fixture(scope="module")
-def device(tiny, tiny_tokenizer) -> DeviceModel:
-    return DeviceModel(OrtCausalLM(tiny["onnx-quant"]), tiny_tokenizer, "tiny-device")
 
 
 @pytest.fixture

@@ -1,10 +1,14 @@
 """Auto: before each answer, pick local, cloud, split or dragon (`edge_runtime.mode_choice`), say
 which and why (a `ModeChoice` event, then the answer's figures), and answer in that mode.
 
-What it measures first: the private index's passages for the question (on the device), and,
-when the policy lets the question leave, the cloud's public passages for the bare question
-(a retrieval request, `max_new_tokens` 0: the question alone goes up, no history, nothing
-private; the cloud sends its Citations and Done and decodes nothing). The two run at once."""
+What it measures first: the private index's passages for the question (on the device); then,
+when the policy lets the question leave and only where the answer can change the choice
+(`mode_choice.public_can_matter`), the cloud's public passages for the bare question (a
+retrieval request, `max_new_tokens` 0: the question alone goes up, no history, nothing
+private; the cloud sends its Citations and Done and decodes nothing). Their relevance is the
+device's own judgement of the returned texts (`public_scores`): a remote cloud's numbers are
+claims, and a cloud that lied about them could move a question the notes answer off the
+device. Dragon for a cloud the user has not decided about asks them first (edge_runtime.consent)."""
 
 from __future__ import annotations
 

@@ -24,6 +24,7 @@ from cloud_backend.server import create_app
 from edge_runtime.cloud_identity import cloud_identity
 from edge_runtime.sent_kinds import NOT_RECORDED, NOTHING_SENT, QUESTION
 from model_runtime.torch_runtime import TorchCausalLM
+from tests.tui.test_app import until
 
 SIZE = (120, 36)
 TOKEN = "tui-sent-token-0123456789"
@@ -45,14 +46,6 @@ def make_app(tiny_device, url: str | None = None, **settings: Any) -> TandemApp:
         values.setdefault("cloud_consent", {cloud_identity(url, "tiny-cloud"): "always"})
     s = Settings(**values)
     return TandemApp(s, Assistant(s, device=tiny_device), connect_cloud=bool(url))
-
-
-async def until(pilot, condition, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting for the app")
-        await pilot.pause(0.05)
 
 
 def shown(app: TandemApp) -> str:
