@@ -29,6 +29,9 @@ class ConsentScreen(ModalScreen[str | None]):
 
     CSS_PATH = "consent.tcss"
     BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("a", "answer('always')", "Always", id="consent_always"),
+        Binding("t", "answer('once')", "This time", id="consent_once"),
+        Binding("n", "answer('never')", "Never", id="consent_never"),
         Binding("escape", "decline", "Not this time", id="consent_decline"),
     ]
 
@@ -42,9 +45,9 @@ class ConsentScreen(ModalScreen[str | None]):
             yield Static(plain(self.identity), id="identity")
             yield Static(EXPLAINED, id="explained", markup=False)
             with Horizontal(id="buttons"):
-                yield Button("Always", id="always", compact=True)
-                yield Button("This time", variant="primary", id="once", compact=True)
-                yield Button("Never", variant="error", id="never", compact=True)
+                yield Button("Always (a)", id="always", compact=True)
+                yield Button("This time (t)", variant="primary", id="once", compact=True)
+                yield Button("Never (n)", variant="error", id="never", compact=True)
 
     def on_mount(self) -> None:
         self.query_one("#once", Button).focus()
@@ -53,6 +56,9 @@ class ConsentScreen(ModalScreen[str | None]):
     def _answered(self, event: Button.Pressed) -> None:
         event.stop()
         self.dismiss(event.button.id)
+
+    def action_answer(self, said: str) -> None:
+        self.dismiss(said)
 
     def action_decline(self) -> None:
         self.dismiss(None)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -43,6 +44,8 @@ from edge_runtime.modes.base import (
     seen_by,
 )
 from edge_runtime.modes.cloud_link import CloudBacked
+
+log = logging.getLogger("tandem.edge.auto")
 
 PROBE_TIMEOUT_S = 10.0
 """A cloud that cannot say how well its corpus matches within this (connecting included) is
@@ -198,10 +201,13 @@ class AutoMode(Orchestrator):
             passages = [e for e in link.take_events() if isinstance(e, Citation)]
         finally:
             self._probe_bytes = (link.bytes_up, link.bytes_down)
-        scores = await asyncio.to_thread(public_scores, self.ctx.judge, question, passages)
-        return [s for s in scores if options.min_score is None or s >= options.min_score], (
-            link.rtt()
-        )
+        try:
+            scores = await asyncio.to_thread(public_scores, self.ctx.judge, question, passages)
+        except Exception:  # the device's embedder failed: nothing it cannot check counts
+            log.warning("could not score the public passages on this device", exc_info=True)
+            scores = []
+        floor = options.min_score
+        return [s for s in scores if floor is None or s >= floor], link.rtt()
 
     def _learn(self, name: str, stats: Stats, elapsed_s: float) -> None:
         """Keep each mode's decode speed (what the slow-cloud rule weighs)."""

@@ -75,7 +75,7 @@ async def test_never_answers_on_the_device_and_is_remembered(isolated_dirs, tiny
         await ready(pilot)
         await submit(pilot, NOTES_QUESTION)
         await until(pilot, lambda: isinstance(app.screen, ConsentScreen))
-        await pilot.click("#never")
+        await pilot.press("n")  # the key, as the button says
         answer = await answered(pilot)
         assert any("answered on this device alone" in n for n in notices(answer))
         stats = app.store.messages(app.conversation_id)[-1].stats
