@@ -113,18 +113,33 @@ def _folder_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+@contextmanager
+def _safe_path() -> Iterator[None]:
+    """PYTHONSAFEPATH for the children started meanwhile: a spawned child's `-c` bootstrap
+    would put the working folder first on its sys.path while it imports multiprocessing (a
+    `multiprocessing.py` there would run), as `-P` prevents for Tandem's other children. Only
+    meanwhile: this process's later children (and a test run's) keep their own."""
+    before = os.environ.get("PYTHONSAFEPATH")
+    os.environ["PYTHONSAFEPATH"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PYTHONSAFEPATH"]
+        else:
+            os.environ["PYTHONSAFEPATH"] = before
+
+
 def _run_isolated(label: str, fn: Callable, *args):
     """Run a heavy step in a fresh process: its memory (15 GB peak for the 1.5B export) is
     returned to the system when it ends, and nothing of it lingers in the parent. A ticking
     bar shows the step is alive while it has no progress of its own to report."""
-    # the spawned child's `-c` bootstrap would put the working folder first on its sys.path
-    # while it imports multiprocessing: a `multiprocessing.py` there would run (as -P does)
-    os.environ.setdefault("PYTHONSAFEPATH", "1")
     with (
         ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool,
         tqdm(desc=label, bar_format="{desc}: {elapsed}", leave=True) as ticker,
     ):
-        future = pool.submit(fn, *args)
+        with _safe_path():  # the child starts here
+            future = pool.submit(fn, *args)
         while True:
             try:
                 return future.result(timeout=1.0)

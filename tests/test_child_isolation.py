@@ -104,3 +104,18 @@ def test_tandem_ingest_runs_from_a_hostile_folder(tmp_path, embedder_dir):
     assert done.returncode == 0, done.stderr
     assert [r["outcome"] for r in json.loads(done.stdout)] == ["indexed"], done.stdout
     assert not marker.exists(), marker.read_text()
+
+
+def test_prepares_spawned_steps_never_import_from_the_working_folder_and_leave_none_behind(
+    monkeypatch,
+):
+    """`tandem models prepare` runs its heavy steps in a spawned child: it starts with
+    PYTHONSAFEPATH (its bootstrap would put the working folder first on sys.path), and this
+    process's environment is as it was after (a later child keeps its own sys.path)."""
+    import os
+
+    from tandem_packaging.prepare import _run_isolated
+
+    monkeypatch.delenv("PYTHONSAFEPATH", raising=False)
+    assert _run_isolated("probe", os.getenv, "PYTHONSAFEPATH") == "1"
+    assert "PYTHONSAFEPATH" not in os.environ
