@@ -47,7 +47,7 @@ class CloudStatus:
         where = "embedded" if self.embedded else "remote"
         return {
             "off": "cloud off",
-            "idle": f"cloud not connected ({where})",
+            "idle": "cloud when needed",  # not connected until a mode needs it
             "starting": f"cloud starting ({where})…",
             "ready": f"cloud ready ({where})",
             "unavailable": "cloud unavailable",

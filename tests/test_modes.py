@@ -189,7 +189,8 @@ async def test_a_conversation_longer_than_the_context_still_gets_answers(
         tiny_tokenizer, question, [t for u in history for t in (u.question, u.answer)]
     )
     assert len(whole) > TINY_CONTEXT  # would not even fit the context
-    options = AnswerOptions(max_new_tokens=24, temperature=0.0)
+    # the user agreed: split's drafter reads the whole conversation (edge_runtime.consent)
+    options = AnswerOptions(max_new_tokens=24, temperature=0.0, allow_private_in_cloud=True)
     answers = {}
     for name in ("local", "cloud", "split"):
         mode = build_mode(name, context(near_drafter, cloud_url))

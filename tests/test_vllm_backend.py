@@ -125,7 +125,10 @@ async def builtin_url(vllm_tiny, tiny_tokenizer):
 
 
 def context(device: DeviceModel, url: str, variant: str = "tk-slt", **kw) -> ModeContext:
-    return ModeContext(device=device, cloud=CloudSettings(url, TOKEN), variant=variant, **kw)
+    """The test's own cloud on this machine, standing in for the embedded one: on-device, so
+    dragon and split take part with the private passages without asking (edge_runtime.consent)."""
+    cloud = CloudSettings(url, TOKEN, embedded=True)
+    return ModeContext(device=device, cloud=cloud, variant=variant, **kw)
 
 
 async def ask(mode, question: str, options: AnswerOptions) -> tuple[str, Stats]:
