@@ -73,15 +73,44 @@ def settings_for(args: argparse.Namespace):
     return dataclasses.replace(settings, **{k: v for k, v in flags.items() if v is not None})
 
 
+def _conversation_for(assistant, args: argparse.Namespace) -> int | None:
+    """The conversation `--conversation ID` or `--continue` names (None: `--continue` with
+    none stored yet, so a new one starts). Raises ConversationNotFound for an unknown ID."""
+    store = assistant.conversations
+    if args.conversation is not None:
+        conversation = store.get(args.conversation)
+    else:
+        latest = store.list()[:1]
+        if not latest:
+            return None
+        conversation = latest[0]
+    if not args.json:
+        _say(f"(continuing: {conversation.title})", err=True)
+    return conversation.id
+
+
 async def run_ask(args: argparse.Namespace) -> int:
     from app.assistant import Assistant
+    from app.conversations import ConversationNotFound, ConversationStoreError
     from app.settings import effective_cloud
     from collab.sources import Source
     from edge_runtime.events import Citation, Failure, ModeChoice, Notice, TextDelta
 
     out: dict[str, Any] = {"answer": "", "citations": [], "notices": [], "errors": []}
     assistant = Assistant(settings_for(args), finish_locally=not args.no_finish_locally)
+    # --continue / --conversation: the question and answer are stored, the earlier turns are
+    # the history; without them nothing is saved
+    save = (
+        bool(getattr(args, "continue_", False)) or getattr(args, "conversation", None) is not None
+    )
+    conversation_id = None
     try:
+        if save:
+            try:
+                conversation_id = _conversation_for(assistant, args)
+            except (ConversationNotFound, ConversationStoreError) as exc:
+                _say(f"error: {exc}", err=True)
+                return 2
         device = assistant.load_device()
         if args.mode != "cloud":
             assistant.existing_index()
@@ -95,7 +124,8 @@ async def run_ask(args: argparse.Namespace) -> int:
                     _say(f"error: {status.label}: {status.detail}", err=True)
         options = assistant.options(top_p=args.top_p, seed=args.seed,
                                     allow_private_in_cloud=args.allow_private_in_cloud)  # fmt: skip
-        exchange = assistant.exchange(args.question, args.mode, options=options, save=False)
+        exchange = assistant.exchange(args.question, args.mode, options=options, save=save,
+                                      conversation_id=conversation_id)  # fmt: skip
         async for event in exchange.events():
             if isinstance(event, TextDelta) and not args.json:
                 _say(event.text, end="")
@@ -119,6 +149,8 @@ async def run_ask(args: argparse.Namespace) -> int:
     out["answer"] = exchange.text
     out["citations"] = sorted(exchange.citations, key=lambda row: row["number"])
     summary = exchange.stats.as_dict() if exchange.stats else {}
+    if save:
+        out["conversation_id"] = exchange.conversation_id
     if args.json:
         out["sent"] = _sent(exchange, summary)
         print(safe_json({**out, "stats": summary, "device_model": device.name}), flush=True)

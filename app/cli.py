@@ -389,6 +389,149 @@ def _cmd_search(args: argparse.Namespace) -> int:
     return 0
 
 
+def _chats_store(*, create: bool = False):
+    """The conversation history, or None where there is none yet (a listing or a search
+    creates no file). Raises ConversationStoreError for a file that cannot be used."""
+    from app.conversations import ConversationStore
+    from collab.plumbing.paths import conversations_path
+
+    if not create and not conversations_path().exists():
+        return None
+    return ConversationStore(conversations_path())
+
+
+def _chats_error(message: str) -> int:
+    from app.plain import strip_controls
+
+    print(strip_controls(f"error: {message}"), file=sys.stderr)
+    return 2
+
+
+def _cmd_chats_list(args: argparse.Namespace) -> int:
+    from app.conversations import ConversationStoreError
+    from app.plain import safe_json, strip_controls
+
+    try:
+        store = _chats_store()
+        if store is None:
+            rows = []
+        else:
+            with store:
+                rows = store.list()
+    except ConversationStoreError as exc:
+        return _chats_error(str(exc))
+    if args.json:
+        print(safe_json([r.__dict__ for r in rows]))
+        return 0
+    if not rows:
+        print("no conversations")
+    for r in rows:
+        print(
+            strip_controls(f"{r.id:>5}  {_when(r.updated_at)}  {r.messages:>3} messages  {r.title}")
+        )
+    return 0
+
+
+def _cmd_chats_show(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from app.conversations import ConversationNotFound, ConversationStoreError
+    from app.plain import safe_json, strip_controls
+
+    try:
+        store = _chats_store()
+        if store is None:
+            return _chats_error(f"no conversation with id {args.id}")
+        with store:
+            conversation = store.get(args.id)
+            messages = store.messages(args.id)
+    except (ConversationNotFound, ConversationStoreError) as exc:
+        return _chats_error(str(exc))
+    if args.json:
+        print(safe_json({**asdict(conversation), "messages": [asdict(m) for m in messages]}))
+        return 0
+    print(strip_controls(f"# {conversation.title}"))
+    for m in messages:
+        who = "You" if m.role == "user" else f"Tandem ({m.mode})" if m.mode else "Tandem"
+        if m.status != "complete":  # as the Markdown export says it
+            who += " (incomplete)" if m.status == "streaming" else f" ({m.status})"
+        print()
+        print(strip_controls(f"{who} · {_when(m.created_at)}"))
+        if m.text:
+            print(strip_controls(m.text))
+        if m.error:
+            print(strip_controls(f"error: {m.error}"))
+    return 0
+
+
+def _cmd_chats_search(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from app.conversations import ConversationStoreError
+    from app.plain import safe_json, strip_controls
+
+    try:
+        store = _chats_store()
+        if store is None:
+            hits = []
+        else:
+            with store:
+                hits = store.search(args.query, args.limit)
+    except ConversationStoreError as exc:
+        return _chats_error(str(exc))
+    if args.json:
+        print(safe_json([asdict(h) for h in hits]))
+        return 0
+    if not hits:
+        print("no matches")
+    for h in hits:
+        who = "you" if h.role == "user" else "tandem"
+        snippet = " ".join(h.snippet.split())
+        print(strip_controls(f"{h.conversation_id:>5}  {h.title}  (message {h.message_id}, {who})"))
+        print(strip_controls(f"       {snippet}"))
+    return 0
+
+
+def _cmd_chats_export(args: argparse.Namespace) -> int:
+    from app.conversations import ConversationNotFound, ConversationStoreError
+    from app.plain import safe_json, strip_controls
+    from collab.plumbing.files import PRIVATE_FILE_MODE, atomic_write
+
+    try:
+        store = _chats_store()
+        if store is None:
+            return _chats_error(f"no conversation with id {args.id}")
+        with store:
+            if args.out is not None and args.out.is_dir():  # both files, named after it
+                try:
+                    written = store.export_files(args.id, args.out)
+                except OSError as exc:
+                    return _chats_error(f"cannot write to {args.out}: {exc}")
+                for path in written:
+                    print(strip_controls(f"exported to {path}"), file=sys.stderr)
+                return 0
+            if args.format == "json":
+                data = store.export_json(args.id)
+                text = json.dumps(data, ensure_ascii=False, indent=2) + "\n"
+            else:
+                text = store.export_markdown(args.id)
+    except (ConversationNotFound, ConversationStoreError) as exc:
+        return _chats_error(str(exc))
+    if args.out is None:  # a terminal: no control characters, and JSON on one valid line
+        if args.format == "json":
+            print(safe_json(data))
+        else:
+            print(strip_controls(text), end="")
+        return 0
+    try:
+        # 0600 from creation (it quotes private documents), and whole or not at all
+        atomic_write(args.out, text, mode=PRIVATE_FILE_MODE)
+    except OSError as exc:
+        return _chats_error(f"cannot write {args.out}: {exc}")
+    print(strip_controls(f"exported to {args.out}"), file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from app.serve_log import LOG_BACKUPS, LOG_MAX_MB
     from app.settings import AGGREGATORS, CLOUD_ENGINES
@@ -471,6 +614,17 @@ def build_parser() -> argparse.ArgumentParser:
         '"always" in the settings, those modes answer without your documents\' context',
     )  # fmt: skip
     ask.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    conversation = ask.add_mutually_exclusive_group()
+    conversation.add_argument(
+        "-c", "--continue", action="store_true", dest="continue_",
+        help="continue the most recent conversation (a new one when there is none): the "
+        "question and answer are saved, the earlier turns are the history",
+    )  # fmt: skip
+    conversation.add_argument(
+        "--conversation", type=int, metavar="ID",
+        help="continue conversation ID (`tandem chats list`); without this or --continue "
+        "nothing is saved",
+    )  # fmt: skip
     ask.set_defaults(func=_cmd_ask)
 
     serve = sub.add_parser("serve", help="run the cloud backend")
@@ -555,6 +709,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dinclude.add_argument("path")
     dinclude.set_defaults(func=_cmd_docs_include)
+    chats = sub.add_parser("chats", help="list, show, search and export conversations")
+    csub = chats.add_subparsers(dest="chats_command", required=True)
+    clist = csub.add_parser("list", help="conversations, the most recently updated first")
+    clist.add_argument("--json", action="store_true")
+    clist.set_defaults(func=_cmd_chats_list)
+    cshow = csub.add_parser("show", help="a conversation's messages in order")
+    cshow.add_argument("id", type=int)
+    cshow.add_argument("--json", action="store_true")
+    cshow.set_defaults(func=_cmd_chats_show)
+    csearch = csub.add_parser(
+        "search", help="messages holding every word of QUERY (questions and answers; "
+        "accents and case ignored; a word ending in * matches as a prefix)",
+    )  # fmt: skip
+    csearch.add_argument("query")
+    csearch.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    csearch.add_argument("--json", action="store_true")
+    csearch.set_defaults(func=_cmd_chats_search)
+    cexport = csub.add_parser("export", help="a conversation as Markdown (default) or JSON")
+    cexport.add_argument("id", type=int)
+    cexport.add_argument("--format", choices=["md", "json"], default="md")
+    cexport.add_argument(
+        "--out", type=Path, help="write it to this file (0600), or into this folder as both "
+        "<title>-<id>.md and .json (default: stdout)",
+    )  # fmt: skip
+    cexport.set_defaults(func=_cmd_chats_export)
     search = sub.add_parser("search", help="search the private index")
     search.add_argument("query")
     search.add_argument("-k", type=int, default=5)

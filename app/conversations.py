@@ -121,9 +121,42 @@ def _v3_shared_with(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE messages ADD COLUMN shared_with TEXT")
 
 
-# MIGRATIONS[i] takes the schema from version i to i + 1. Add v4 as one more function here.
-MIGRATIONS: list[migrations.Migration] = [_v1_initial, _v2_shared_chars, _v3_shared_with]
-SCHEMA_VERSION = len(MIGRATIONS)  # 3
+def _v4_search(conn: sqlite3.Connection) -> None:
+    """v3 -> v4: full-text search over every message's text, questions and answers
+    (`messages_fts`, an external-content FTS5 table: it keeps only the index, the text stays
+    in `messages`). Triggers keep it in step with every write to `messages`, whoever makes
+    it (a cascade from a deleted conversation included); the messages stored before this
+    version are indexed here. Accents are folded (`café` finds `cafe`)."""
+    conn.execute(
+        "CREATE VIRTUAL TABLE messages_fts USING fts5(text, content='messages', "
+        "content_rowid='id', tokenize='unicode61 remove_diacritics 2')"
+    )
+    conn.execute(
+        "CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN "
+        "INSERT INTO messages_fts (rowid, text) VALUES (new.id, new.text); END"
+    )
+    conn.execute(
+        "CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN "
+        "INSERT INTO messages_fts (messages_fts, rowid, text) "
+        "VALUES ('delete', old.id, old.text); END"
+    )
+    conn.execute(
+        "CREATE TRIGGER messages_fts_update AFTER UPDATE OF text ON messages BEGIN "
+        "INSERT INTO messages_fts (messages_fts, rowid, text) "
+        "VALUES ('delete', old.id, old.text); "
+        "INSERT INTO messages_fts (rowid, text) VALUES (new.id, new.text); END"
+    )
+    conn.execute("INSERT INTO messages_fts (messages_fts) VALUES ('rebuild')")
+
+
+# MIGRATIONS[i] takes the schema from version i to i + 1. Add v5 as one more function here.
+MIGRATIONS: list[migrations.Migration] = [
+    _v1_initial,
+    _v2_shared_chars,
+    _v3_shared_with,
+    _v4_search,
+]
+SCHEMA_VERSION = len(MIGRATIONS)  # 4
 
 
 def migrate(conn: sqlite3.Connection, path: Path | str = "database") -> int:
@@ -169,6 +202,40 @@ class MessageRow:
     error: str | None = None
     shared_chars: int | None = None  # assistant: how much of `text` the cloud saw (None: none)
     shared_with: str | None = None  # assistant: the identity of the cloud that saw it
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """One message that matches a search: where it is, and a plain-text snippet of it (the
+    matched words between « and », cut text marked …; control characters not stripped)."""
+
+    conversation_id: int
+    title: str  # the conversation's
+    message_id: int
+    role: str  # "user" | "assistant"
+    snippet: str
+    created_at: float  # the message's
+    updated_at: float  # the conversation's
+
+
+SNIPPET_TOKENS = 12
+"""About how many words of a message a search hit's snippet shows."""
+
+
+def fts_query(query: str) -> str:
+    """`query` as an FTS5 expression that cannot be a syntax error: each whitespace-separated
+    term a quoted phrase (inner quotes doubled), all of them required (AND). A term ending in
+    `*` matches as a prefix (`bicy*`). Terms with no letter or digit (`"`, `*`, `-`) match
+    nothing and are dropped; "" when nothing is left. FTS5 operators (`OR`, `NEAR(`, `-x`,
+    `col:`) are searched as words."""
+    terms = []
+    for term in query.split():
+        prefix = term.endswith("*")
+        term = term.rstrip("*")
+        if not any(c.isalnum() for c in term):
+            continue
+        terms.append('"' + term.replace('"', '""') + '"' + ("*" if prefix else ""))
+    return " ".join(terms)
 
 
 _CONVERSATION_SELECT = """
@@ -397,12 +464,33 @@ class ConversationStore:
             )
 
     def delete(self, conversation_id: int) -> None:
-        """Delete a conversation and its messages (one transaction)."""
+        """Delete a conversation and its messages (one transaction). The search index's
+        segments are merged, so that its words for them do not linger in the file (an FTS5
+        delete only marks them; secure_delete then overwrites the freed pages)."""
         with self._saving() as conn:
             conn.execute("DELETE FROM messages WHERE conversation_id = ?", (conversation_id,))
             cursor = conn.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
             if cursor.rowcount == 0:
                 raise ConversationNotFound(f"no conversation with id {conversation_id}")
+            conn.execute("INSERT INTO messages_fts (messages_fts) VALUES ('optimize')")
+
+    def search(self, query: str, limit: int = 50) -> builtins.list[SearchHit]:
+        """Messages (questions and answers) that hold every word of `query`, the best match
+        first (bm25), at most `limit`. Accents and case do not matter; any text is a valid
+        query (see `fts_query`); one with no word in it finds nothing."""
+        expression = fts_query(query)
+        if not expression or limit <= 0:
+            return []
+        with self._lock:
+            rows = self.conn.execute(
+                "SELECT m.conversation_id, c.title, m.id, m.role, "
+                "snippet(messages_fts, 0, '«', '»', '…', ?), m.created_at, c.updated_at "
+                "FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid "
+                "JOIN conversations c ON c.id = m.conversation_id "
+                "WHERE messages_fts MATCH ? ORDER BY messages_fts.rank, m.id DESC LIMIT ?",
+                (SNIPPET_TOKENS, expression, limit),
+            ).fetchall()
+        return [SearchHit(*row) for row in rows]
 
     # -- messages ---------------------------------------------------------------------------
 

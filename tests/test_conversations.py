@@ -59,7 +59,7 @@ def test_creates_folders_and_schema(tmp_path: Path) -> None:
     path = tmp_path / "a" / "b" / "c.sqlite"
     ConversationStore(path).close()
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     conn.close()
 
 

@@ -1,4 +1,8 @@
-"""The conversations screen: open, start, rename, delete and export past conversations.
+"""The conversations screen: find, open, start, rename, delete and export past conversations.
+
+The search box (/) filters the list as you type to the conversations whose questions or
+answers match (`ConversationStore.search`, the same FTS5 search as `tandem chats search`),
+best match first, the highlighted one's matching line under the list; Enter opens it.
 
 A modal that works with any host App: it takes the store, the current conversation and the export
 folder, and reports the conversation to open by `dismiss(id)` (None: keep the current one).
@@ -75,6 +79,7 @@ class ConversationsScreen(ModalScreen[int | None]):
         Binding("r", "rename", "Rename", id="conversations_rename"),
         Binding("d", "delete", "Delete", id="conversations_delete"),
         Binding("e", "export", "Export", id="conversations_export"),
+        Binding("slash", "search", "Search", id="conversations_search"),
         Binding("escape", "close", "Close", id="conversations_close"),
     ]
 
@@ -94,12 +99,14 @@ class ConversationsScreen(ModalScreen[int | None]):
         self.export_dir = Path(export_dir)
         self._pending_delete: int | None = None
         self._renaming: int | None = None
+        self._snippets: dict[int, str] = {}  # conversation → its best match, while searching
 
     # -- layout -----------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog") as dialog:
             dialog.border_title = "Conversations"
+            yield Input(id="search", placeholder="Search questions and answers (/)", compact=True)
             with Vertical(id="below"):  # docked: stays visible however long the list
                 yield Input(id="rename", placeholder="New title (Enter saves, Escape cancels)")
                 yield Static("", id="status", markup=False)
@@ -121,10 +128,33 @@ class ConversationsScreen(ModalScreen[int | None]):
     def table(self) -> ConversationTable:
         return self.query_one(ConversationTable)
 
-    def refresh_rows(self, select_id: int | None = None, index: int | None = None) -> None:
-        """Reload the list from the store; put the cursor on `select_id`, else row `index`."""
-        table = self.table
+    @property
+    def query_text(self) -> str:
+        return self.query_one("#search", Input).value.strip()
+
+    def _rows(self) -> list[ConversationRow]:
+        """Every conversation, or while searching those that match, best first (each once,
+        with its best match kept for the status line)."""
         rows = self.store.list()
+        query = self.query_text
+        self._snippets = {}
+        if not query:
+            return rows
+        by_id = {row.id: row for row in rows}
+        found: list[ConversationRow] = []
+        if not self.query_one("#search", Input).value[-1:].isspace():
+            query += "*"  # the word being typed matches as a prefix
+        for hit in self.store.search(query):
+            if hit.conversation_id in by_id and hit.conversation_id not in self._snippets:
+                self._snippets[hit.conversation_id] = hit.snippet
+                found.append(by_id[hit.conversation_id])
+        return found
+
+    def refresh_rows(self, select_id: int | None = None, index: int | None = None) -> None:
+        """Reload the list from the store (filtered by the search box); put the cursor on
+        `select_id`, else row `index`."""
+        table = self.table
+        rows = self._rows()
         table.clear()
         target = None
         for position, row in enumerate(rows):
@@ -135,9 +165,35 @@ class ConversationsScreen(ModalScreen[int | None]):
             target = min(max(index, 0), len(rows) - 1)
         if target is not None:
             table.move_cursor(row=target, animate=False)
-        if not rows:
+        if not rows and self.query_text:
+            self.set_status("No conversation matches.")
+        elif not rows:
             self.set_status("No conversations yet. Press n to start one.")
+        elif self.query_text:
+            self._show_match()
         self.refresh_bindings()
+
+    def _show_match(self) -> None:
+        """The highlighted conversation's best matching line, while searching."""
+        snippet = self._snippets.get(self.selected_id() or -1, "")
+        self.set_status(" ".join(snippet.split()))
+
+    def action_search(self) -> None:
+        self._cancel_rename()
+        self.query_one("#search", Input).focus()
+
+    @on(Input.Changed, "#search")
+    def _search_changed(self, event: Input.Changed) -> None:
+        event.stop()
+        self._reset_pending()
+        self.set_status("")
+        self.refresh_rows(index=0)
+
+    @on(Input.Submitted, "#search")
+    def _search_submitted(self, event: Input.Submitted) -> None:
+        """Enter in the search box opens the best match."""
+        event.stop()
+        self.action_open()
 
     def _cells(self, row: ConversationRow) -> tuple[Text, Text, Text]:
         """Text cells, not strings: DataTable reads strings as markup, and titles are free text."""
@@ -194,6 +250,8 @@ class ConversationsScreen(ModalScreen[int | None]):
     def _row_moved(self, event: DataTable.RowHighlighted) -> None:
         if self._pending_delete is not None and self.selected_id() != self._pending_delete:
             self._reset_pending()
+        if self.query_text and self._pending_delete is None and self._renaming is None:
+            self._show_match()
 
     def action_new(self) -> None:
         self._cancel_rename()
@@ -294,8 +352,13 @@ class ConversationsScreen(ModalScreen[int | None]):
                     title="Conversation exported", markup=False)  # fmt: skip
 
     def action_close(self) -> None:
-        """Escape closes the rename prompt first, then the screen."""
+        """Escape closes the rename prompt first, then clears the search, then the screen."""
         if self._cancel_rename():
+            return
+        search = self.query_one("#search", Input)
+        if search.value:
+            search.value = ""  # the list comes back whole (Input.Changed)
+            self.table.focus()
             return
         self.dismiss(None)
 

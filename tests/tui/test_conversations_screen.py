@@ -220,6 +220,7 @@ async def test_bindings_have_ids_and_follow_the_keymap(
         "conversations_rename",
         "conversations_delete",
         "conversations_export",
+        "conversations_search",
         "conversations_close",
     }
     app, _ = make_app(store, None, tmp_path)
@@ -272,3 +273,34 @@ async def test_titles_are_not_markup(store: ConversationStore, tmp_path: Path) -
         await pilot.press("d")
         await pilot.pause()
     assert any(title in note for note in app.notes)
+
+
+async def test_the_search_box_filters_by_what_was_said_and_opens_the_best_match(
+    store: ConversationStore, tmp_path: Path
+) -> None:
+    """/ focuses the search; typing filters to the conversations whose questions or answers
+    match (the same search as `tandem chats search`), the match shown literally under the
+    list; Enter opens the best one; Escape clears the search, then closes."""
+    a, b, c = seed(store)
+    store.add_message(a, "assistant", "The crème brûlée at [b]Casa Azul[/b] cost 8 euros.", "local")
+    app, screen = make_app(store, None, tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("slash")
+        await pilot.press(*"creme")  # accents folded
+        await pilot.pause()
+        table = screen.query_one(ConversationTable)
+        assert table.row_count == 1 and screen.selected_id() == a
+        assert "[b]Casa Azul[/b]" in status_text(screen)  # literal, not markup
+        await pilot.press("escape")  # clears the search: every conversation again
+        await pilot.pause()
+        assert table.row_count == 3 and screen.query_one("#search", Input).value == ""
+        await pilot.press("slash", *'"* reci')  # stray FTS5 syntax; a word being typed
+        await pilot.pause()
+        assert table.row_count == 1 and screen.selected_id() == b
+        await pilot.press(*" zebra", "enter")  # every word must match: none does
+        await pilot.pause()
+        assert app.results == [] and "No conversation matches" in status_text(screen)
+        await pilot.press(*["backspace"] * 6, "enter")
+        await pilot.pause()
+    assert app.results == [b]
+    assert c not in app.results
