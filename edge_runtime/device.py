@@ -16,6 +16,7 @@ from model_runtime.async_model import ModelWorker, WorkerSequence
 from model_runtime.prefix_cache import PrefixCache
 from model_runtime.runtime import CausalLM
 from model_runtime.tokenizer import load_tokenizer, tokenizer_fingerprint
+from retrieval.search import best_of
 
 DOCUMENT_CACHE_BYTES = 256 * 1024**2  # ~25 passages' KV with the 0.5B in float32
 
@@ -80,10 +81,10 @@ async def forget_removed(cache: PrefixCache, index: Retriever | None) -> int:
 
 
 async def retrieve_private(
-    index: Retriever | None, question: str, k: int, min_score: float | None = None
+    index: Retriever | None, question: str | Sequence[str], k: int, min_score: float | None = None
 ) -> list[Source]:
     """Private passages for the device prompt, numbered and marked device: the same sources
-    are the prompt's passages and the answer's citations."""
+    are the prompt's passages and the answer's citations (`search_private`)."""
     hits = await search_private(index, question, k, min_score)
     return [hit.source(n, "device") for n, hit in enumerate(hits, 1)]
 
@@ -99,9 +100,13 @@ NOTHING_PUBLIC = "no passage of the public corpus is relevant enough to this que
 
 
 async def search_private(
-    index: Retriever | None, question: str, k: int, min_score: float | None = None
+    index: Retriever | None, question: str | Sequence[str], k: int, min_score: float | None = None
 ) -> list[Any]:
-    """The private index's hits for the question (none without an index or with k = 0)."""
+    """The private index's hits for the question (none without an index or with k = 0); given
+    several ways of asking it (edge_runtime.turns.search_candidates), the hits of the one that
+    finds the most relevant passage."""
     if index is None or k <= 0:
         return []
-    return await asyncio.to_thread(index.search, question, k, min_score)
+    asked = [question] if isinstance(question, str) else list(dict.fromkeys(question))
+    found = [await asyncio.to_thread(index.search, q, k, min_score) for q in asked]
+    return best_of(found)

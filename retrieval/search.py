@@ -23,7 +23,7 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, Protocol, TypeVar
 
 import numpy as np
 
@@ -36,9 +36,17 @@ __all__ = [
     "SearchMode",
     "SearchTiming",
     "Searcher",
+    "best_of",
     "reciprocal_rank_fusion",
 ]
 
+
+class _Scored(Protocol):
+    @property
+    def score(self) -> float: ...
+
+
+H = TypeVar("H", bound=_Scored)
 SearchMode = Literal["dense", "keyword", "hybrid"]
 SEARCH_MODES: tuple[SearchMode, ...] = ("dense", "keyword", "hybrid")
 Fusion = Literal["rrf", "combo"]
@@ -67,6 +75,17 @@ def reciprocal_rank_fusion(rankings: Sequence[Sequence[int]], k: int = RRF_K) ->
         for rank, item in enumerate(ranking, 1):
             fused[item] = fused.get(item, 0.0) + 1.0 / (k + rank)
     return fused
+
+
+def best_of(results: Sequence[Sequence[H]]) -> list[H]:
+    """Of several searches' results (one per way of asking, edge_runtime.turns), the one whose
+    best passage is the most relevant (the first on a tie; none if every search found none):
+    a follow-up searched with its topic and alone keeps whichever finds its passage."""
+    best: Sequence[H] = []
+    for hits in results:
+        if hits and (not best or hits[0].score > best[0].score):
+            best = hits
+    return list(best)
 
 
 def _minmax(scores: dict[int, float]) -> dict[int, float]:

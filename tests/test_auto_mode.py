@@ -169,7 +169,7 @@ async def test_the_relevance_query_carries_the_bare_question_only(device, privat
     tap = WireTap(port)
     url = f"ws://127.0.0.1:{await tap.start()}/v1/session"
     auto = build_mode("auto", context(device, private_index, url))
-    secret_turn = Turn("What is my salary?", "Jordan earns 81,250 euros.", "local")
+    secret_turn = Turn("What did my doctor write?", "Your blood count is 81,250.", "local")
     events, _ = await ask(auto, PRIVATE_Q, [secret_turn])
     assert choice_of(events).mode == "local"
     wire = b"".join(tap.payloads())  # the websocket payloads, unmasked
@@ -177,7 +177,7 @@ async def test_the_relevance_query_carries_the_bare_question_only(device, privat
     for private in (b"4417", b"flowerpot", b"81,250", secret_turn.question.encode()):
         assert private not in wire  # ...and nothing else: no passage, no earlier turn
     # a follow-up to that private turn with nothing to retrieve stays on the device
-    events, _ = await ask(auto, "And what about next year?", [secret_turn])
+    events, _ = await ask(auto, "And what did she say about next year?", [secret_turn])
     said = "follows an answer only this device has seen" + CONSULTED  # the policy lets it ask
     assert choice_of(events) == ModeChoice("local", said)
     await auto.close()

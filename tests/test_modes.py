@@ -177,14 +177,18 @@ async def test_a_conversation_longer_than_the_context_still_gets_answers(
     near_drafter, cloud_url, tiny_tokenizer
 ):
     """Both sides leave the oldest exchanges out rather than refuse the prompt; the device
-    says so. Greedy split still equals cloud mode (the cloud trims the same way in both)."""
+    says so. Greedy split still equals cloud mode (the cloud trims the same way in both).
+    (Every turn a follow-up of the one before: a question that stands alone gets no history,
+    edge_runtime.turns.)"""
     history = [
         Turn(
-            f"Question {i} about tandem bicycles?", "They are " + "bicycles for two, " * 8, "cloud"
+            "What are tandem bicycles?" if i == 0 else f"And what else about them, part {i}?",
+            "They are " + "bicycles for two, " * 8,
+            "cloud",
         )
         for i in range(8)
     ]
-    question = QUESTIONS[0]
+    question = "And who rides them?"
     whole = prompt_ids(
         tiny_tokenizer, question, [t for u in history for t in (u.question, u.answer)]
     )
@@ -384,7 +388,7 @@ async def test_split_never_sends_private_text(variant, near_drafter, cloud_url, 
     tap_port = await tap.start()
     url = f"ws://127.0.0.1:{tap_port}/v1/session"
     split = build_mode("split", context(near_drafter, url, variant, index=private_index))
-    question = "Where is the spare key hidden?"
+    question = "And where is the spare key hidden?"  # a follow-up: it gets the history
     # the user agreed: the drafts come from a prompt holding the passages (what is tested)
     options = AnswerOptions(max_new_tokens=24, temperature=0.7, seed=3, k=2,
                             allow_private_in_cloud=True)  # fmt: skip

@@ -39,9 +39,11 @@ from collab.split import Transcript
 from model_runtime.prompting import clipped_prompt, prompt_budget
 from model_runtime.runtime import Cancelled
 from model_runtime.tokenizer import IM_END_ID
+from retrieval.search import best_of
 
 if TYPE_CHECKING:
     from cloud_backend.context import RequestContext
+    from cloud_backend.corpus import PublicCorpus, PublicHit
 
 log = logging.getLogger("tandem.cloud")
 
@@ -76,6 +78,19 @@ async def serve(req: Request) -> Done:
     ctx.session.release()
     await req.link.send(done)
     return done
+
+
+def public_passages(
+    corpus: PublicCorpus, gen: Generate, k: int, floor: float | None
+) -> list[Source]:
+    """The corpus's passages for a request: searched by the device's `search` (a follow-up
+    with its topic, edge_runtime.turns) and by the question, the better kept
+    (`retrieval.search.best_of`); by the question alone when no search came."""
+    asked = (
+        [gen.search, gen.question] if gen.search and gen.search != gen.question else [gen.question]
+    )
+    hits: list[PublicHit] = best_of([corpus.search(q, k, floor) for q in asked])
+    return list[Source](hits)
 
 
 class Request(ABC):
@@ -122,7 +137,7 @@ class Request(ABC):
         corpus = self.ctx.corpus
         if self.gen.retrieve and corpus is not None:
             passages = await asyncio.to_thread(
-                corpus.search, self.gen.question, self.ctx.corpus_k, self.ctx.corpus_floor
+                public_passages, corpus, self.gen, self.ctx.corpus_k, self.ctx.corpus_floor
             )
             sources = tuple(p.clipped(SOURCE_CHARS) for p in passages)
             await self.link.send(Citations(sources, request_id=self.gen.request_id))

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cloud_backend.modes.base import Request
+from cloud_backend.modes.base import Request, public_passages
 from cloud_backend.modes.dragon_sequence import PublicSide, answer_alone
 from cloud_backend.modes.link import Stop
 from collab.dragon.ledger import NO_DOCUMENT_COSINE, Ledger, Scheduler, relevance
@@ -125,7 +125,7 @@ class DragonRequest(Request):
         corpus = self.ctx.corpus
         if self.gen.retrieve and corpus is not None and k > 0:
             self.passages = await asyncio.to_thread(
-                corpus.search, self.gen.question, k, self.ctx.corpus_floor
+                public_passages, corpus, self.gen, k, self.ctx.corpus_floor
             )
             sources = tuple(p.clipped(SOURCE_CHARS) for p in self.passages)
             await self.link.send(Citations(sources, request_id=self.gen.request_id))

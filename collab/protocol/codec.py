@@ -28,8 +28,8 @@ from typing import Any, ClassVar, TypeVar, dataclass_transform
 import numpy as np
 
 # 2: Generate carries RAPID's η; 4: draft frames carry the pipeline's flags; 5: each citation
-# says what found it
-PROTOCOL_VERSION = 5
+# says what found it; 6: Generate carries the public search (a follow-up's standalone one)
+PROTOCOL_VERSION = 6
 MAGIC = b"TD"
 # magic, version, message type, flags, request id, epoch, step, body length
 _HEADER = struct.Struct("<2sBBHIIII")

@@ -143,7 +143,8 @@ class Generate(Message):
     """Start a request: in cloud mode the cloud generates the whole answer and streams
     TokenChunks; in split mode it prepares its prompt and waits for drafts. `history` is the
     earlier conversation as alternating user/assistant texts (only turns the cloud may see);
-    `retrieve` asks the cloud to ground its prompt in the public corpus."""
+    `retrieve` asks the cloud to ground its prompt in the public corpus, searched by `search`
+    (empty: by the question)."""
 
     TYPE = MsgType.GENERATE
     question: str
@@ -156,6 +157,9 @@ class Generate(Message):
     retrieve: bool = True
     # split: RAPID's η, the cloud verifies against p̂ (0 = exact, docs/math.md#rapid)
     eta: float = 0.0
+    # what the public corpus is searched by, when not the question itself: a follow-up's
+    # standalone search, built on the device from turns this cloud saw (edge_runtime.turns)
+    search: str = ""
 
     _ST = struct.Struct("<IfIfBQBf")
     MAX_HISTORY = 256
@@ -178,6 +182,8 @@ class Generate(Message):
             raise ProtocolError(problem)
         self._set("history", tuple(self.history))
         self._set("retrieve", bool(self.retrieve))
+        if not isinstance(self.search, str):
+            raise ProtocolError("search must be a string")
         if len(self.history) % 2 or len(self.history) > self.MAX_HISTORY:
             raise ProtocolError("history must be user/assistant pairs (at most 128)")
         if not all(isinstance(h, str) for h in self.history):
@@ -190,7 +196,7 @@ class Generate(Message):
             self.seed or 0, self.retrieve, self.eta,
         )  # fmt: skip
         turns = struct.pack("<I", len(self.history)) + b"".join(_str(h) for h in self.history)
-        return head + _str(self.question) + turns
+        return head + _str(self.question) + turns + _str(self.search)
 
     @classmethod
     def parse(cls, r: _Reader, f32: bool, hdr: dict[str, int]) -> Message:
@@ -203,8 +209,11 @@ class Generate(Message):
         n = r.u32()
         _check_count(n, 0, cls.MAX_HISTORY, "history entries")
         history = tuple(r.string("history") for _ in range(n))
+        search = r.string("search")
         seed = seed if has_seed else None
-        return cls(q, max_new, temp, top_k, top_p, seed, history, bool(retrieve), eta, **hdr)
+        return cls(
+            q, max_new, temp, top_k, top_p, seed, history, bool(retrieve), eta, search, **hdr
+        )
 
 
 @_message

@@ -3,12 +3,14 @@ which and why (a `ModeChoice` event, then the answer's figures), and answer in t
 
 What it measures first: the private index's passages for the question (on the device); then,
 when the policy lets the question leave and only where the answer can change the choice
-(`mode_choice.public_can_matter`), the cloud's public passages for the bare question (a
-retrieval request, `max_new_tokens` 0: the question alone goes up, no history, nothing
-private; the cloud sends its Citations and Done and decodes nothing). Their relevance is the
-device's own judgement of the returned texts (`public_scores`): a remote cloud's numbers are
-claims, and a cloud that lied about them could move a question the notes answer off the
-device. Dragon for a cloud the user has not decided about asks them first (edge_runtime.consent)."""
+(`mode_choice.public_can_matter`), the cloud's public passages for the question (a retrieval
+request, `max_new_tokens` 0: the question goes up, no history, nothing private; a follow-up
+is searched with the questions it follows of the turns the cloud saw itself,
+`cloud_link.public_search`; the cloud sends its Citations and Done and decodes nothing).
+Their relevance is the device's own judgement of the returned texts (`public_scores`): a
+remote cloud's numbers are claims, and a cloud that lied about them could move a question the
+notes answer off the device. Dragon for a cloud the user has not decided about asks them
+first (edge_runtime.consent)."""
 
 from __future__ import annotations
 
@@ -41,9 +43,10 @@ from edge_runtime.modes.base import (
     Orchestrator,
     Turn,
     private_history,
+    searched_by,
     seen_by,
 )
-from edge_runtime.modes.cloud_link import CloudBacked
+from edge_runtime.modes.cloud_link import CloudBacked, public_search
 
 log = logging.getLogger("tandem.edge.auto")
 
@@ -117,7 +120,9 @@ class AutoMode(Orchestrator):
         user has not decided about, they are asked (declined: the notes answer locally)."""
         policy = self.policy
         self._probe_bytes, self._consented = (0, 0), False
-        found = await retrieve_private(self.ctx.index, question, options.k, options.min_score)
+        found = await retrieve_private(
+            self.ctx.index, searched_by(question, history), options.k, options.min_score
+        )
         asks_cloud = policy.questions_leave and self.ctx.cloud is not None
         until, which = self._unreachable
         backing_off = which is self.ctx.cloud and time.monotonic() < until  # a new link: ask
@@ -134,7 +139,8 @@ class AutoMode(Orchestrator):
                     private_turn = bool(history) and seen_by(history[-1], identity) is None
                     scores = [s.score for s in found]
                     if public_can_matter(scores, private_turn, policy, consent, options.k):
-                        public, rtt = await self.public_relevance(question, options)
+                        search = public_search(question, history, identity)
+                        public, rtt = await self.public_relevance(question, options, search)
                         consulted = True
                 reach = "ready"
             except (CloudError, OSError, TimeoutError):
@@ -182,7 +188,7 @@ class AutoMode(Orchestrator):
         return float(predicted.tokens_per_second / predicted.cloud_only_tokens_per_second)
 
     async def public_relevance(
-        self, question: str, options: AnswerOptions
+        self, question: str, options: AnswerOptions, search: str = ""
     ) -> tuple[list[float], float | None]:
         """The relevance of each public passage the cloud retrieves for the bare question, as
         the device judges it (`public_scores`: its own embedder on the returned texts; the
@@ -195,14 +201,17 @@ class AutoMode(Orchestrator):
         probe = Answer(Stats(self.name), time.perf_counter(), Transcript(0, frozenset()), None)
         link = cloud.link(await cloud.client(), rid, probe)
         try:
-            await link.send(Generate(question, max_new_tokens=0, retrieve=True, request_id=rid))
+            await link.send(
+                Generate(question, max_new_tokens=0, retrieve=True, request_id=rid, search=search)
+            )
             while not link.ended(await link.recv()):
                 pass
             passages = [e for e in link.take_events() if isinstance(e, Citation)]
         finally:
             self._probe_bytes = (link.bytes_up, link.bytes_down)
         try:
-            scores = await asyncio.to_thread(public_scores, self.ctx.judge, question, passages)
+            asked = [question, search] if search else [question]
+            scores = await asyncio.to_thread(public_scores, self.ctx.judge, asked, passages)
         except Exception:  # the device's embedder failed: nothing it cannot check counts
             log.warning("could not score the public passages on this device", exc_info=True)
             scores = []
@@ -241,13 +250,19 @@ def restates(question: str, text: str) -> bool:
 
 def public_scores(
     judge: Callable[[str, Sequence[str]], Sequence[float]] | None,
-    question: str,
+    question: str | Sequence[str],
     passages: Sequence[Citation],
 ) -> list[float]:
     """The device's own relevance of each returned public passage: its embedder's cosine of
-    the passage text with the question (a passage that only restates the question counts 0).
+    the passage text with the question, or with the best of the ways it was asked (a follow-up
+    with its topic, edge_runtime.turns); a passage that only restates what was asked counts 0.
     Without an embedder on the device, nothing the cloud returns counts as relevant."""
     if judge is None or not passages:
         return []
-    scores = [float(x) for x in judge(question, [p.text for p in passages])]
-    return [0.0 if restates(question, p.text) else x for p, x in zip(passages, scores, strict=True)]
+    asked = [question] if isinstance(question, str) else list(question)
+    texts = [p.text for p in passages]
+    best = [0.0] * len(passages)
+    for q in asked:
+        for i, (p, x) in enumerate(zip(passages, judge(q, texts), strict=True)):
+            best[i] = max(best[i], 0.0 if restates(q, p.text) else float(x))
+    return best

@@ -39,6 +39,7 @@ from edge_runtime.device import (
 from edge_runtime.events import Event, Notice, Stats, TextDelta
 from edge_runtime.options import AnswerOptions
 from edge_runtime.sent import SentLedger
+from edge_runtime.turns import refused, search_candidates, topic_start
 from model_runtime.generate import TextStream
 from model_runtime.prompting import fit_prompt, prompt_budget
 from model_runtime.tokenizer import IM_END_ID
@@ -138,6 +139,23 @@ def need_device(ctx: ModeContext) -> DeviceModel:
 
 
 # ---------------------------------------------------------------------------- history policy
+
+
+def steering(question: str, history: Sequence[Turn]) -> list[Turn]:
+    """The earlier turns that may steer the answer to `question` (edge_runtime.turns): not
+    those whose answer refused or said nothing answers it (the small model copies its refusal
+    into the next answer, whatever that one's passages say), and none before the question's
+    topic began (a question that stands alone gets no history: the small model otherwise
+    repeats an earlier answer)."""
+    kept = [t for t in history if not refused(t.answer)]
+    return kept[topic_start([*(t.question for t in kept), question]) :]
+
+
+def searched_by(question: str, history: Sequence[Turn]) -> list[str]:
+    """The ways the search for `question` runs after these turns (edge_runtime.turns): with
+    the question it follows, and alone; the search keeps the better. Built only from the
+    turns given: the cloud's from the turns it saw (`shared_history`), never private ones."""
+    return search_candidates([*(t.question for t in history), question])
 
 
 def full_history(history: Sequence[Turn]) -> list[str]:
@@ -290,6 +308,7 @@ class Orchestrator(ABC):
         )  # fmt: skip
         sent = SentLedger()
         stats.sent, self.ctx.sent = sent.rows, sent
+        history = steering(question, history)
         try:
             async for event in self.generate(question, history, options, answer):
                 yield event
@@ -316,7 +335,9 @@ class Orchestrator(ABC):
     ) -> AsyncIterator[Event]:
         """Retrieve private passages (yielding their citations) and build the device prompt
         into `answer.prompt` (yielding a notice if old exchanges were left out)."""
-        passages = await retrieve_private(self.ctx.index, question, options.k, options.min_score)
+        passages = await retrieve_private(
+            self.ctx.index, searched_by(question, history), options.k, options.min_score
+        )
         for event in self.prompt_with(question, history, passages, options, answer):
             yield event
 

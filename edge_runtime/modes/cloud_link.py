@@ -33,6 +33,8 @@ from edge_runtime.modes.base import (
     device_prompt,
     need_device,
     private_history,
+    searched_by,
+    shared_history,
 )
 from edge_runtime.modes.link import RequestLink
 
@@ -215,6 +217,7 @@ class CloudBacked(Orchestrator):
     def generate_message(
         self, rid: int, question: str, history: Sequence[Turn], options: AnswerOptions
     ) -> Generate:
+        identity = self.cloud_identity()
         return Generate(
             question,
             max_new_tokens=options.max_new_tokens,
@@ -222,9 +225,10 @@ class CloudBacked(Orchestrator):
             top_k=options.top_k,
             top_p=options.top_p,
             seed=options.seed,
-            history=tuple(cloud_history(history, self.cloud_identity())),
+            history=tuple(cloud_history(history, identity)),
             retrieve=self.retrieve_public,
             request_id=rid,
+            search=public_search(question, history, identity),
         )
 
     async def close(self) -> None:
@@ -243,3 +247,12 @@ class CloudBacked(Orchestrator):
         ids += answer.transcript.tokens
         async for event in device_generate(device, ids, answer, options):
             yield event
+
+
+def public_search(question: str, history: Sequence[Turn], identity: str | None) -> str:
+    """What the cloud searches its public corpus by for `question` besides the question itself
+    ("": nothing else), keeping the better of the two (`retrieval.search.best_of`): the question
+    with its topic's (edge_runtime.turns), built only from the turns that cloud saw itself, so
+    a search shaped by a private turn never leaves."""
+    search = searched_by(question, shared_history(history, identity))[0]
+    return "" if search == question.strip() else search

@@ -61,6 +61,7 @@ from edge_runtime.modes.base import (
     full_history,
     left_out_notice,
     need_device,
+    searched_by,
 )
 from edge_runtime.modes.cloud_link import CloudBacked
 from edge_runtime.modes.dragon_declared import DECLARED
@@ -112,7 +113,9 @@ class DragonMode(CloudBacked):
         is out, so the cloud's retrieval and prefill overlap the device's). The passages are
         numbered after the cloud's (1..k), the way each side's prompts cite them."""
         device = need_device(self.ctx)
-        hits = await search_private(self.ctx.index, question, options.k, options.min_score)
+        hits = await search_private(
+            self.ctx.index, searched_by(question, history), options.k, options.min_score
+        )
         if await self.shaped_by_private(hits, history) and not await self.private_allowed(
             options
         ):  # its drafts, weights and tokens would carry what they say: answer here instead

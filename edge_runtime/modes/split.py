@@ -26,6 +26,7 @@ from edge_runtime.modes.base import (
     ModeContext,
     Turn,
     need_device,
+    searched_by,
     shared_history,
 )
 from edge_runtime.modes.cloud_link import CloudBacked
@@ -85,7 +86,9 @@ class SplitMode(CloudBacked):
         """The drafter's prompt: the private passages and the whole conversation, where the
         user agreed to let this cloud take part in answers shaped by them (the drafts are);
         else only what this cloud may see: its own turns, no passage (and a notice)."""
-        passages = await retrieve_private(self.ctx.index, question, options.k, options.min_score)
+        passages = await retrieve_private(
+            self.ctx.index, searched_by(question, history), options.k, options.min_score
+        )
         withheld = await self.shaped_by_private(passages, history)
         withheld = withheld and not await self.private_allowed(options)
         if withheld:
