@@ -226,11 +226,11 @@ def history_rules(name: str) -> Iterator[None]:
     saved = [(m, "searched_by", m.searched_by) for m in (base, auto, dragon, split)]
     saved.append((base, "steering", base.steering))
     if name == "before":
-        base.steering = lambda question, history: list(history)
+        base.steering = lambda question, history, *_: list(history)
         for m, attr, _ in saved[:-1]:
             setattr(m, attr, lambda question, history: [question])
     elif name == "refusals":
-        base.steering = lambda question, history: [t for t in history if not refused(t.answer)]
+        base.steering = lambda question, history, *_: [t for t in history if not refused(t.answer)]
     try:
         yield
     finally:

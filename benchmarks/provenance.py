@@ -120,9 +120,12 @@ def record(
     packages = versions(packages)
     if vllm_python is not None:
         packages["vllm (its environment)"] = vllm_version(vllm_python)
+    diff = _git("diff", "--name-only", "HEAD")
+    changed = None if diff is None else sorted(diff.splitlines())
     return {
         "commit": _git("rev-parse", "HEAD"),
         "dirty": bool(status) if status is not None else None,
+        "changed": changed,  # the tracked files that differed from the commit
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": command,
         **cpu(),
@@ -169,6 +172,19 @@ def machine(prov: Mapping[str, Any] | None) -> str:
     return f"{prov['cpu_model']} ({prov.get('cpu_count')} cores{extra})"
 
 
+def only_results(prov: Mapping[str, Any]) -> bool:
+    """Whether every tracked file that differed from the commit when the run started was a
+    result file (no code): recorded as `changed`, or, for a run recorded before that, in a
+    correction added after it (`corrections`, each saying who checked what and why)."""
+    changed: Any = prov.get("changed")
+    if changed is None:
+        fixes = [c for c in prov.get("corrections") or () if c.get("field") == "changed"]
+        changed = fixes[-1]["value"] if fixes else None
+    if not changed:
+        return False
+    return all(str(p).startswith("benchmarks/results/") for p in changed)
+
+
 def caption(sources: Sequence[tuple[str, Mapping[str, Any] | None]]) -> str:
     """One line naming each source file's commit, date and machine."""
     parts = []
@@ -180,6 +196,8 @@ def caption(sources: Sequence[tuple[str, Mapping[str, Any] | None]]) -> str:
         date = str(prov.get("date") or NOT_RECORDED)[:10]
         how = " (backfilled: commit and date that added the file)" if prov.get("backfilled") else ""
         dirty = ", uncommitted changes" if prov.get("dirty") else ""
+        if dirty and only_results(prov):
+            dirty = ", uncommitted changes to result files only"
         parts.append(f"`{name}`: commit {commit}{dirty}, {date}, {machine(prov)}{how}")
     return "; ".join(parts)
 

@@ -1325,6 +1325,113 @@ class Table:
     build: Callable[[], Built]
 
 
+MULTITURN_SEARCH = "multiturn/ort-search.json"
+MULTITURN = (
+    "multiturn/ort-local.json",
+    "multiturn/ort-split.json",
+    "multiturn/ort-cloud.json",
+    "multiturn/ort-dragon.json",
+    "multiturn/ort-auto.json",
+)
+SEARCH_WAYS = {
+    "bare": "its bare words",
+    "rule": "with the question it follows (rule alone)",
+    "best": "with its topic and alone, the better kept (shipped)",
+    "model": "the device model's rewrite",
+    "standalone": "the hand-written standalone",
+}
+
+
+def multiturn_search() -> Built:
+    """Does a follow-up find its passage: each way of searching it against its hand-written
+    standalone version, the private index and the public corpus."""
+    if not saved(MULTITURN_SEARCH):
+        return unmeasured_table(
+            ["search", "found"],
+            list(SEARCH_WAYS),
+            "python -m benchmarks.multiturn --search --model-rewrite",
+        )
+    data = load(MULTITURN_SEARCH)
+    lines = [
+        "| side | turns | searched | found in the top 3 (95 % Wilson) | ÷ standalone (95 % CI) |",
+        "|---|---|---|---|---|",
+    ]
+    for name, cell in data["search_summary"].items():
+        side, subset = name.split(" ", 1)
+        for how in SEARCH_WAYS:
+            if how not in cell:
+                continue
+            c, vs = cell[how], cell[how]["vs_standalone"]
+            ratio = "—" if vs is None else f"{vs[0]:.2f} ({vs[1]:.2f}–{vs[2]:.2f})"
+            lines.append(
+                f"| {side} | {subset} | {SEARCH_WAYS[how]} | {c['found']}/{c['n']} "
+                f"{c['share']:.0%} ({c['wilson'][0]:.0%}–{c['wilson'][1]:.0%}) | "
+                f"{ratio} |"
+            )
+    note = (
+        f"{data['config']['conversations']} conversations; a turn's passage is found when "
+        "its note (private) or its article (public) is among the 3 passages above the floor "
+        f"{data['config']['floor']:.2f}. The private index holds the set's "
+        "notes only, so a search for the right topic finds its note easily."
+    )
+    return Built("\n".join(lines), [MULTITURN_SEARCH], note)
+
+
+def multiturn_accuracy() -> Built:
+    """In conversation against fresh, per mode and history rules: all scored turns, the
+    follow-ups against their standalone versions, the turns after a refusal."""
+    from benchmarks.multiturn import TurnSpec, summarise
+
+    files = [f for f in MULTITURN if saved(f)]
+    if not files:
+        return unmeasured_table(
+            ["mode", "in conversation", "fresh", "ratio"],
+            ["local", "split", "cloud", "dragon", "auto"],
+            "python -m benchmarks.multiturn --modes local split",
+        )
+    lines = [
+        "| mode | history rules | turns | in conversation | fresh | ratio (95 % CI) | "
+        "follow-ups ÷ standalone (95 % CI) | after a refusal: right, refused |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def ratio(r: Any) -> str:
+        return "—" if not r else f"{r[0]:.2f} ({r[1]:.2f}–{r[2]:.2f})"
+
+    convs = set()
+    for f in files:
+        data = load(f)
+        convs.add(data["config"]["conversations"])
+        turns = [TurnSpec(**t) for t in data["turns"]]
+        for name, cell in summarise(data.get("rows", []), turns).items():
+            mode, rules = name.split(" ", 1)
+            if "all" not in cell:  # a run cut short before any fresh answer: nothing to compare
+                continue
+            a, fu, ar = cell["all"], cell.get("follow-ups"), cell.get("after a refusal")
+            after = (
+                "—"
+                if ar is None
+                else (
+                    f"{ar['conversation']:.0%} (fresh {ar['fresh']:.0%}), "
+                    f"{cell['refused after a refusal']:.0%}"
+                )
+            )
+            lines.append(
+                f"| {mode} | {rules} | {a['n']} | {a['conversation']:.0%} | "
+                f"{a['fresh']:.0%} | {ratio(a['ratio'])} | "
+                f"{ratio(fu['ratio']) if fu else '—'} | {after} |"
+            )
+    note = (
+        f"Conversations: {', '.join(str(c) for c in sorted(convs))} (of 24; a run with "
+        "fewer asked the first ones); greedy, answers of at most 32 tokens; right = every "
+        "fact in the answer. Rules: shipped (a refused turn and turns before the question's "
+        "topic left out; follow-ups searched with their topic), refusals (refused turns "
+        "left out, every other turn kept), before (main before issue 45: every turn, bare "
+        "search). Fresh = each turn's hand-written standalone question, asked alone."
+    )
+    return Built("\n".join(lines), files, note)
+
+
 TABLE_LIST = (
     Table("device-runtime", "backends × schemes: prefill, decode, KL", device_runtime),
     Table("device-quantisation", "quantisation schemes: KL and decode", device_quantisation),
@@ -1367,6 +1474,8 @@ TABLE_LIST = (
     Table("auto-accuracy", "auto vs every fixed mode and the oracle", auto_accuracy),
     Table("auto-choices", "auto's choices per group; its targets", auto_choices),
     Table("auto-public-speed", "auto vs cloud-only per public question", auto_public_speed),
+    Table("multiturn-search", "does a follow-up find its passage", multiturn_search),
+    Table("multiturn-accuracy", "in conversation vs fresh, per mode and rules", multiturn_accuracy),
 )
 README_TABLE = Table("readme-speed", "the README's short speed table", readme_speed)
 

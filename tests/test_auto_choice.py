@@ -121,12 +121,17 @@ def test_a_follow_up_to_a_private_answer_stays_local_unless_public_sources_match
     assert choose(public, OPEN).mode == "cloud"
 
 
-def test_chat_goes_to_the_cloud_model():
+def test_chat_goes_to_the_cloud_model_drafted_here_until_split_is_measured():
+    """Split is exact (the cloud model's own answer): until its costs are measured it answers
+    chat, and its first answer measures them."""
     choice = choose(Signals(None, None), OPEN)
-    assert choice.mode == "cloud" and "larger model" in choice.reason
+    assert choice.mode == "split" and "larger model" in choice.reason
+    # with private turns in the drafter's prompt and that kept out of the cloud: cloud mode
+    shaped = Signals(None, None, private_history=True)
+    assert choose(shaped, NO_PRIVATE_IN_CLOUD).mode == "cloud"
 
 
-def test_chat_takes_split_only_on_a_clear_measured_gain():
+def test_chat_takes_split_once_measured_only_on_a_clear_gain():
     assert choose(Signals(None, None, split_gain=1.05), OPEN).mode == "cloud"  # inside the margin
     choice = choose(Signals(None, None, split_gain=1.4), OPEN)
     assert choice.mode == "split" and "1.4×" in choice.reason
@@ -138,12 +143,12 @@ def test_chat_takes_split_only_on_a_clear_measured_gain():
 
 def test_chat_goes_local_only_when_the_cloud_is_measured_far_slower():
     tokens = 100
-    assert choose(Signals(None, None, tokens=tokens), OPEN).mode == "cloud"  # nothing measured
+    assert choose(Signals(None, None, tokens=tokens), OPEN).mode == "split"  # nothing measured
     slow = measured(cloud=SLOW_CLOUD * 20 * 0.9, device=20)  # just past the bound
     choice = choose(Signals(None, None, speeds=slow, tokens=tokens), OPEN)
     assert choice.mode == "local" and "slow" in choice.reason
     fine = measured(cloud=SLOW_CLOUD * 20 * 1.2, device=20)
-    assert choose(Signals(None, None, speeds=fine, tokens=tokens), OPEN).mode == "cloud"
+    assert choose(Signals(None, None, speeds=fine, tokens=tokens), OPEN).mode == "split"
     # the round trip counts: a cloud fast enough on its own is not once each answer waits 10 s
     slow_link = Signals(None, None, speeds=fine, rtt_s=10.0, tokens=tokens)
     assert choose(slow_link, OPEN).mode == "local"

@@ -77,7 +77,7 @@ def choice_of(events) -> ModeChoice:
     return choices[0]
 
 
-EXPECTED = [(PRIVATE_Q, "local"), (PUBLIC_Q, "cloud"), (CHAT_Q, "cloud")]
+EXPECTED = [(PRIVATE_Q, "local"), (PUBLIC_Q, "cloud"), (CHAT_Q, "split")]  # split: exact
 
 
 @pytest.mark.parametrize(("question", "expected"), EXPECTED)

@@ -341,7 +341,7 @@ def test_a_cloud_identity_never_holds_the_token(url):
 async def test_auto_treats_a_turn_another_cloud_saw_as_private(other_cloud, near_drafter):
     """auto's follow-up rule: a last turn only another cloud saw (the embedded one, before a
     remote cloud was configured) is one this cloud never saw, so the follow-up stays on the
-    device; the same turn seen by this cloud goes to it."""
+    device; the same turn seen by this cloud goes to it (split: chat, drafted here)."""
     from edge_runtime.modes import build_mode
     from edge_runtime.modes.base import ModeContext
 
@@ -350,7 +350,8 @@ async def test_auto_treats_a_turn_another_cloud_saw_as_private(other_cloud, near
     options = test_modes.AnswerOptions(max_new_tokens=4, temperature=0.0, k=0)
     here = cloud_identity(url, "tiny-cloud")
     try:
-        for seen, expected in ((EMBEDDED, "local"), (here, "cloud")):
+        # (chat goes to the cloud's model through split: exact, until split is measured)
+        for seen, expected in ((EMBEDDED, "local"), (here, "split")):
             turn = Turn("Hi", "Hello there!", "cloud", shared="Hello there!", shared_with=seen)
             events = [e async for e in auto.answer("And then what?", [turn], options)]
             [choice] = [e for e in events if isinstance(e, ModeChoice)]

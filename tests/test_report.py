@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks import report
 from benchmarks.intervals import verdict
-from benchmarks.provenance import FLAGS_OF_INTEREST, record
+from benchmarks.provenance import FLAGS_OF_INTEREST, caption, record
 
 RESULTS = Path(report.RESULTS)
 
@@ -70,6 +70,20 @@ def test_provenance_has_every_field() -> None:
     assert {"numpy", "onnxruntime", "torch", "transformers", "faiss-cpu", "vllm"} <= set(
         prov["packages"]
     )
+
+
+def test_a_run_from_a_tree_with_changed_results_only_says_so_and_code_changes_do_not() -> None:
+    """`changed` names the tracked files that differed; a correction added after a run (which
+    names who checked what) may supply it for a run recorded before the field existed."""
+    base = {"commit": "a" * 40, "date": "2026-12-02", "cpu_model": "x", "dirty": True}
+    results = {**base, "changed": ["benchmarks/results/multiturn/ort-search.json"]}
+    code = {**base, "changed": ["benchmarks/results/a.json", "edge_runtime/turns.py"]}
+    fixed = {**base, "corrections": [{"field": "changed", "value": results["changed"],
+                                      "by": "a session", "why": "file times"}]}  # fmt: skip
+    assert "changes to result files only" in caption([("r", results)])
+    assert "changes to result files only" in caption([("r", fixed)])
+    assert "uncommitted changes, 2026" in caption([("c", code)])
+    assert "result files only" not in caption([("c", code)]) + caption([("d", base)])
 
 
 def test_every_saved_result_carries_provenance() -> None:

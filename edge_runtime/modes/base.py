@@ -141,14 +141,32 @@ def need_device(ctx: ModeContext) -> DeviceModel:
 # ---------------------------------------------------------------------------- history policy
 
 
-def steering(question: str, history: Sequence[Turn]) -> list[Turn]:
+HISTORY_TOKENS = 1024
+"""Earlier turns a prompt holds at most (the newest kept): a quarter of what the device's
+0.5B model was trained to follow well (4k), the smaller of the two models, whose prompt holds
+the conversation in every mode but cloud."""
+
+
+def steering(
+    question: str, history: Sequence[Turn], tokenizer: Any = None, budget: int = HISTORY_TOKENS
+) -> list[Turn]:
     """The earlier turns that may steer the answer to `question` (edge_runtime.turns): not
     those whose answer refused or said nothing answers it (the small model copies its refusal
-    into the next answer, whatever that one's passages say), and none before the question's
-    topic began (a question that stands alone gets no history: the small model otherwise
-    repeats an earlier answer)."""
+    into the next answer, whatever that one's passages say), none before the question's topic
+    began (a question that stands alone gets no history: the small model otherwise repeats an
+    earlier answer), and, counted with `tokenizer`, the newest within `budget` tokens."""
     kept = [t for t in history if not refused(t.answer)]
-    return kept[topic_start([*(t.question for t in kept), question]) :]
+    kept = kept[topic_start([*(t.question for t in kept), question]) :]
+    if tokenizer is None:
+        return kept
+    used, start = 0, len(kept)
+    while start > 0:
+        turn = kept[start - 1]
+        used += len(tokenizer.encode(turn.question)) + len(tokenizer.encode(turn.answer))
+        if used > budget:
+            break
+        start -= 1
+    return kept[start:]
 
 
 def searched_by(question: str, history: Sequence[Turn]) -> list[str]:
@@ -308,7 +326,7 @@ class Orchestrator(ABC):
         )  # fmt: skip
         sent = SentLedger()
         stats.sent, self.ctx.sent = sent.rows, sent
-        history = steering(question, history)
+        history = steering(question, history, device.tokenizer if device is not None else None)
         try:
             async for event in self.generate(question, history, options, answer):
                 yield event
