@@ -49,7 +49,7 @@ from benchmarks.auto import right
 SET = Path(__file__).parent / "data" / "multiturn" / "conversations.toml"
 RESULTS = Path(__file__).parent / "results" / "multiturn"
 MODES = ("local", "split", "cloud", "dragon", "auto")
-RULES = ("shipped", "refusals", "before")
+RULES = ("shipped", "topic", "before")
 K = 3  # the passages an answer cites (the product's default k)
 
 
@@ -212,25 +212,31 @@ def search_summary(rows: Sequence[dict]) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def history_rules(name: str) -> Iterator[None]:
-    """The history rules as shipped, or one of the alternatives measured against them:
-    "before" (main before issue 45: every earlier turn in the prompt, each follow-up searched
-    with its bare words) and "refusals" (refused turns left out and follow-ups searched with
-    the question they follow, but every other turn kept). The ablation swaps the shipped
-    functions for this run only."""
+    """The history rules as shipped (a refused turn is left out, follow-ups are searched with
+    their topic), or one measured against them: "topic" (as shipped, and a question that
+    stands alone gets no earlier turn, `edge_runtime.turns.topic_start`) and "before" (main
+    before issue 45: every earlier turn in the prompt, each follow-up searched with its bare
+    words). The ablation swaps the shipped functions for this run only."""
     from edge_runtime.modes import auto, base, dragon, split
-    from edge_runtime.turns import refused
+    from edge_runtime.turns import topic_start
 
     if name == "shipped":
         yield
         return
     saved = [(m, "searched_by", m.searched_by) for m in (base, auto, dragon, split)]
     saved.append((base, "steering", base.steering))
+    shipped = base.steering
     if name == "before":
         base.steering = lambda question, history, *_: list(history)
         for m, attr, _ in saved[:-1]:
             setattr(m, attr, lambda question, history: [question])
-    elif name == "refusals":
-        base.steering = lambda question, history, *_: [t for t in history if not refused(t.answer)]
+    elif name == "topic":
+
+        def topic(question: str, history: Sequence[Any], *args: Any) -> list[Any]:
+            kept = shipped(question, history, *args)
+            return kept[topic_start([*(t.question for t in kept), question]) :]
+
+        setattr(base, "steering", topic)  # noqa: B010 - the swap mypy would refuse
     try:
         yield
     finally:

@@ -172,13 +172,17 @@ def machine(prov: Mapping[str, Any] | None) -> str:
     return f"{prov['cpu_model']} ({prov.get('cpu_count')} cores{extra})"
 
 
+CHANGED = "provenance.changed"
+"""A correction's field for the files that differed, added to a run recorded without them."""
+
+
 def only_results(prov: Mapping[str, Any]) -> bool:
     """Whether every tracked file that differed from the commit when the run started was a
     result file (no code): recorded as `changed`, or, for a run recorded before that, in a
     correction added after it (`corrections`, each saying who checked what and why)."""
     changed: Any = prov.get("changed")
     if changed is None:
-        fixes = [c for c in prov.get("corrections") or () if c.get("field") == "changed"]
+        fixes = [c for c in prov.get("corrections") or () if c.get("field") == CHANGED]
         changed = fixes[-1]["value"] if fixes else None
     if not changed:
         return False

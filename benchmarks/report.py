@@ -73,9 +73,26 @@ class Built:
     note: str = ""
 
 
+def with_corrections(data: dict[str, Any]) -> dict[str, Any] | None:
+    """A result's provenance with the corrections added to the file after its run (each a
+    field naming what it corrects, who and why: the run's own record is never rewritten)."""
+    prov = data.get("provenance")
+    if prov is None or not data.get("corrections"):
+        return prov
+    return {**prov, "corrections": data["corrections"]}
+
+
+def corrected(data: dict[str, Any], field: str, key: str) -> list[dict[str, Any]]:
+    """`data[field]`'s rows with the corrections to `<field>[].<key>` applied (a relabel from
+    one value to another)."""
+    relabel = {c["from"]: c["to"] for c in data.get("corrections", ())
+               if c.get("field") == f"{field}[].{key}"}  # fmt: skip
+    return [{**r, key: relabel.get(r[key], r[key])} for r in data.get(field, [])]
+
+
 def render(name: str, built: Built) -> str:
     if built.sources:
-        provs = [(f"results/{s}", load(s).get("provenance")) for s in built.sources]
+        provs = [(f"results/{s}", with_corrections(load(s))) for s in built.sources]
         cap = "Source: " + caption(provs) + "."
     else:
         cap = "Source: no saved result (every cell unmeasured)."
@@ -1403,7 +1420,7 @@ def multiturn_accuracy() -> Built:
         data = load(f)
         convs.add(data["config"]["conversations"])
         turns = [TurnSpec(**t) for t in data["turns"]]
-        for name, cell in summarise(data.get("rows", []), turns).items():
+        for name, cell in summarise(corrected(data, "rows", "rules"), turns).items():
             mode, rules = name.split(" ", 1)
             if "all" not in cell:  # a run cut short before any fresh answer: nothing to compare
                 continue
@@ -1424,10 +1441,12 @@ def multiturn_accuracy() -> Built:
     note = (
         f"Conversations: {', '.join(str(c) for c in sorted(convs))} (of 24; a run with "
         "fewer asked the first ones); greedy, answers of at most 32 tokens; right = every "
-        "fact in the answer. Rules: shipped (a refused turn and turns before the question's "
-        "topic left out; follow-ups searched with their topic), refusals (refused turns "
-        "left out, every other turn kept), before (main before issue 45: every turn, bare "
-        "search). Fresh = each turn's hand-written standalone question, asked alone."
+        "fact in the answer. Rules: shipped (refused turns left out, every other turn kept "
+        "within 1,024 tokens, follow-ups searched with their topic), topic (as shipped, and a "
+        "question that stands alone gets no earlier turn), before (main before issue 45: "
+        "every turn, the bare question searched). Fresh = each turn's hand-written standalone "
+        "question, asked alone. ort-local's rules are relabelled by the corrections in the "
+        "file (its run called topic 'shipped'), as its provenance's changed files."
     )
     return Built("\n".join(lines), files, note)
 

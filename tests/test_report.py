@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks import report
 from benchmarks.intervals import verdict
-from benchmarks.provenance import FLAGS_OF_INTEREST, caption, record
+from benchmarks.provenance import CHANGED, FLAGS_OF_INTEREST, caption, record
 
 RESULTS = Path(report.RESULTS)
 
@@ -78,7 +78,7 @@ def test_a_run_from_a_tree_with_changed_results_only_says_so_and_code_changes_do
     base = {"commit": "a" * 40, "date": "2026-12-02", "cpu_model": "x", "dirty": True}
     results = {**base, "changed": ["benchmarks/results/multiturn/ort-search.json"]}
     code = {**base, "changed": ["benchmarks/results/a.json", "edge_runtime/turns.py"]}
-    fixed = {**base, "corrections": [{"field": "changed", "value": results["changed"],
+    fixed = {**base, "corrections": [{"field": CHANGED, "value": results["changed"],
                                       "by": "a session", "why": "file times"}]}  # fmt: skip
     assert "changes to result files only" in caption([("r", results)])
     assert "changes to result files only" in caption([("r", fixed)])

@@ -102,15 +102,17 @@ def test_the_best_of_several_searches_is_the_one_with_the_most_relevant_passage(
     assert best_of([high, [hit(0.7)]]) is not None and best_of([[], []]) == []
 
 
-def test_refused_turns_and_turns_before_the_topic_steer_nothing():
+def test_refused_turns_steer_nothing_and_every_other_turn_is_kept():
     history = [Turn("What is 2 + 2?", "4.", "local"),
                Turn("Where did we stay in Velmora?", "Casa Thornby.", "local"),
                Turn("What did the dentist say?", "I'm sorry, but I can't assist with that.",
                     "local"),
                Turn("And the room?", "Room 312.", "local")]  # fmt: skip
     kept = steering("And how much was breakfast there?", history)
-    assert [t.question for t in kept] == ["Where did we stay in Velmora?", "And the room?"]
-    assert steering("What is the capital of Australia?", history) == []
+    assert [t.question for t in kept] == ["What is 2 + 2?", "Where did we stay in Velmora?",
+                                          "And the room?"]  # fmt: skip
+    # a question that seems to stand alone may lean on the conversation all the same
+    assert steering("Who's the client?", history) == kept
 
 
 # ------------------------------------------------------------------------ through the modes
@@ -144,8 +146,6 @@ async def test_a_refusal_is_not_in_the_next_prompt_and_a_follow_up_gets_its_topi
     prompt = await prompt_of(near_drafter, local, "And what is the locker code there?",
                              history, options)  # fmt: skip
     assert refusal not in prompt and "Under the blue flowerpot." in prompt
-    prompt = await prompt_of(near_drafter, local, "Who earns 81,250 euros?", history, options)
-    assert "flowerpot" not in prompt.split("sources")[0]  # no earlier turn: it stands alone
 
 
 async def test_a_follow_up_finds_the_passage_its_bare_words_miss(near_drafter, private_index):

@@ -39,7 +39,7 @@ from edge_runtime.device import (
 from edge_runtime.events import Event, Notice, Stats, TextDelta
 from edge_runtime.options import AnswerOptions
 from edge_runtime.sent import SentLedger
-from edge_runtime.turns import refused, search_candidates, topic_start
+from edge_runtime.turns import refused, search_candidates
 from model_runtime.generate import TextStream
 from model_runtime.prompting import fit_prompt, prompt_budget
 from model_runtime.tokenizer import IM_END_ID
@@ -152,11 +152,12 @@ def steering(
 ) -> list[Turn]:
     """The earlier turns that may steer the answer to `question` (edge_runtime.turns): not
     those whose answer refused or said nothing answers it (the small model copies its refusal
-    into the next answer, whatever that one's passages say), none before the question's topic
-    began (a question that stands alone gets no history: the small model otherwise repeats an
-    earlier answer), and, counted with `tokenizer`, the newest within `budget` tokens."""
+    into the next answer, whatever that one's passages say), and, counted with `tokenizer`,
+    the newest within `budget` tokens. Every other turn is kept, a question that seems to stand
+    alone included: it may lean on the conversation without a word that says so ("Who's the
+    client?"), and leaving the earlier turns out measured worse (docs/benchmarks/multiturn.md)."""
+    del question  # the rules kept need only the turns (the one measured against did not)
     kept = [t for t in history if not refused(t.answer)]
-    kept = kept[topic_start([*(t.question for t in kept), question]) :]
     if tokenizer is None:
         return kept
     used, start = 0, len(kept)
