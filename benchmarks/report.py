@@ -1445,8 +1445,8 @@ def multiturn_accuracy() -> Built:
         "within 1,024 tokens, follow-ups searched with their topic), topic (as shipped, and a "
         "question that stands alone gets no earlier turn), before (main before issue 45: "
         "every turn, the bare question searched). Fresh = each turn's hand-written standalone "
-        "question, asked alone. ort-local's rules are relabelled by the corrections in the "
-        "file (its run called topic 'shipped'), as its provenance's changed files."
+        "question, asked alone. The local run's rules carry the names its file's corrections "
+        "give them (that run called topic 'shipped')."
     )
     return Built("\n".join(lines), files, note)
 
