@@ -46,6 +46,7 @@ import numpy as np
 from benchmarks.provenance import record
 from benchmarks.retrieval import CITED_K, PERSONAL, wilson
 from retrieval.keywords import STOPWORDS
+from retrieval.search import best_of, clauses
 
 log = logging.getLogger("benchmarks.public_relevance")
 
@@ -244,17 +245,6 @@ def evaluation_questions() -> list[tuple[str, str, str | None]]:
     return out
 
 
-_CLAUSE_BREAK = re.compile(r",\s*and\s+|;\s*|\?\s+")
-
-
-def clauses(question: str) -> list[str]:
-    """The question and, if it is compound ("Where is my passport, and who painted the Mona
-    Lisa?"), each of its parts: each a way of asking it, so that one part's passage is judged
-    by that part rather than diluted by the rest."""
-    parts = [p.strip() for p in _CLAUSE_BREAK.split(question) if p.strip()]
-    return [question, *parts] if len(parts) > 1 else [question]
-
-
 def ask(
     corpus: Any,
     judge: Callable[[str, Sequence[str]], list[float]],
@@ -263,17 +253,19 @@ def ask(
 ) -> list[Asked]:
     """What the public corpus returns for each question (hybrid, top CITED_K, no floor), with
     the device's own cosines (how auto judges them) and the question's DEPTH-th candidate.
-    `by_clause`: also each clause of a compound question, every passage found kept once with
-    its best cosine over the ways it was asked."""
+    `by_clause`: a compound question is also asked by each of its clauses, as the product asks
+    it (`retrieval.search.clauses`): the cloud keeps the search finding the best passage
+    (`best_of`), the device scores each passage by the best of the ways it was asked."""
     out = []
     for kind, text, article in questions:
-        device: dict[str, float] = {}
-        cloud: dict[str, float] = {}
-        for way in clauses(text) if by_clause else [text]:
-            hits = corpus.search(way, CITED_K)
-            for h, c in zip(hits, judge(way, [h.text for h in hits]), strict=True):
-                device[h.title] = max(device.get(h.title, -1.0), c)
-                cloud[h.title] = max(cloud.get(h.title, -1.0), h.score)
+        ways = [text, *clauses(text)] if by_clause else [text]
+        hits = best_of([corpus.search(way, CITED_K) for way in ways])
+        texts = [h.text for h in hits]
+        device = {h.title: -1.0 for h in hits}
+        for way in ways:
+            for h, c in zip(hits, judge(way, texts), strict=True):
+                device[h.title] = max(device[h.title], c)
+        cloud = {h.title: h.score for h in hits}
         vec = corpus.embedder.embed([text])[0]
         dense = corpus.store.search(vec, DEPTH)
         tenth = float(dense[-1].cosine or 0.0) if dense else 0.0

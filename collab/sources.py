@@ -26,6 +26,18 @@ side (the device's `relevance_floor` setting, the cloud's `corpus_floor`). Calib
 hybrid-rrf, rounded): halfway between the best passage of 95 % of off-topic questions and 95 %
 of the passages that answer."""
 
+PUBLIC_FLOOR = 0.54
+"""The relevance below which a public passage (a Wikipedia lead summary) does not count as
+answering, on either side (the cloud's `corpus_floor`, the device's check of what it returns).
+An encyclopedia matches a question about the user's life a little everywhere: at 0.30 a
+summary was cited for 82 % of such questions ("When is my dentist appointment?" → *Dentistry*).
+Chosen on held-out questions only (benchmarks/data/relevance/heldout.toml, by
+`benchmarks.public_relevance`: the floor keeping the most held-out public articles with held-out
+questions about the user, chat and off-topic citing ≤ 5 %). A compound question is judged
+clause by clause too (`retrieval.search.clauses`), so its private half does not dilute its
+public one: on the evaluation's questions, public articles kept 97 % as at 0.30, questions
+about the user citing a summary 0 % (results/relevance/public.json)."""
+
 EXCERPT_CHARS = 300
 """What a citation previews (tooltip, sources panel, stored "excerpt")."""
 SOURCE_CHARS = 2000

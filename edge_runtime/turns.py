@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from retrieval.search import clauses
+
 REFUSAL = re.compile(
     r"^\W*(?:(?:i'?m|i am) (?:sorry|afraid|unable|not able)|sorry, (?:but )?i\b|i apologi[sz]e"
     r"|unfortunately\b|i (?:can(?:no|')t|cannot|could(?:n't| not)|do(?:n't| not)"
@@ -92,15 +94,19 @@ def search_candidates(questions: Sequence[str]) -> list[str]:
     follows where it leans on the conversation (`search_questions`), else with its topic's
     question as well (a follow-up that names nothing as a pronoun, "What's my bib number?");
     and alone. The search keeps whichever finds the most relevant passage
-    (`best_search`), so a question that changed the topic is searched alone."""
+    (`retrieval.search.best_of`), so a question that changed the topic is searched alone. Each
+    clause of a compound question comes last (`retrieval.search.clauses`): "What is my locker
+    code, and where was ABBA formed?" finds the locker's note by its own half, as the cloud
+    finds ABBA's article by the other, so neither side's relevance is diluted by the half it
+    cannot answer."""
     last = questions[-1].strip()
     if len(questions) < 2:
-        return [last]
+        return [last, *clauses(last)]
     chained = search_questions(questions)[-1]
     if chained == last:
         earlier = questions[:-1]
         chained = f"{earlier[topic_start(earlier)].strip()} {last}"
-    return [chained, last]
+    return list(dict.fromkeys([chained, last, *clauses(last)]))
 
 
 def topic_start(questions: Sequence[str]) -> int:

@@ -20,6 +20,7 @@ relevance floor drops passages below it: they are neither put in a prompt nor ci
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -37,6 +38,7 @@ __all__ = [
     "SearchTiming",
     "Searcher",
     "best_of",
+    "clauses",
     "reciprocal_rank_fusion",
 ]
 
@@ -86,6 +88,17 @@ def best_of(results: Sequence[Sequence[H]]) -> list[H]:
         if hits and (not best or hits[0].score > best[0].score):
             best = hits
     return list(best)
+
+
+_CLAUSE_BREAK = re.compile(r",\s*and\s+|;\s*|\?\s+")
+
+
+def clauses(question: str) -> list[str]:
+    """The parts of a compound question ("Where is my passport, and who painted the Mona
+    Lisa?"), each a way of asking it: one part's passage is judged by that part, not diluted by
+    the rest. A question of one part gives none."""
+    parts = [p.strip() for p in _CLAUSE_BREAK.split(question) if p.strip()]
+    return parts if len(parts) > 1 else []
 
 
 def _minmax(scores: dict[int, float]) -> dict[int, float]:

@@ -24,7 +24,7 @@ from cloud_backend.config import ServerConfig
 from cloud_backend.engine import LLMEngine
 from cloud_backend.server import create_app
 from collab.dragon.ledger import DRAGON_LOOKAHEAD
-from collab.sources import Source
+from collab.sources import PUBLIC_FLOOR, Source
 from edge_runtime.device import DeviceModel
 from model_runtime.torch_runtime import TorchCausalLM
 
@@ -191,19 +191,19 @@ async def test_drcg_text_answers_on_the_device_from_both_sides_passages(
             device=device, index=index, cloud=CloudSettings(cloud_url, TOKEN, embedded=True)
         )
     )
-    # relevant on both sides (the passages under the relevance floor are left out)
+    # relevant on both sides (the passages under each side's floor are left out)
     question = "Write a short note about our trip to Maui and the 1755 Lisbon earthquake."
     options = AnswerOptions(12, temperature=0.0, k=2)
     events = [e async for e in mode.answer(question, [], options)]
     await mode.close()
     sources = [e for e in events if isinstance(e, Source)]
     stats = next(e for e in events if isinstance(e, Stats))
-    public = public_corpus.search(question, 2, options.min_score)
+    public = public_corpus.search(question, 2, PUBLIC_FLOOR)  # the cloud's floor
     private = index.search(question, 2, options.min_score)
     assert public and private
     assert [(s.number, s.side) for s in sources] == [
         *((n, "cloud") for n in range(1, len(public) + 1)),
-        *((2 + n, "device") for n in range(1, len(private) + 1)),
+        *((len(public) + n, "device") for n in range(1, len(private) + 1)),
     ]
     assert [s.text for s in sources[: len(public)]] == [p.text for p in public]
     assert stats.bytes_down > 0 and not stats.drafted and stats.tokens > 0

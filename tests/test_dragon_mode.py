@@ -25,7 +25,7 @@ from collab.dragon.ledger import (
     side_distribution,
 )
 from collab.sampling import GREEDY, SamplingParams
-from collab.sources import RELEVANCE_FLOOR
+from collab.sources import PUBLIC_FLOOR, RELEVANCE_FLOOR
 from edge_runtime.device import DeviceModel
 from edge_runtime.events import Citation, Stats, TextDelta
 from edge_runtime.modes import build_mode
@@ -33,13 +33,26 @@ from edge_runtime.modes.base import AnswerOptions, CloudSettings, ModeContext
 from model_runtime.prompting import document_prompt, prompt_budget
 from model_runtime.tokenizer import IM_END_ID
 from model_runtime.torch_runtime import TorchCausalLM
+from retrieval.search import best_of, clauses
 
 TOKEN = "test-token-0123456789"
 METRICS_TOKEN = "test-metrics-token-0123"
 VOCAB = 151_936
 # Relevant on both sides (above the relevance floor): the diary, and a summary among the first 60.
 QUESTION = "Where is the spare key hidden, and what was the 1755 Lisbon earthquake?"
-FLOOR = RELEVANCE_FLOOR  # the searches below mirror the product's, floor included
+FLOOR = RELEVANCE_FLOOR  # the searches below mirror the product's, floors included
+
+
+def searched(index, question, k, floor):
+    """A side's hits as the product searches them: by the question and by each of its clauses
+    (edge_runtime.turns, cloud_backend.modes.base), the search finding the best passage kept."""
+    return best_of([index.search(q, k, floor) for q in [question, *clauses(question)]])
+
+
+def public_docs(corpus, question, k):
+    return [
+        replace(p, number=i) for i, p in enumerate(searched(corpus, question, k, PUBLIC_FLOOR), 1)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -105,10 +118,9 @@ def reference_answer(device_dir, cloud_dir, tokenizer, question, private, public
     """A single process, no link: both sides' per-document sequences decoded in lockstep, the
     two sparse mixtures as they are transmitted, and the argmax of their weighted sum."""
     budget = prompt_budget(TINY_CONTEXT, n)
-    hits = private.search(question, k, FLOOR) if private is not None else []
+    hits = searched(private, question, k, FLOOR) if private is not None else []
     d_docs = [h.source(k + i, "device") for i, h in enumerate(hits, 1)]
-    c_docs = [replace(p, number=i) for i, p in enumerate(public.search(question, k, FLOOR), 1)] if (
-        public is not None) else []  # fmt: skip
+    c_docs = public_docs(public, question, k) if public is not None else []
     sides = []
     for folder, docs in ((device_dir, d_docs), (cloud_dir, c_docs)):
         lm = TorchCausalLM(folder)
@@ -308,7 +320,7 @@ async def test_dragon_never_sends_private_text_embeddings_or_cache(
     wire = b"".join(frames)
     assert QUESTION.encode() in wire  # the tap sees what the device sends
     assert stats.device_drafted > 0
-    hits = private_index.search(QUESTION, k=5)
+    hits = [h for q in [QUESTION, *clauses(QUESTION)] for h in private_index.search(q, k=5)]
     vectors = private_index.store.get_vectors([h.chunk_id for h in hits])
     for hit, vector in zip(hits, vectors, strict=True):
         chunk = hit.text.encode()
@@ -467,12 +479,9 @@ async def test_drdg_sw_keeps_the_whole_answer_the_two_mixtures_find_likelier(
     mode = DrdgSwMode(ModeContext(device=device, index=private_index, cloud=on_device))
     _, stats, events = await ask(mode, QUESTION, AnswerOptions(n, temperature=0.0, k=k))
     await mode.close()
-    d_docs = [
-        h.source(k + i, "device") for i, h in enumerate(private_index.search(QUESTION, k, FLOOR), 1)
-    ]
-    c_docs = [
-        replace(p, number=i) for i, p in enumerate(public_corpus.search(QUESTION, k, FLOOR), 1)
-    ]
+    hits = searched(private_index, QUESTION, k, FLOOR)
+    d_docs = [h.source(k + i, "device") for i, h in enumerate(hits, 1)]
+    c_docs = public_docs(public_corpus, QUESTION, k)
     sides = [_side(f, tiny_tokenizer, QUESTION, docs, n)
              for f, docs in ((device_dir, d_docs), (tiny["hf"], c_docs))]  # fmt: skip
     answers = [_alone(*side, n) for side in sides]
@@ -520,9 +529,7 @@ async def test_teacher_forced_cloud_mixture_across_the_link_equals_one_process(
     sequences = [f for f in frames if isinstance(f, DragonSequence)]
     assert [s.scored for s in sequences] == [True]  # no answer of its own
     assert sequences[0].tokens.tolist() == text
-    c_docs = [
-        replace(p, number=i) for i, p in enumerate(public_corpus.search(QUESTION, k, FLOOR), 1)
-    ]
+    c_docs = public_docs(public_corpus, QUESTION, k)
     lm, prompts, scores = _side(tiny["hf"], tiny_tokenizer, QUESTION, c_docs, n)
     want = [_log_likelihood(lm, prompts, scores, text[: i + 1]) for i in range(n)]
     np.testing.assert_allclose(np.cumsum(sequences[0].logprobs), want, rtol=1e-5, atol=1e-4)

@@ -93,6 +93,9 @@ def test_a_chain_of_follow_ups_keeps_its_topic_and_a_new_topic_starts_afresh():
         "What's the room number?",
     ]
     assert search_candidates(["Hello?"]) == ["Hello?"]
+    # a compound question is searched whole and by each clause too
+    both = "What is my locker code, and where was ABBA formed?"
+    assert search_candidates([both]) == [both, "What is my locker code", "where was ABBA formed?"]
 
 
 def test_the_best_of_several_searches_is_the_one_with_the_most_relevant_passage():

@@ -39,7 +39,7 @@ from collab.split import Transcript
 from model_runtime.prompting import clipped_prompt, prompt_budget
 from model_runtime.runtime import Cancelled
 from model_runtime.tokenizer import IM_END_ID
-from retrieval.search import best_of
+from retrieval.search import best_of, clauses
 
 if TYPE_CHECKING:
     from cloud_backend.context import RequestContext
@@ -84,11 +84,11 @@ def public_passages(
     corpus: PublicCorpus, gen: Generate, k: int, floor: float | None
 ) -> list[Source]:
     """The corpus's passages for a request: searched by the device's `search` (a follow-up
-    with its topic, edge_runtime.turns) and by the question, the better kept
-    (`retrieval.search.best_of`); by the question alone when no search came."""
+    with its topic, edge_runtime.turns), by the question and by each clause of a compound
+    question (`retrieval.search.clauses`), the best kept (`retrieval.search.best_of`)."""
     asked = (
         [gen.search, gen.question] if gen.search and gen.search != gen.question else [gen.question]
-    )
+    ) + clauses(gen.question)
     hits: list[PublicHit] = best_of([corpus.search(q, k, floor) for q in asked])
     return list[Source](hits)
 

@@ -22,6 +22,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from collab.protocol import Generate
+from collab.sources import PUBLIC_FLOOR
 from collab.split import Transcript
 from edge_runtime.client import CloudError
 from edge_runtime.device import retrieve_private
@@ -47,6 +48,7 @@ from edge_runtime.modes.base import (
     seen_by,
 )
 from edge_runtime.modes.cloud_link import CloudBacked, public_search
+from retrieval.search import clauses
 
 log = logging.getLogger("tandem.edge.auto")
 
@@ -210,13 +212,12 @@ class AutoMode(Orchestrator):
         finally:
             self._probe_bytes = (link.bytes_up, link.bytes_down)
         try:
-            asked = [question, search] if search else [question]
+            asked = ([question, search] if search else [question]) + clauses(question)
             scores = await asyncio.to_thread(public_scores, self.ctx.judge, asked, passages)
         except Exception:  # the device's embedder failed: nothing it cannot check counts
             log.warning("could not score the public passages on this device", exc_info=True)
             scores = []
-        floor = options.min_score
-        return [s for s in scores if floor is None or s >= floor], link.rtt()
+        return counted(scores, options.min_score), link.rtt()
 
     def _learn(self, name: str, stats: Stats, elapsed_s: float) -> None:
         """Keep each mode's decode speed (what the slow-cloud rule weighs)."""
@@ -246,6 +247,14 @@ def restates(question: str, text: str) -> bool:
     if not words or set(words) <= set(asked):
         return True
     return bool(asked) and f" {' '.join(asked)} " in f" {' '.join(words)} "
+
+
+def counted(scores: Sequence[float], min_score: float | None) -> list[float]:
+    """The public scores that count as answering: at PUBLIC_FLOOR or over (an encyclopedia
+    matches a question about the user's life a little everywhere), or over the user's own
+    floor where it is higher."""
+    floor = max(PUBLIC_FLOOR, min_score or PUBLIC_FLOOR)
+    return [s for s in scores if s >= floor]
 
 
 def public_scores(
