@@ -1344,6 +1344,40 @@ def auto_choices() -> Built:
     return Built("\n".join(lines), [*AUTO, AUTO_DECISIONS], f"Targets: {targets}")
 
 
+AUTO_CHOICES_FLOOR = "auto/ort-60q-choices-floor.json"
+"""auto's decisions alone (`--decisions 1`) once a public passage counts only over
+collab.sources.PUBLIC_FLOOR, judged clause by clause: its choices, no answers."""
+
+
+def auto_choices_floor() -> Built:
+    """auto's choices per group under the public floor, beside the run's before it."""
+    from benchmarks.auto import GROUPS, summarise
+
+    if not saved(AUTO_CHOICES_FLOOR):
+        return unmeasured_table(
+            ["group", "auto → local", "auto → cloud", "auto → split", "auto → dragon"],
+            list(GROUPS),
+            f"python -m benchmarks.auto --decisions 1 --name {Path(AUTO_CHOICES_FLOOR).stem}",
+        )
+    rows, _, _ = _auto_pooled()
+    before = summarise(rows)["confusion"]
+    modes = ("local", "cloud", "split", "dragon")
+    now: dict[str, dict[str, int]] = {g: dict.fromkeys(modes, 0) for g in GROUPS}
+    for r in load(AUTO_CHOICES_FLOOR)["decisions"]:
+        now[r["group"]][r["chose"]] += 1
+    lines = ["| group | " + " | ".join(f"auto → {m} (before)" for m in modes) + " |",
+             "|---|" + "---|" * len(modes)]  # fmt: skip
+    for g in GROUPS:
+        cells = [f"{now[g][m]} ({before.get(g, {}).get(m, 0)})" for m in modes]
+        lines.append(f"| {g} | " + " | ".join(cells) + " |")
+    note = (
+        "Choices only (no answers): the public floor 0.54 with compound questions judged by "
+        "clause; in brackets, the choices of the answered run under the floor 0.30. Its "
+        "decision times are not comparable (measured with other work on the machine)."
+    )
+    return Built("\n".join(lines), [AUTO_CHOICES_FLOOR, *AUTO], note)
+
+
 AUTO_PUBLIC = "auto/ort-public-speed.json"
 """The public group again in cloud mode and auto only (`--groups public --methods cloud`), the
 machine running nothing else: auto's speed target end to end."""
@@ -1585,6 +1619,7 @@ TABLE_LIST = (
     Table("load-balancer", "100 sessions through HAProxy and two replicas", load_balancer),
     Table("auto-accuracy", "auto vs every fixed mode and the oracle", auto_accuracy),
     Table("auto-choices", "auto's choices per group; its targets", auto_choices),
+    Table("auto-choices-floor", "auto's choices under the public floor", auto_choices_floor),
     Table("auto-public-speed", "auto vs cloud-only per public question", auto_public_speed),
     Table("multiturn-search", "does a follow-up find its passage", multiturn_search),
     Table("multiturn-accuracy", "in conversation vs fresh, per mode and rules", multiturn_accuracy),
