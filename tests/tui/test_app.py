@@ -165,7 +165,8 @@ async def test_cloud_and_split_answers_with_cloud_sources(tiny_device, index, cl
         await pilot.press("ctrl+o")  # local → cloud
         assert app.mode_name == "cloud"
         await until(pilot, lambda: app.assistant.cloud_status.state == "ready")
-        answer = await ask(pilot, "What is the capital of France?")
+        # a question the summaries answer above the public floor (collab.sources.PUBLIC_FLOOR)
+        answer = await ask(pilot, "In which city was the pop group ABBA formed?")
         assert answer.text
         assert app.sources and all(s["side"] == "cloud" for s in app.sources)
         assert "↑" in status_text(app) and "↓" in status_text(app)
