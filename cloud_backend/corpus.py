@@ -5,7 +5,9 @@ comparable (DRAGON's aggregation weighs both sides' documents by them, docs/math
 `PublicCorpus.open` returns the cached index, which `cloud_backend.corpus_build` builds (or
 resumes) first when needed; this module only opens and searches it.
 
-Run `python -m cloud_backend.corpus` to build the full corpus and try a query.
+Run `python -m cloud_backend.corpus` to build the full corpus and try a query, and
+`python -m cloud_backend.corpus --write-vectors` to regenerate the vectors shipped with the
+project (`cloud_backend.corpus_vectors`) with this machine's embedder.
 """
 
 from __future__ import annotations
@@ -22,14 +24,18 @@ from urllib.parse import quote
 
 import numpy as np
 
+from cloud_backend import corpus_vectors
 from cloud_backend.corpus_build import (
     LICENSE,
     PACKAGE,
     PATH_PREFIX,
     CorpusError,
+    corpus_texts,
     load_summaries,
     open_or_build,
+    source_info,
 )
+from collab.plumbing.files import sha256_file
 from collab.plumbing.paths import cloud_corpus_dir as default_corpus_dir
 from collab.plumbing.paths import embedder_dir as default_embedder_dir
 from collab.sources import Source
@@ -122,10 +128,12 @@ class PublicCorpus:
         chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
         overlap_tokens: int = DEFAULT_OVERLAP_TOKENS,
         threads: int | None = None,
+        shipped_vectors: bool = True,
     ) -> PublicCorpus:
         """The corpus cached under `root`, built (or resumed) first if missing, incomplete,
         corrupt or built from anything else. `limit` keeps the first N titles (tests);
-        `progress` draws a tqdm bar while building; `threads` is ONNX Runtime's thread count."""
+        `progress` draws a tqdm bar while building; `threads` is ONNX Runtime's thread count;
+        `shipped_vectors`: a build takes what it can from the vectors shipped with the project."""
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
             raise TypeError(f"limit must be an integer or None, got {limit!r}")
         if limit is not None and limit < 1:
@@ -137,7 +145,14 @@ class PublicCorpus:
         started = time.perf_counter()
         embedder_dir = prepare_onnx_embedder(Path(embedder_dir))
         store, manifest, embedder = open_or_build(
-            Path(root), embedder_dir, limit, progress, chunk_tokens, overlap_tokens, threads
+            Path(root),
+            embedder_dir,
+            limit,
+            progress,
+            chunk_tokens,
+            overlap_tokens,
+            threads,
+            shipped_vectors,
         )
         log.info(
             "public corpus ready: %d summaries, %d chunks (%s) in %.2f s",
@@ -233,6 +248,26 @@ class PublicCorpus:
 # --------------------------------------------------------------------------- CLI
 
 
+def write_shipped_vectors(
+    path: Path, embedder_dir: Path, threads: int | None = None, limit: int | None = None
+) -> dict[str, Any]:
+    """Chunk and embed the corpus with this machine's embedder, as a default build does, and
+    write the shipped vectors' file; returns what was written."""
+    started = time.perf_counter()
+    embedder = OnnxEmbedder(prepare_onnx_embedder(Path(embedder_dir)), threads=threads)
+    texts = corpus_texts(limit)
+    vectors = embedder.embed(texts)
+    info = {
+        **source_info(),
+        "limit": limit,
+        "embedder_model_file": embedder.model_file.name,
+        "embedder_model_sha256": sha256_file(embedder.model_file),
+        "made_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "embed_seconds": round(time.perf_counter() - started, 1),
+    }
+    return {"chunks": len(texts), **corpus_vectors.write(path, texts, vectors, info)}
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Build (or open) the corpus, report how long it took, and answer queries."""
     parser = argparse.ArgumentParser(description="Build and query the cloud's public corpus.")
@@ -241,9 +276,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, default=None, help="first N titles only")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("-k", type=int, default=3)
+    parser.add_argument(
+        "--write-vectors",
+        action="store_true",
+        help=f"embed every chunk here, write the shipped vectors ({corpus_vectors.SHIPPED.name})",
+    )
     parser.add_argument("query", nargs="*", help="queries to run after opening")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    if args.write_vectors:
+        written = write_shipped_vectors(
+            corpus_vectors.SHIPPED,
+            args.embedder_dir or default_embedder_dir(),
+            args.threads,
+            args.limit,
+        )
+        log.info("wrote %s: %s", corpus_vectors.SHIPPED, written)
+        return
     started = time.perf_counter()
     with PublicCorpus.open(
         args.root or default_corpus_dir(),

@@ -32,10 +32,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 
+from cloud_backend import corpus_vectors
+from cloud_backend.corpus_vectors import MIN_COSINE, SPOT_CHECKS, ShippedVectors, spot_check
 from collab.plumbing.files import atomic_write, sha256_file
-from retrieval.chunking import Chunker, load_embedding_tokenizer
+from retrieval.chunking import (
+    DEFAULT_CHUNK_TOKENS,
+    DEFAULT_OVERLAP_TOKENS,
+    Chunker,
+    load_embedding_tokenizer,
+)
 from retrieval.document import ParsedDocument, Section
 from retrieval.embedder import DIM, OnnxEmbedder
 from retrieval.store import SCHEMA_VERSION, ChunkRecord, DocumentMeta, IndexStore
@@ -47,8 +55,10 @@ __all__ = [
     "PACKAGE",
     "PATH_PREFIX",
     "CorpusError",
+    "corpus_texts",
     "load_summaries",
     "open_or_build",
+    "source_info",
 ]
 
 log = logging.getLogger(__name__)
@@ -127,6 +137,31 @@ def _document(title: str, extract: str) -> ParsedDocument:
 
 def _doc_path(title: str) -> str:
     return PATH_PREFIX + title
+
+
+def corpus_texts(limit: int | None = None) -> list[str]:
+    """What the embedder reads for every chunk of a default build, in order (the texts the
+    shipped vectors are made from, `cloud_backend.corpus_vectors`)."""
+    chunker = Chunker(load_embedding_tokenizer(), DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP_TOKENS)
+    return [
+        r.embedded_text
+        for title, extract in load_summaries(limit=limit)
+        for r in _chunk_records(chunker, title, extract)
+    ]
+
+
+def source_info() -> dict[str, Any]:
+    """The summaries and chunker a default build uses, for the shipped vectors' provenance."""
+    source = _source()
+    return {
+        "source": {
+            "package": PACKAGE,
+            "version": source.version,
+            "sha256": sha256_file(source.path),
+        },
+        "chunker": {"chunk_tokens": DEFAULT_CHUNK_TOKENS, "overlap_tokens": DEFAULT_OVERLAP_TOKENS},
+        "format": CORPUS_FORMAT,
+    }
 
 
 # --------------------------------------------------------------------------- recipe
@@ -231,11 +266,13 @@ def open_or_build(
     chunk_tokens: int,
     overlap_tokens: int,
     threads: int | None,
+    shipped_vectors: bool = True,
 ) -> tuple[IndexStore, dict[str, Any], OnnxEmbedder | None]:
     """The store and manifest of the corpus cached under `root`, built (or resumed) first if
     missing, incomplete, corrupt or built from anything else; caches of other recipes are
     deleted. The embedder is returned when a build loaded it (None when the cache was used).
-    `embedder_dir` must hold a prepared embedder."""
+    `embedder_dir` must hold a prepared embedder; `shipped_vectors` takes what it can from the
+    vectors shipped with the project (`cloud_backend.corpus_vectors`), else embeds it all."""
     root.mkdir(parents=True, exist_ok=True)
     source = _source()
     with _locked(root):
@@ -248,7 +285,7 @@ def open_or_build(
         embedder = None
         if opened is None:
             store, manifest, embedder = _build(
-                folder, key, recipe, source, embedder_dir, progress, threads
+                folder, key, recipe, source, embedder_dir, progress, threads, shipped_vectors
             )
         else:
             store, manifest = opened
@@ -319,8 +356,10 @@ def _build(
     embedder_dir: Path,
     progress: bool,
     threads: int | None,
+    shipped_vectors: bool,
 ) -> tuple[IndexStore, dict[str, Any], OnnxEmbedder]:
-    """Embed every summary not yet in the folder's store, verify, then write the manifest."""
+    """Embed every summary not yet in the folder's store (with the shipped vectors where they
+    pass the spot check), verify, then write the manifest."""
     started = time.perf_counter()
     store = _start_store(folder, key)
     try:
@@ -347,9 +386,10 @@ def _build(
             recipe["chunker"]["overlap_tokens"],
         )
         embedder = OnnxEmbedder(embedder_dir, threads=threads)
+        shipped, check = _trusted_shipped(shipped_vectors, todo, chunker, embedder, recipe)
         mtime = source.path.stat().st_mtime
-        new_chunks = _embed_all(
-            store, chunker, embedder, todo, done, len(summaries), progress, mtime
+        new_chunks, from_shipped = _embed_all(
+            store, chunker, embedder, todo, done, len(summaries), progress, mtime, shipped
         )
         store.flush()
         problems = store.check_consistency()
@@ -367,17 +407,24 @@ def _build(
             "chunks": s.chunks,
             "built_at": time.time(),
             "build_seconds": round(elapsed, 3),
-            "embedded_this_run": {"summaries": len(todo), "chunks": new_chunks},
+            "embedded_this_run": {
+                "summaries": len(todo),
+                "chunks": new_chunks,
+                "shipped_vectors": from_shipped,
+            },
+            "shipped_vectors": check,
         }
         atomic_write(folder / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     except BaseException:
         store.close()
         raise
     log.info(
-        "built the public corpus: %d summaries, %d chunks (%d embedded now) in %.1f s",
+        "built the public corpus: %d summaries, %d chunks (%d stored now, %d of them from "
+        "shipped vectors) in %.1f s",
         s.documents,
         s.chunks,
         new_chunks,
+        from_shipped,
         elapsed,
     )
     return store, manifest, embedder
@@ -392,11 +439,14 @@ def _embed_all(
     total: int,
     progress: bool,
     mtime: float,
-) -> int:
-    """Chunk, embed in batches of ~EMBED_BATCH chunks, store one summary per transaction (a kill
-    loses at most the batch in flight). Returns the number of chunks embedded."""
+    shipped: ShippedVectors | None,
+) -> tuple[int, int]:
+    """Chunk, embed in batches of ~EMBED_BATCH chunks (taking the shipped vector of a chunk the
+    file holds), store one summary per transaction (a kill loses at most the batch in flight).
+    Returns the number of chunks stored and how many of them came from the shipped file."""
     started = time.perf_counter()
     embedded = 0
+    from_shipped = 0
     next_log = 0.1
     bar = tqdm(
         total=total,
@@ -413,21 +463,13 @@ def _embed_all(
             n_chunks = 0
             while i < len(todo) and n_chunks < EMBED_BATCH:
                 title, extract = todo[i]
-                chunks = chunker.chunk(_document(title, extract))
-                records = [
-                    ChunkRecord(
-                        c.ordinal,
-                        c.text,
-                        char_start=c.char_start,
-                        char_end=c.char_end,
-                        heading=c.heading or None,
-                    )
-                    for c in chunks
-                ]
+                records = _chunk_records(chunker, title, extract)
                 batch.append((title, extract, records))
                 n_chunks += len(records)
                 i += 1
-            vectors = embedder.embed([r.embedded_text for _, _, recs in batch for r in recs])
+            texts = [r.embedded_text for _, _, recs in batch for r in recs]
+            vectors, reused = _vectors(texts, embedder, shipped)
+            from_shipped += reused
             start = 0
             for title, extract, records in batch:
                 data = extract.encode()
@@ -448,14 +490,88 @@ def _embed_all(
             if fraction >= next_log or i == len(todo):
                 rate = embedded / max(time.perf_counter() - started, 1e-9)
                 log.info(
-                    "public corpus: %d/%d summaries, %d chunks embedded (%.0f chunks/s)",
+                    "public corpus: %d/%d summaries, %d chunks (%d shipped vectors; %.0f chunks/s)",
                     done + i,
                     total,
                     embedded,
+                    from_shipped,
                     rate,
                 )
                 next_log = fraction + 0.1
-    return embedded
+    return embedded, from_shipped
+
+
+def _chunk_records(chunker: Chunker, title: str, extract: str) -> list[ChunkRecord]:
+    """One summary's chunks as the store keeps them."""
+    return [
+        ChunkRecord(
+            c.ordinal,
+            c.text,
+            char_start=c.char_start,
+            char_end=c.char_end,
+            heading=c.heading or None,
+        )
+        for c in chunker.chunk(_document(title, extract))
+    ]
+
+
+def _vectors(
+    texts: list[str], embedder: OnnxEmbedder, shipped: ShippedVectors | None
+) -> tuple[np.ndarray, int]:
+    """The texts' vectors: shipped where the file holds the text, embedded here otherwise;
+    and how many were shipped."""
+    if shipped is None:
+        return embedder.embed(texts), 0
+    found, vectors = shipped.lookup(texts)
+    missing = np.flatnonzero(~found)
+    if len(missing):
+        vectors[missing] = embedder.embed([texts[i] for i in missing])
+    return vectors, int(found.sum())
+
+
+def _trusted_shipped(
+    wanted: bool,
+    todo: list[tuple[str, str]],
+    chunker: Chunker,
+    embedder: OnnxEmbedder,
+    recipe: dict[str, Any],
+) -> tuple[ShippedVectors | None, dict[str, Any]]:
+    """The shipped vectors when this machine's embedder agrees with them on a spot check of
+    chunks spread over what is to be built (else None, and everything is embedded here), and
+    what the manifest records about the check."""
+    path = corpus_vectors.SHIPPED  # read here, so a test can point it elsewhere
+    shipped = ShippedVectors.load(path) if wanted and todo else None
+    if shipped is None:
+        reason = "not asked" if not wanted else "nothing to build" if not todo else "no file"
+        return None, {"used": False, "reason": reason}
+    same_model = shipped.info.get("embedder_model_sha256") == recipe["embedder"].get(
+        embedder.model_file.name
+    )
+    step = max(1, len(todo) // SPOT_CHECKS)
+    texts = [r.embedded_text for t, x in todo[::step] for r in _chunk_records(chunker, t, x)[:1]]
+    cosine = spot_check(shipped, texts, embedder.embed) if shipped.dim == DIM else None
+    record = {
+        "file_sha256": sha256_file(path),
+        "same_embedder_file": same_model,
+        "spot_check_min_cosine": None if cosine is None else round(cosine, 6),
+        "bound": MIN_COSINE,
+    }
+    if cosine is None or cosine < MIN_COSINE:
+        log.warning(
+            "the shipped public-corpus vectors %s this machine's embedder (lowest cosine %s, "
+            "bound %.3f%s): embedding every summary here",
+            "do not cover" if cosine is None else "disagree with",
+            "-" if cosine is None else f"{cosine:.4f}",
+            MIN_COSINE,
+            "" if same_model else "; another embedder file made them",
+        )
+        return None, {"used": False, **record}
+    log.info(
+        "using the shipped public-corpus vectors (%d; spot check: lowest cosine %.4f)",
+        len(shipped),
+        cosine,
+    )
+    return shipped, {"used": True, **record}
 
 
 def _remove_others(root: Path, keep: Path) -> None:

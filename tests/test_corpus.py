@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from cloud_backend import corpus as corpus_mod
-from cloud_backend import corpus_build
+from cloud_backend import corpus_build, corpus_vectors
 from cloud_backend.corpus import LOCATION, PublicCorpus, default_corpus_dir
 from cloud_backend.corpus_build import MANIFEST
 from retrieval.embedder import OnnxEmbedder
@@ -35,6 +35,13 @@ class CountingEmbedder(OnnxEmbedder):
     def embed(self, texts):
         type(self).texts += len(texts)
         return super().embed(texts)
+
+
+@pytest.fixture(autouse=True)
+def no_shipped_vectors(monkeypatch, tmp_path) -> None:
+    """These tests count what a build embeds: no shipped vectors (tests/test_corpus_vectors.py
+    tests those)."""
+    monkeypatch.setattr(corpus_vectors, "SHIPPED", tmp_path / "none.npz")
 
 
 @pytest.fixture
@@ -187,7 +194,7 @@ from pathlib import Path
 from cloud_backend import corpus, corpus_build
 corpus_build.EMBED_BATCH = 8  # many small transactions, so the kill lands mid-build
 corpus.PublicCorpus.open(Path(sys.argv[1]), Path(sys.argv[2]), limit=int(sys.argv[3]),
-                         progress=False)
+                         progress=False, shipped_vectors=False)
 print("finished", flush=True)
 """
 
