@@ -212,7 +212,7 @@ async def device_only_pass(mode: Any, questions: Sequence[Question]) -> dict[str
 def summarise(rows: Sequence[dict]) -> dict[str, Any]:
     """Accuracy per method (overall and per group), the oracle, auto against each, auto's
     speed on public questions against cloud-only's, and auto's choices per group."""
-    from benchmarks.intervals import bootstrap_ci, bootstrap_ratio, verdict
+    from benchmarks.intervals import bootstrap_ratio
 
     by: dict[tuple[str, str], dict] = {(r["method"], r["question"]): r for r in rows}
     methods = [m for m in METHODS if any(k[0] == m for k in by)]
@@ -240,19 +240,8 @@ def summarise(rows: Sequence[dict]) -> dict[str, Any]:
     out: dict[str, Any] = {"accuracy": acc, "questions": len(questions), "methods": methods}
     if "auto" not in methods:
         return out
-    best = max(fixed, key=lambda m: acc[m]["all"])
-    out["best_fixed"] = best
-    vs: dict[str, Any] = {}
-    for m in [*fixed, "oracle"]:
-        right_of = (lambda q: oracle_right[q]) if m == "oracle" else (lambda q: by[m, q]["right"])  # noqa: B023
-        pairs = [(float(by["auto", q]["right"]), float(right_of(q))) for q in questions]
-        low, high = bootstrap_ci(pairs, lambda s: sum(a - b for a, b in s) / len(s))
-        diff = sum(a - b for a, b in pairs) / len(pairs)
-        vs[m] = {"difference": diff, "ci95": [low, high],
-                 "verdict": verdict(low, high, up="auto better", down="auto worse")}  # fmt: skip
-    out["auto_vs"] = vs
-    out["auto_share_of_oracle"] = acc["auto"]["all"] / acc["oracle"]["all"] if acc["oracle"][
-        "all"] else None  # fmt: skip
+    if fixed:  # a run of auto alone (`--methods auto`) has nothing to compare with here
+        out |= _auto_against(fixed, by, questions, oracle_right, acc)
     public = [q for q in questions if group[q] == "public" and ("cloud", q) in by]
     if public:
         ratio_ci = bootstrap_ratio({q: by["auto", q]["elapsed_s"] for q in public},
@@ -273,6 +262,38 @@ def summarise(rows: Sequence[dict]) -> dict[str, Any]:
         confusion[group[q]][chose] = confusion[group[q]].get(chose, 0) + 1
     out["confusion"] = {g: c for g, c in confusion.items() if c}
     return out
+
+
+def _auto_against(
+    fixed: Sequence[str],
+    by: dict[tuple[str, str], dict],
+    questions: Sequence[str],
+    oracle_right: dict[str, bool],
+    acc: dict[str, dict[str, float]],
+) -> dict[str, Any]:
+    """auto's paired difference to each fixed mode and the oracle (bootstrap over questions)."""
+    from benchmarks.intervals import bootstrap_ci, verdict
+
+    vs: dict[str, Any] = {}
+    for m in [*fixed, "oracle"]:
+        theirs = [oracle_right[q] if m == "oracle" else by[m, q]["right"] for q in questions]
+        pairs = [
+            (float(by["auto", q]["right"]), float(t))
+            for q, t in zip(questions, theirs, strict=True)
+        ]
+        low, high = bootstrap_ci(pairs, lambda s: sum(a - b for a, b in s) / len(s))
+        diff = sum(a - b for a, b in pairs) / len(pairs)
+        vs[m] = {
+            "difference": diff,
+            "ci95": [low, high],
+            "verdict": verdict(low, high, up="auto better", down="auto worse"),
+        }
+    oracle = acc["oracle"]["all"]
+    return {
+        "best_fixed": max(fixed, key=lambda m: acc[m]["all"]),
+        "auto_vs": vs,
+        "auto_share_of_oracle": acc["auto"]["all"] / oracle if oracle else None,
+    }
 
 
 def decision_bound(rows: Sequence[dict], decided: Sequence[dict]) -> dict[str, Any] | None:
