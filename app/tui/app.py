@@ -33,6 +33,7 @@ from app.settings import (
     save_settings,
 )
 from app.tui.chat_view import AnswerView, ConversationView, PromptInput
+from app.tui.clipboard import copy_from_answer
 from app.tui.plain import markup_escaped, plain
 from app.tui.sources import SourceScreen, SourcesPanel, by_number
 from app.tui.status import ModeBar, StatusBar, figures
@@ -80,6 +81,8 @@ class TandemApp(App[None]):
         Binding("f6", "reask_other_mode", "Other mode", id="reask_other_mode"),
         Binding("ctrl+r", "reconnect_cloud", "Reconnect", id="reconnect_cloud", show=False),
         Binding("f7", "what_was_sent", "What was sent", id="what_was_sent", show=False),
+        Binding("ctrl+y", "copy_answer", "Copy answer", id="copy_answer", show=False),
+        Binding("ctrl+b", "copy_code", "Copy code", id="copy_code", show=False),
     ]
 
     def __init__(
@@ -380,6 +383,16 @@ class TandemApp(App[None]):
         yield SystemCommand("What was sent", "What left this device for the selected answer "
                             "(or the last): by kind, with the texts that left",
                             self.action_what_was_sent)  # fmt: skip
+        yield SystemCommand(
+            "Copy answer",
+            "The selected answer (or the last), as Markdown, to the clipboard",
+            self.action_copy_answer,
+        )
+        yield SystemCommand(
+            "Copy code block",
+            "The selected answer's last code block, to the clipboard",
+            self.action_copy_code,
+        )
         yield SystemCommand("Help", "Keys and where data lives", self.action_help)
 
     # ------------------------------------------------------------------ conversations
@@ -649,6 +662,14 @@ class TandemApp(App[None]):
         i = at[-back]
         question = next((m.text for m in reversed(messages[:i]) if m.role == "user"), "")
         self.push_screen(SentScreen(messages[i].stats.get("sent"), question))
+
+    async def action_copy_answer(self) -> None:
+        view = self._selected_answer()
+        await copy_from_answer(self, view.text if view else None, code=False)
+
+    async def action_copy_code(self) -> None:
+        view = self._selected_answer()
+        await copy_from_answer(self, view.text if view else None, code=True)
 
     # ------------------------------------------------------------------ other screens
 

@@ -16,6 +16,7 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Label, ListItem, ListView, Static
 
+from app.tui.clipboard import copy_and_tell
 from app.tui.plain import plain, plain_text
 from collab.sources import Source
 
@@ -113,7 +114,9 @@ class SourceScreen(ModalScreen[None]):
     """One source's chunk, in full, with where it lives."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape,q", "dismiss", "Close", id="close_source")
+        Binding("escape,q", "dismiss", "Close", id="close_source"),
+        Binding("c", "copy", "Copy citation", id="copy_citation"),
+        Binding("f1", "app.help", "Help", show=False),  # a modal screen: the app's F1 is not
     ]
     DEFAULT_CSS = """
     SourceScreen { align: center middle; }
@@ -136,6 +139,10 @@ class SourceScreen(ModalScreen[None]):
             yield Static(source_line(src), id="source-title")
             yield Static(plain(detail), id="source-where")
             yield Static(plain(src.text), id="source-text")
+
+    async def action_copy(self) -> None:
+        """The citation's line and its passage, to the clipboard."""
+        await copy_and_tell(self.app, f"{self.src.line()}\n\n{self.src.text}", "the citation")
 
     async def action_dismiss(self, result: None = None) -> None:
         self.dismiss(result)
