@@ -11,6 +11,7 @@ import logging
 import sys
 import time
 from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -21,7 +22,7 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Footer, Input, Static
 
 from app.assistant import Assistant, CloudStatus, Exchange
 from app.plain import strip_controls
@@ -462,6 +463,12 @@ class TandemApp(App[None]):
         question = event.value.strip()
         if not question:
             return
+        from app.tui.dropped import ConfirmAdd, dropped_path
+
+        dropped = dropped_path(question)
+        if dropped is not None:  # a file dropped on the terminal: offer to add it
+            self.push_screen(ConfirmAdd(dropped), partial(self._add_dropped, event.input, dropped))
+            return
         if self.answering:
             self.say("an answer is streaming: Esc cancels it", severity="warning")
             return
@@ -472,6 +479,13 @@ class TandemApp(App[None]):
             return
         event.input.value = ""
         self.ask(question, self.mode_name)
+
+    def _add_dropped(self, prompt: Input, path: Path, yes: bool | None) -> None:
+        """After the question whether to add a dropped path: the Documents screen ingests it
+        (its progress and results shown there); the prompt keeps the text on a no."""
+        if yes:
+            prompt.value = ""
+            self.action_documents(add=path)
 
     def _mode_infos(self):
         try:
@@ -673,12 +687,14 @@ class TandemApp(App[None]):
 
     # ------------------------------------------------------------------ other screens
 
-    def action_documents(self) -> None:
+    def action_documents(self, add: Path | None = None) -> None:
+        """The Documents screen; with `add`, ingesting that file or folder at once."""
         from app.tui.documents import DocumentsScreen
 
         screen = DocumentsScreen(
             self.assistant.open_index,
-            start_path=Path.home(),
+            start_path=add or Path.home(),
+            add_on_open=add,
             on_folder_added=self._folder_added,
             on_rescan=self._rescan_folders,
             on_folder_removed=self._folder_added,  # either way: watch the new list

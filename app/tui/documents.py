@@ -395,6 +395,7 @@ class DocumentsScreen(Screen[None]):
         on_folder_added: Callable[[str], Any] | None = None,
         on_rescan: Callable[[], Any] | None = None,
         on_folder_removed: Callable[[str], Any] | None = None,
+        add_on_open: Path | None = None,
         name: str | None = None,
         id: str | None = None,
         classes: str | None = None,
@@ -404,6 +405,8 @@ class DocumentsScreen(Screen[None]):
         self._on_folder_added = on_folder_added
         self._on_rescan = on_rescan
         self._on_folder_removed = on_folder_removed
+        self._add_on_open = add_on_open
+        """A path to ingest as soon as the screen opens (one dropped on the prompt)."""
         self._folders: list[str] = []
         """The watched folders as last read from the index."""
         self._excluded: dict[str, str] = {}
@@ -468,6 +471,9 @@ class DocumentsScreen(Screen[None]):
         docs.add_column("Status", key="status")
         if self.ingest_running():  # Add stays enabled: a second add is refused with a message
             self._say("An ingest started earlier is still running; it will notify you when done.")
+        if self._add_on_open is not None:
+            self.query_one("#documents-path", Input).value = str(self._add_on_open)
+            self.add_path(str(self._add_on_open))
 
     def on_screen_resume(self) -> None:
         """Re-read the index whenever the screen is shown (it may have changed meanwhile)."""
