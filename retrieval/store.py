@@ -974,6 +974,18 @@ class IndexStore:
             rows = self._chunk_rows(wanted)
         return [StoredChunk(*rows[i][:12]) for i in wanted if i in rows]
 
+    def document_chunks(self, path: str | os.PathLike[str]) -> list[StoredChunk]:
+        """A document's chunks in their order (its text as indexed: the built-in pager's view
+        of a file no terminal tool can show); none for a path not indexed."""
+        with self._lock:
+            self._check_open()
+            rows = self.db.execute(
+                f"SELECT {_CHUNK_COLUMNS} FROM chunks c JOIN documents d ON d.id = c.document_id "
+                "WHERE d.path = ? ORDER BY c.ordinal",
+                [os.fspath(path)],
+            ).fetchall()
+        return [StoredChunk(*r[:12]) for r in rows]
+
     def stored_chunks(self, ids: Iterable[int]) -> set[int]:
         """Which of `ids` are still stored (chunk ids are never reused: a removed or
         re-ingested document's chunks are gone for good)."""

@@ -630,7 +630,7 @@ class TandemApp(App[None]):
 
     @on(SourcesPanel.Open)
     def _open_source(self, event: SourcesPanel.Open) -> None:
-        self.push_screen(SourceScreen(event.src))
+        self.push_screen(SourceScreen(event.src, self._indexed_chunks))
 
     @on(AnswerView.SourceSelected)
     def _citation_clicked(self, event: AnswerView.SourceSelected) -> None:
@@ -638,7 +638,12 @@ class TandemApp(App[None]):
             return
         src = next((s for s in event.answer.sources if s["number"] == event.number), None)
         if src is not None:
-            self.push_screen(SourceScreen(src))
+            self.push_screen(SourceScreen(src, self._indexed_chunks))
+
+    def _indexed_chunks(self, path: str) -> list[Any]:
+        """A document's chunks as indexed (the pager's view of a file that is not text)."""
+        index = self.assistant.index
+        return index.store.document_chunks(path) if index is not None else []
 
     # ------------------------------------------------------------------ what was sent
 

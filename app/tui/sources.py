@@ -5,11 +5,14 @@ private ones are marked **device** (they never left), public ones **cloud**."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import asyncio
+import logging
+import subprocess
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from rich.text import Text
-from textual.app import ComposeResult
+from textual.app import ComposeResult, SuspendNotSupported
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.message import Message
@@ -17,8 +20,18 @@ from textual.screen import ModalScreen
 from textual.widgets import Label, ListItem, ListView, Static
 
 from app.tui.clipboard import copy_and_tell
+from app.tui.open_source import (
+    Pager,
+    editor_command,
+    pager_text,
+    place_of,
+    start_viewer,
+    viewer_command,
+)
 from app.tui.plain import plain, plain_text
 from collab.sources import Source
+
+log = logging.getLogger(__name__)
 
 S = TypeVar("S", bound=Source | Mapping[str, Any])
 
@@ -116,6 +129,7 @@ class SourceScreen(ModalScreen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape,q", "dismiss", "Close", id="close_source"),
         Binding("c", "copy", "Copy citation", id="copy_citation"),
+        Binding("o", "open_file", "Open file", id="open_source"),
         Binding("f1", "app.help", "Help", show=False),  # a modal screen: the app's F1 is not
     ]
     DEFAULT_CSS = """
@@ -125,9 +139,16 @@ class SourceScreen(ModalScreen[None]):
     SourceScreen #source-where { color: $text-muted; margin-bottom: 1; }
     """
 
-    def __init__(self, src: Source | Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        src: Source | Mapping[str, Any],
+        indexed: Callable[[str], Sequence[Any]] = lambda path: (),
+    ) -> None:
+        """`indexed(path)`: a document's stored chunks, for the pager's view of a file that is
+        not text (the private index's `document_chunks`)."""
         super().__init__()
         self.src = as_source(src)
+        self.indexed = indexed
 
     def compose(self) -> ComposeResult:
         src = self.src
@@ -143,6 +164,41 @@ class SourceScreen(ModalScreen[None]):
     async def action_copy(self) -> None:
         """The citation's line and its passage, to the clipboard."""
         await copy_and_tell(self.app, f"{self.src.line()}\n\n{self.src.text}", "the citation")
+
+    async def action_open_file(self) -> None:
+        """The cited file at the cited place: editor, else viewer, else the built-in pager."""
+        place = place_of(self.src)
+        if place is None:
+            self.app.notify(
+                "A public source has no file on this device: its passage is here.",
+                severity="warning",
+                markup=False,
+            )
+            return
+        exists = await asyncio.to_thread(place.path.exists)
+        editor = editor_command(place) if exists else None
+        if editor is not None:
+            try:
+                with self.app.suspend():  # the terminal is the editor's until it exits
+                    await asyncio.to_thread(subprocess.run, editor, check=False)
+            except (SuspendNotSupported, OSError) as exc:
+                log.info("cannot open %s in %s (%s); trying a viewer", place, editor[0], exc)
+            else:
+                self.app.notify(f"Opened {place} in {editor[0]}.", markup=False)
+                return
+        viewer = viewer_command(place) if exists else None
+        if viewer is not None:
+            try:
+                start_viewer(viewer)
+            except OSError as exc:
+                log.info("cannot start %s (%s); showing the pager", viewer[0], exc)
+            else:
+                pageless = place.page and viewer[0] in ("xdg-open", "open")
+                tail = " (it takes no page: go to the cited one)." if pageless else "."
+                self.app.notify(f"Opened {place.path} with {viewer[0]}{tail}", markup=False)
+                return
+        text, row = await asyncio.to_thread(pager_text, place, self.indexed)
+        self.app.push_screen(Pager(str(place), text, row))
 
     async def action_dismiss(self, result: None = None) -> None:
         self.dismiss(result)
