@@ -90,7 +90,7 @@ def _conversation_for(assistant, args: argparse.Namespace) -> int | None:
 
 
 async def run_ask(args: argparse.Namespace) -> int:
-    from app.assistant import Assistant
+    from app.assistant import Assistant, ScopeError
     from app.conversations import ConversationNotFound, ConversationStoreError
     from app.settings import effective_cloud
     from collab.sources import Source
@@ -122,7 +122,12 @@ async def run_ask(args: argparse.Namespace) -> int:
                 out["errors"].append(f"{status.label}: {status.detail}")
                 if not args.json:
                     _say(f"error: {status.label}: {status.detail}", err=True)
-        options = assistant.options(top_p=args.top_p, seed=args.seed,
+        try:
+            scope = assistant.scope(args.within) if getattr(args, "within", None) else ()
+        except ScopeError as exc:
+            _say(f"error: {exc}", err=True)
+            return 2
+        options = assistant.options(top_p=args.top_p, seed=args.seed, scope=scope,
                                     allow_private_in_cloud=args.allow_private_in_cloud)  # fmt: skip
         exchange = assistant.exchange(args.question, args.mode, options=options, save=save,
                                       conversation_id=conversation_id)  # fmt: skip

@@ -34,6 +34,10 @@ log = logging.getLogger("tandem.assistant")
 CloudState = Literal["off", "idle", "starting", "ready", "unavailable"]
 
 
+class ScopeError(ValueError):
+    """A scoped question names a path under which nothing is indexed."""
+
+
 @dataclass(frozen=True)
 class CloudStatus:
     """Where the cloud link stands, in words the status bar can show."""
@@ -218,6 +222,20 @@ class Assistant:
             return None
         index = self.open_index()
         return index if self.index_has_documents() else None
+
+    def scope(self, paths: Sequence[str | Path]) -> tuple[str, ...]:
+        """The documents a scoped question reads from (`tandem ask --in`, the TUI's @
+        mentions): each path resolved as the index stores it. A path under which nothing is
+        indexed is an error (ScopeError), never an answer from no document."""
+        resolved = tuple(dict.fromkeys(str(Path(p).expanduser().resolve()) for p in paths))
+        index = self.existing_index()
+        empty = [p for p in resolved if index is None or not index.store.chunk_ids_under([p])]
+        if empty:
+            raise ScopeError(
+                f"nothing is indexed at or under {', '.join(empty)} "
+                "(`tandem docs list` shows what is; `tandem ingest PATH` adds it)"
+            )
+        return resolved
 
     def index_has_documents(self) -> bool:
         return self.index is not None and self.index.has_documents()

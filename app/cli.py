@@ -614,6 +614,14 @@ def build_parser() -> argparse.ArgumentParser:
         '"always" in the settings, those modes answer without your documents\' context',
     )  # fmt: skip
     ask.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    ask.add_argument(
+        "--in",
+        dest="within",
+        action="append",
+        metavar="PATH",
+        help="answer from your documents at or under PATH only (a file or folder; repeatable); "
+        "the public side is not scoped",
+    )
     conversation = ask.add_mutually_exclusive_group()
     conversation.add_argument(
         "-c", "--continue", action="store_true", dest="continue_",

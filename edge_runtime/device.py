@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -58,7 +59,9 @@ class DeviceModel(WorkerSequence):
 class Retriever(Protocol):
     """The private index as the orchestrators need it (personal_index.PersonalIndex)."""
 
-    def search(self, query: str, k: int = 5, min_score: float | None = None) -> list[Any]: ...
+    def search(
+        self, query: str, k: int = 5, min_score: float | None = None, *, within: Sequence[str] = ()
+    ) -> list[Any]: ...
 
     def rescore(self, hits: Sequence[Any], text: str) -> np.ndarray:
         """Cosine of each hit with `text` (DRAGON's dynamic re-ranking)."""
@@ -81,11 +84,15 @@ async def forget_removed(cache: PrefixCache, index: Retriever | None) -> int:
 
 
 async def retrieve_private(
-    index: Retriever | None, question: str | Sequence[str], k: int, min_score: float | None = None
+    index: Retriever | None,
+    question: str | Sequence[str],
+    k: int,
+    min_score: float | None = None,
+    within: Sequence[str] = (),
 ) -> list[Source]:
     """Private passages for the device prompt, numbered and marked device: the same sources
     are the prompt's passages and the answer's citations (`search_private`)."""
-    hits = await search_private(index, question, k, min_score)
+    hits = await search_private(index, question, k, min_score, within)
     return [hit.source(n, "device") for n, hit in enumerate(hits, 1)]
 
 
@@ -100,13 +107,19 @@ NOTHING_PUBLIC = "no passage of the public corpus is relevant enough to this que
 
 
 async def search_private(
-    index: Retriever | None, question: str | Sequence[str], k: int, min_score: float | None = None
+    index: Retriever | None,
+    question: str | Sequence[str],
+    k: int,
+    min_score: float | None = None,
+    within: Sequence[str] = (),
 ) -> list[Any]:
     """The private index's hits for the question (none without an index or with k = 0); given
     several ways of asking it (edge_runtime.turns.search_candidates), the hits of the one that
-    finds the most relevant passage."""
+    finds the most relevant passage; `within`: only from the documents at or under those
+    paths (a scoped question: `AnswerOptions.scope`)."""
     if index is None or k <= 0:
         return []
     asked = [question] if isinstance(question, str) else list(dict.fromkeys(question))
-    found = [await asyncio.to_thread(index.search, q, k, min_score) for q in asked]
+    search = partial(index.search, within=tuple(within)) if within else index.search
+    found = [await asyncio.to_thread(search, q, k, min_score) for q in asked]
     return best_of(found)

@@ -26,6 +26,9 @@ class AnswerOptions:
     # this answer may send a remote cloud content shaped by private passages (the user's
     # consent for one answer: `tandem ask --allow-private-in-cloud`; edge_runtime.consent)
     allow_private_in_cloud: bool = False
+    # private passages only from the documents at or under these paths (`tandem ask --in`,
+    # the TUI's @ mentions); the public side is not scoped
+    scope: tuple[str, ...] = ()
 
     @property
     def sampling(self) -> SamplingParams:

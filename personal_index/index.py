@@ -149,14 +149,16 @@ class PersonalIndex:
         min_score: float | None = None,
         *,
         mode: SearchMode = "hybrid",
+        within: Sequence[str] = (),
     ) -> list[Hit]:
         """The k passages that best answer `query`, best first, none below the relevance floor
-        `min_score` (`retrieval.search`: hybrid by default)."""
+        `min_score` (`retrieval.search`: hybrid by default); `within`: only from the documents
+        at or under these paths."""
         if not query or not query.strip():
             raise ValueError("empty query: type what you are looking for")
         if k <= 0:
             raise ValueError(f"k must be at least 1 (got {k})")
-        return self.searcher.search(query, k, mode=mode, floor=min_score)
+        return self.searcher.search(query, k, mode=mode, floor=min_score, within=within)
 
     def rescore(self, hits: Sequence[Hit], text: str) -> np.ndarray:
         """Cosine of each hit's chunk with `text` (DRAGON's dynamic re-ranking: the query plus

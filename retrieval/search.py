@@ -145,9 +145,11 @@ class Searcher:
         *,
         mode: SearchMode = "hybrid",
         floor: float | None = None,
+        within: Sequence[str] = (),
     ) -> list[Hit]:
         """The k best passages for `query`, best first (fused order), none whose relevance (its
-        cosine with the question, whichever search found it) is below `floor`."""
+        cosine with the question, whichever search found it) is below `floor`; with `within`,
+        only from the documents at or under those paths (a scoped question)."""
         if mode not in SEARCH_MODES:
             raise ValueError(f"search mode must be one of {', '.join(SEARCH_MODES)}, got {mode!r}")
         if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
@@ -160,12 +162,17 @@ class Searcher:
         query_vec = self.embed([query])[0]
         t1 = time.perf_counter()
         timing.embed_s = t1 - t0
+        among = self.store.chunk_ids_under(within) if within else None
         if mode != "keyword":
-            dense = self.store.search(query_vec, depth)
+            dense = (
+                self.store.search(query_vec, depth)
+                if among is None
+                else self.store.search_among(query_vec, depth, among)
+            )
         t2 = time.perf_counter()
         timing.dense_s = t2 - t1
         if mode != "dense":
-            keyword = self.store.keyword_search(query, depth)
+            keyword = self.store.keyword_search(query, depth, among)
         t3 = time.perf_counter()
         timing.keyword_s = t3 - t2
         hits = self._fuse(dense, keyword, query_vec)

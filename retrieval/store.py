@@ -22,6 +22,7 @@ Why it survives ``kill -9`` at any point:
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import sqlite3
@@ -1046,21 +1047,55 @@ class IndexStore:
             ]
             return self.hits(pairs, found_by="meaning")
 
-    def keyword_search(self, query: str, k: int) -> list[Hit]:
+    def chunk_ids_under(self, paths: Sequence[str | os.PathLike[str]]) -> list[int]:
+        """The chunks of the documents at or under each of `paths` (a scoped question's)."""
+        where, params = [], []
+        for path in paths:
+            exact, prefix = _folder_prefix(path)
+            where.append("d.path = ? OR substr(d.path, 1, ?) = ?")
+            params += [exact, len(prefix), prefix]
+        if not where:
+            return []
+        with self._lock:
+            self._check_open()
+            rows = self.db.execute(
+                "SELECT c.id FROM chunks c JOIN documents d ON d.id = c.document_id WHERE "
+                + " OR ".join(f"({w})" for w in where),
+                params,
+            ).fetchall()
+        return [int(r[0]) for r in rows]
+
+    def search_among(self, query_vec: np.ndarray, k: int, ids: Sequence[int]) -> list[Hit]:
+        """`search` over the chunks `ids` only, exactly (a scoped question: its scope's vectors
+        against the question, however few of them FAISS would rank in the whole index)."""
+        _check_k(k)
+        if not ids:
+            return []
+        query = _normalise(np.asarray(query_vec, dtype=np.float32).reshape(1, -1), "query vector")
+        with self._lock:
+            self._check_open()
+            scores = self._vectors_by_id([int(i) for i in ids]) @ query[0]
+        best = np.argsort(-scores, kind="stable")[: int(k)]
+        return self.hits([(int(ids[i]), float(scores[i])) for i in best], found_by="meaning")
+
+    def keyword_search(self, query: str, k: int, among: Sequence[int] | None = None) -> list[Hit]:
         """The k chunks that best match `query`'s words (BM25 over heading path and text, the
         heading weighted double), best first; `score` and `bm25` are BM25 (higher is better).
-        Identifiers in the query (`max_file_mb`, `os.path.join`, `--flag`) match as phrases."""
+        Identifiers in the query (`max_file_mb`, `os.path.join`, `--flag`) match as phrases.
+        `among`: only these chunks (a scoped question's)."""
         _check_k(k)
         with self._lock:
             self._check_open()
             match = match_expression(self._affordable_words(query))
-            if match is None:
+            if match is None or (among is not None and not among):
                 return []
             self._check_open()
+            scoped = "" if among is None else " AND rowid IN (SELECT value FROM json_each(?))"
+            params: list[Any] = [match] if among is None else [match, json.dumps(list(among))]
             rows = self.db.execute(
-                "SELECT rowid, bm25(chunks_fts, 2.0, 1.0) FROM chunks_fts WHERE chunks_fts MATCH ? "
-                "ORDER BY rank LIMIT ?",
-                [match, int(k)],
+                "SELECT rowid, bm25(chunks_fts, 2.0, 1.0) FROM chunks_fts WHERE chunks_fts MATCH ?"
+                f"{scoped} ORDER BY rank LIMIT ?",
+                [*params, int(k)],
             ).fetchall()
             return self.hits([(int(r[0]), -float(r[1])) for r in rows], found_by="keyword")
 

@@ -35,6 +35,7 @@ from app.settings import (
 )
 from app.tui.chat_view import AnswerView, ConversationView, PromptInput
 from app.tui.clipboard import copy_from_answer
+from app.tui.mentions import ScopeSuggester, resolve, split_mentions
 from app.tui.plain import markup_escaped, plain
 from app.tui.sources import SourceScreen, SourcesPanel, by_number
 from app.tui.status import ModeBar, StatusBar, figures
@@ -137,7 +138,8 @@ class TandemApp(App[None]):
             with Vertical(id="chat"):
                 yield ConversationView(id="conversation")
                 yield PromptInput(placeholder="Ask anything  (F1 help · ctrl+p commands)",
-                                  id="prompt")  # fmt: skip
+                                  id="prompt",
+                                  suggester=ScopeSuggester(self._document_paths))  # fmt: skip
             yield SourcesPanel(id="sources")
         yield StatusBar(id="status")
         yield Footer()
@@ -469,6 +471,15 @@ class TandemApp(App[None]):
         if dropped is not None:  # a file dropped on the terminal: offer to add it
             self.push_screen(ConfirmAdd(dropped), partial(self._add_dropped, event.input, dropped))
             return
+        question, mentioned = split_mentions(question)
+        scope, unknown = resolve(mentioned, self._document_paths()) if mentioned else ([], [])
+        if unknown:
+            self.say("nothing in your documents is named " + ", ".join(f"@{m}" for m in unknown),
+                     severity="warning")  # fmt: skip
+            return
+        if not question:
+            self.say("ask a question after the @ mentions", severity="warning")
+            return
         if self.answering:
             self.say("an answer is streaming: Esc cancels it", severity="warning")
             return
@@ -478,7 +489,7 @@ class TandemApp(App[None]):
             self.say(f"{self.mode_name} can't answer now: {reason}", severity="warning")
             return
         event.input.value = ""
-        self.ask(question, self.mode_name)
+        self.ask(question, self.mode_name, scope=tuple(scope))
 
     def _add_dropped(self, prompt: Input, path: Path, yes: bool | None) -> None:
         """After the question whether to add a dropped path: the Documents screen ingests it
@@ -534,22 +545,31 @@ class TandemApp(App[None]):
         self.say(f"no mode other than {answered} can answer now", severity="warning")
 
     @work(group="answer", exclusive=True, exit_on_error=False)
-    async def ask(self, question: str, mode: str, *, reask: bool = False) -> None:
+    async def ask(
+        self, question: str, mode: str, *, reask: bool = False, scope: tuple[str, ...] = ()
+    ) -> None:
         """Stream one answer into the view; the assistant keeps the conversation. Esc cancels
         (the partial answer is kept and marked). `reask`: the question is asked again in a
-        mode that is not the selected one (the status bar says so)."""
+        mode that is not the selected one (the status bar says so). `scope`: the documents
+        its private passages come from (the prompt's @ mentions)."""
         from edge_runtime.events import Citation, Failure, ModeChoice, Notice, Stats, TextDelta
 
         if self._cloud_waits_for(mode):  # the first question in a mode that may use it
             await self.assistant.connect_cloud(on_status=self._cloud_status_changed)
             self.refresh_modes()
-        exchange = self.assistant.exchange(question, mode, conversation_id=self.conversation_id)
+        options = self.assistant.options(scope=scope) if scope else None
+        exchange = self.assistant.exchange(question, mode, conversation_id=self.conversation_id,
+                                           options=options)  # fmt: skip
         self._exchange = exchange
         self.conversation_id = exchange.conversation_id
         self.query_one("#conversation-title", Static).update(plain(exchange.title))
         view = self.conversation
         view.add_question(question)
         answer: AnswerView = view.add_answer(mode)
+        if scope:
+            from app.tui.documents import tilde
+
+            answer.add_notice("from your documents in " + ", ".join(tilde(p) for p in scope))
         self.sources = []
         self.query_one(SourcesPanel).show([])
         note = ""
@@ -639,6 +659,11 @@ class TandemApp(App[None]):
         src = next((s for s in event.answer.sources if s["number"] == event.number), None)
         if src is not None:
             self.push_screen(SourceScreen(src, self._indexed_chunks))
+
+    def _document_paths(self) -> list[str]:
+        """The indexed documents' paths (what an @ mention can name)."""
+        index = self.assistant.index
+        return [d.path for d in index.store.documents()] if index is not None else []
 
     def _indexed_chunks(self, path: str) -> list[Any]:
         """A document's chunks as indexed (the pager's view of a file that is not text)."""

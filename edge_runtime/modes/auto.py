@@ -123,7 +123,11 @@ class AutoMode(Orchestrator):
         policy = self.policy
         self._probe_bytes, self._consented = (0, 0), False
         found = await retrieve_private(
-            self.ctx.index, searched_by(question, history), options.k, options.min_score
+            self.ctx.index,
+            searched_by(question, history),
+            options.k,
+            options.min_score,
+            options.scope,
         )
         asks_cloud = policy.questions_leave and self.ctx.cloud is not None
         until, which = self._unreachable

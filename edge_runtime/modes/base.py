@@ -355,7 +355,11 @@ class Orchestrator(ABC):
         """Retrieve private passages (yielding their citations) and build the device prompt
         into `answer.prompt` (yielding a notice if old exchanges were left out)."""
         passages = await retrieve_private(
-            self.ctx.index, searched_by(question, history), options.k, options.min_score
+            self.ctx.index,
+            searched_by(question, history),
+            options.k,
+            options.min_score,
+            options.scope,
         )
         for event in self.prompt_with(question, history, passages, options, answer):
             yield event

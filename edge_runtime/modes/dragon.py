@@ -114,7 +114,11 @@ class DragonMode(CloudBacked):
         numbered after the cloud's (1..k), the way each side's prompts cite them."""
         device = need_device(self.ctx)
         hits = await search_private(
-            self.ctx.index, searched_by(question, history), options.k, options.min_score
+            self.ctx.index,
+            searched_by(question, history),
+            options.k,
+            options.min_score,
+            options.scope,
         )
         if await self.shaped_by_private(hits, history) and not await self.private_allowed(
             options

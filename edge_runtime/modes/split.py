@@ -87,7 +87,11 @@ class SplitMode(CloudBacked):
         user agreed to let this cloud take part in answers shaped by them (the drafts are);
         else only what this cloud may see: its own turns, no passage (and a notice)."""
         passages = await retrieve_private(
-            self.ctx.index, searched_by(question, history), options.k, options.min_score
+            self.ctx.index,
+            searched_by(question, history),
+            options.k,
+            options.min_score,
+            options.scope,
         )
         withheld = await self.shaped_by_private(passages, history)
         withheld = withheld and not await self.private_allowed(options)
