@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from textual.app import App
 
@@ -63,7 +64,7 @@ def _run_tool(command: tuple[str, ...], text: str) -> bool:
     return True
 
 
-def copy_text(app: App[object], text: str) -> str:
+def copy_text(app: App[Any], text: str) -> str:
     """Put `text` (control characters dropped) on the clipboard; returns how, for the toast:
     "the terminal (OSC 52)", with "and wl-copy" (or the tool used) where one took it too.
     Blocks for at most a few seconds on the desktop tool: call it from a thread."""
@@ -88,14 +89,14 @@ def code_blocks(markdown: str) -> list[str]:
     return [m.group("code").rstrip("\n") for m in _FENCE.finditer(markdown)]
 
 
-async def copy_and_tell(app: App[object], text: str, what: str) -> None:
+async def copy_and_tell(app: App[Any], text: str, what: str) -> None:
     """Copy `text` (on a thread: the desktop tool may take a moment) and say in a toast what
     was copied and how."""
     how = await asyncio.to_thread(copy_text, app, text)
     app.notify(f"Copied {what} ({len(text):,} characters) with {how}.", markup=False)
 
 
-async def copy_from_answer(app: App[object], answer: str | None, *, code: bool) -> None:
+async def copy_from_answer(app: App[Any], answer: str | None, *, code: bool) -> None:
     """Copy an answer's Markdown, or (`code`) its last fenced code block; a warning toast
     when there is none."""
     if answer is None or not answer.strip():
