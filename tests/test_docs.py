@@ -112,3 +112,14 @@ def test_the_code_cites_docs_that_exist() -> None:
     assert "no-such-anchor" not in anchors(DOCS / "math.md") and "dragon" in anchors(
         DOCS / "math.md"
     )
+
+
+def test_the_license_the_readme_names_is_in_the_tree() -> None:
+    """The README and pyproject say Apache-2.0: the tree carries that license's text."""
+    import tomllib
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"]["text"]
+    assert declared == "Apache-2.0" and "Licensed Apache-2.0." in (ROOT / "README.md").read_text()
+    text = (ROOT / "LICENSE").read_text()
+    assert text.lstrip().startswith("Apache License") and "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text
