@@ -127,9 +127,10 @@ async def search_rows(
     index: Any,
     corpus: Any,
     device: Any | None,
-    floor: float,
+    floors: dict[str, float],
 ) -> list[dict]:
-    """Per scored turn with a passage to find, and per way of searching it: found in the top K."""
+    """Per scored turn with a passage to find, and per way of searching it: found in the top K
+    above its side's floor (`floors`: the product's, private and public)."""
     from edge_runtime.turns import search_candidates, search_questions
 
     rows = []
@@ -156,6 +157,7 @@ async def search_rows(
                     if want is None or (side == "public" and corpus is None):
                         continue
                     search = index.search if side == "private" else corpus.search
+                    floor = floors[side]
                     if how == "best":  # each candidate searched, the best-scoring list kept
                         found_lists = [search(q, K, floor) for q in query]
                         hits = max(found_lists, key=lambda h: h[0].score if h else -1.0)
@@ -434,7 +436,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from benchmarks.common import pin_device
     from benchmarks.provenance import command_line, record, write_result
     from cloud_backend.corpus import PublicCorpus, default_corpus_dir, default_embedder_dir
-    from collab.sources import RELEVANCE_FLOOR
+    from collab.sources import PUBLIC_FLOOR, RELEVANCE_FLOOR
     from edge_runtime.device import DeviceModel
     from personal_index.index import PersonalIndex
     from tandem_packaging.prepare import model_path
@@ -458,6 +460,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "max_tokens": args.max_tokens,
             "k": K,
             "floor": RELEVANCE_FLOOR,
+            "public_floor": PUBLIC_FLOOR,
             "modes": list(args.modes),
             "rules": list(args.rules),
             "search": args.search,
@@ -487,7 +490,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         index,
                         corpus,
                         device if args.model_rewrite else None,
-                        RELEVANCE_FLOOR,
+                        {"private": RELEVANCE_FLOOR, "public": PUBLIC_FLOOR},
                     )
                 finally:
                     corpus.close()

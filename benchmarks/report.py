@@ -1624,11 +1624,18 @@ def multiturn_search() -> Built:
                 f"{c['share']:.0%} ({c['wilson'][0]:.0%}–{c['wilson'][1]:.0%}) | "
                 f"{ratio} |"
             )
+    config = data["config"]
+    floors = (
+        f"the floor {config['floor']:.2f}"
+        if "public_floor" not in config
+        else f"its side's floor ({config['floor']:.2f} private, "
+        f"{config['public_floor']:.2f} public)"
+    )
     note = (
-        f"{data['config']['conversations']} conversations; a turn's passage is found when "
-        "its note (private) or its article (public) is among the 3 passages above the floor "
-        f"{data['config']['floor']:.2f}. The private index holds the set's "
-        "notes only, so a search for the right topic finds its note easily."
+        f"{config['conversations']} conversations; a turn's passage is found when its note "
+        f"(private) or its article (public) is among the 3 passages above {floors}. The "
+        "private index holds the set's notes only, so a search for the right topic finds its "
+        "note easily."
     )
     return Built("\n".join(lines), [MULTITURN_SEARCH], note)
 
