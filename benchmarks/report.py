@@ -1653,13 +1653,22 @@ def multiturn_accuracy() -> Built:
             "python -m benchmarks.multiturn --modes local split",
         )
     lines = [
-        "| mode | history rules | turns | in conversation | fresh | ratio (95 % CI) | "
-        "follow-ups ÷ standalone (95 % CI) | after a refusal: right, refused |",
+        "| mode | history rules | turns | in conversation | fresh | ratio (95 % CI; target "
+        "0.95) | follow-ups ÷ standalone (95 % CI; target 0.90) | after a refusal: right, "
+        "refused |",
         "|---|---|---|---|---|---|---|---|",
     ]
 
-    def ratio(r: Any) -> str:
-        return "—" if not r else f"{r[0]:.2f} ({r[1]:.2f}–{r[2]:.2f})"
+    def ratio(r: Any, target: float) -> str:
+        """The ratio, its interval, and the target's verdict: met only where the interval
+        clears it, missed where it lies wholly under it, else not shown."""
+        if not r:
+            return "—"
+        mean, low, high = r
+        if not (math.isfinite(low) and math.isfinite(high)):
+            return f"{mean:.2f} (no interval)"
+        verdict = "met" if low >= target else "missed" if high < target else "not shown"
+        return f"{mean:.2f} ({low:.2f}–{high:.2f}), {verdict}"
 
     convs = set()
     for f in files:
@@ -1681,8 +1690,8 @@ def multiturn_accuracy() -> Built:
             )
             lines.append(
                 f"| {mode} | {rules} | {a['n']} | {a['conversation']:.0%} | "
-                f"{a['fresh']:.0%} | {ratio(a['ratio'])} | "
-                f"{ratio(fu['ratio']) if fu else '—'} | {after} |"
+                f"{a['fresh']:.0%} | {ratio(a['ratio'], 0.95)} | "
+                f"{ratio(fu['ratio'], 0.90) if fu else '—'} | {after} |"
             )
     note = (
         f"Conversations: {', '.join(str(c) for c in sorted(convs))} (of 24; a run with "
