@@ -27,8 +27,16 @@ CODE_ANSWER = (
 )
 PLAIN_ANSWER = "Your tandem is green."
 HOSTILE = "the key is under the mat\x1b[2J\x1b]52;c;ZXZpbA==\x07 (really)"
-CITATION = {"number": 1, "side": "device", "title": "notes.md", "location": "lines 1-2",
-            "score": 0.7, "excerpt": HOSTILE, "text": HOSTILE, "path": "/home/u/notes.md"}  # fmt: skip
+CITATION = {
+    "number": 1,
+    "side": "device",
+    "title": "notes.md",
+    "location": "lines 1-2",
+    "score": 0.7,
+    "excerpt": HOSTILE,
+    "text": HOSTILE,
+    "path": "/home/u/notes.md",
+}
 
 
 def make_app(tiny_device) -> TandemApp:
@@ -60,9 +68,8 @@ async def test_keys_copy_the_selected_answer_and_its_last_code_block(
         await until(pilot, lambda: len(app.query(AnswerView)) == 2)
         await pilot.press("ctrl+y")  # nothing selected: the last answer
         await until(pilot, lambda: app.clipboard == PLAIN_ANSWER)
-        assert f"Copied the answer ({len(PLAIN_ANSWER)} characters) with the terminal (OSC 52)." in (
-            toasts(app)
-        )
+        copied = f"Copied the answer ({len(PLAIN_ANSWER)} characters) with the terminal (OSC 52)."
+        assert copied in toasts(app)
         await pilot.press("ctrl+b")  # the last answer has no code
         await until(pilot, lambda: any("no code block" in t for t in toasts(app)))
         assert app.clipboard == PLAIN_ANSWER
