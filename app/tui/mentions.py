@@ -6,6 +6,7 @@ mention starts a word."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -80,7 +81,9 @@ class ScopeSuggester(Suggester):
         if typing is None or not typing.group(1) or typing.group(1).startswith(("/", "~")):
             return None
         typed = typing.group(1)
-        for name in mention_names(self.documents()):
+        # on a thread: the store serialises readers behind a running ingest (the UI must not wait)
+        documents = await asyncio.to_thread(self.documents)
+        for name in mention_names(documents):
             if name.startswith(typed) and name != typed:
                 return value + name[len(typed) :]
         return None
