@@ -127,7 +127,9 @@ def _print_results(results, *, unchanged: bool = True) -> None:
     for r in results:
         if r.outcome == "unchanged" and not unchanged:
             continue
-        detail = f"{r.chunks} chunks" if r.outcome == "indexed" else (r.reason or "")
+        detail = r.reason or ""
+        if r.outcome == "indexed":
+            detail = f"{r.chunks} chunks" + (f"; {r.reason}" if r.reason else "")
         print(strip_controls(f"{r.outcome:9}  {r.path}  {detail}".rstrip()))
     counts = {o: sum(r.outcome == o for r in results) for o in _OUTCOMES}
     print(", ".join(f"{n} {o}" for o, n in counts.items() if n) or "nothing to ingest")
@@ -155,6 +157,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 
 def _cmd_docs_list(args: argparse.Namespace) -> int:
     from app.plain import strip_controls
+    from personal_index.pages import read_pages
 
     with _open_store() as store, _watch_book() as book:
         rows, stats, folders = store.documents(), store.stats(), store.folders()
@@ -167,6 +170,8 @@ def _cmd_docs_list(args: argparse.Namespace) -> int:
         return 0
     for r in rows:
         detail = f"{r.chunk_count} chunks" if r.status == "indexed" else f"failed: {r.error}"
+        if pages := read_pages(r):
+            detail += f", {pages}"
         print(strip_controls(f"{r.path}  ({r.kind or '?'}, {detail})"))
     for f in folders:
         when = "not synced yet" if f.synced_at is None else f"synced {_when(f.synced_at)}"

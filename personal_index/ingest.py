@@ -28,6 +28,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from personal_index.pages import unread_note
 from personal_index.parse_worker import ParseWorker
 from personal_index.parsers import DEFAULT_LIMITS, ParseError, ParseLimits, is_supported
 from personal_index.safe_read import DEFAULT_MAX_FILE_MB, MB, Refused, read_document, refusal
@@ -84,6 +85,8 @@ class _Work:
     error: str | None = None
     skipped: str | None = None
     unchanged: bool = False
+    note: str | None = None
+    """Said with an indexed file: the pages that gave no text."""
 
 
 def _walk(target: Path, pruned: Callable[[str], bool] = lambda _path: False) -> Iterator[Path]:
@@ -220,6 +223,8 @@ class Ingestor:
         row = self.store.document(str(path))
         if row and row.chunk_format < CHUNK_FORMAT:
             return _Work(path, root, None)
+        if row and row.ocr_pages is None and row.chunk_count == 0 and row.kind == "pdf":
+            return _Work(path, root, None)  # a scan indexed before OCR: read it now
         if row and row.status == "indexed" and row.size == st.st_size and row.mtime == st.st_mtime:
             return None
         return _Work(path, root, row)
@@ -254,8 +259,13 @@ class Ingestor:
                 work.meta.sha256,
                 doc.title,
                 doc.kind,
+                doc.ocr_pages,
+                doc.unread_pages,
             )
             work.chunks = self.chunker.chunk(doc)
+            work.note = unread_note(doc)
+            if not work.chunks and doc.unread_pages:
+                work.error = work.note  # never "indexed, 0 chunks" without a word
         except ParseError as exc:
             work.error = exc.reason
         except Exception as exc:  # a chunker or library bug must not stop the other files
@@ -342,7 +352,7 @@ class Ingestor:
             ]
             self.store.replace_document(work.meta, records, vectors[start : start + n])
             start += n
-            yield FileResult(work.meta.path, "indexed", chunks=n)
+            yield FileResult(work.meta.path, "indexed", chunks=n, reason=work.note)
 
     def _purge_missing(self, folder: Path) -> Iterable[FileResult]:
         prefix = str(folder) + os.sep

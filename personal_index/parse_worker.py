@@ -8,6 +8,10 @@ the deadline the child is killed and the file fails with "parse took longer than
 next file starts a fresh child. A child that dies (a crash in a C extension, the memory cap)
 fails only the file it was parsing.
 
+A scan needs longer: before OCR reads a page (`personal_index.ocr.announce_page`) the child
+says so, and the deadline moves to at least `ocr_page_s` (20 s) from then. A 40-page scan is
+not failed at 30 s, and a page the OCR engine is stuck on still is, 20 s after it began.
+
 The child never writes to the terminal (its stdout and stderr are /dev/null: the TUI owns the
 screen); what its libraries log is sent back with each answer and logged here.
 """
@@ -22,11 +26,13 @@ import resource
 import subprocess
 import sys
 import threading
+import time
 import warnings
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from personal_index import ocr
 from personal_index.parsers import DEFAULT_LIMITS, ParseError, ParseLimits
 from retrieval.document import ParsedDocument
 
@@ -35,6 +41,8 @@ log = logging.getLogger(__name__)
 __all__ = ["DEFAULT_PARSE_TIMEOUT_S", "PARSER", "ParseWorker"]
 
 DEFAULT_PARSE_TIMEOUT_S = 30.0
+DEFAULT_OCR_PAGE_S = 20.0
+"""How long one scanned page may take from the moment OCR starts on it (about 1–2 s here)."""
 PARSER = "personal_index.parsers:parse_bytes"
 """The function the child runs, as "module:name" (tests name a stand-in that hangs)."""
 
@@ -84,6 +92,7 @@ def _serve(inbox: Connection, outbox: Connection, target: str) -> None:
     root.setLevel(logging.INFO)
     module, _, name = target.partition(":")
     parse = getattr(importlib.import_module(module), name)
+    ocr.set_page_listener(lambda: outbox.send(("page", None, [])))
     while True:
         try:
             job = inbox.recv()
@@ -112,10 +121,16 @@ class ParseWorker:
     """One parsing child at a time, started on first use, restarted after a kill. `parse` is
     called from one thread at a time; `close` may come from any thread (it ends a wait)."""
 
-    def __init__(self, timeout_s: float = DEFAULT_PARSE_TIMEOUT_S, target: str = PARSER) -> None:
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s must be positive (got {timeout_s!r})")
+    def __init__(
+        self,
+        timeout_s: float = DEFAULT_PARSE_TIMEOUT_S,
+        target: str = PARSER,
+        ocr_page_s: float = DEFAULT_OCR_PAGE_S,
+    ) -> None:
+        if not timeout_s > 0 or not ocr_page_s > 0:
+            raise ValueError(f"timeouts must be positive (got {timeout_s!r}, {ocr_page_s!r})")
         self.timeout_s = timeout_s
+        self.ocr_page_s = ocr_page_s
         self.target = target
         self.starts = 0
         """How many children were started (the first, then one after each kill or crash)."""
@@ -164,12 +179,19 @@ class ParseWorker:
         for a bad file, for one past the deadline ("parse took longer than 30 s") and for one
         the child died on."""
         to_child, from_child = self._child()
+        scanned = 0
+        deadline = time.monotonic() + self.timeout_s
         try:
             to_child.send((str(path), data, limits))
-            if not from_child.poll(self.timeout_s):
-                self._stop()
-                raise ParseError(f"parse took longer than {self.timeout_s:g} s")
-            status, payload, records = from_child.recv()
+            while True:
+                if not from_child.poll(max(0.0, deadline - time.monotonic())):
+                    self._stop()
+                    raise ParseError(self._too_long(scanned))
+                status, payload, records = from_child.recv()
+                if status != "page":
+                    break
+                scanned += 1
+                deadline = max(deadline, time.monotonic() + self.ocr_page_s)
         except (EOFError, OSError) as exc:
             code = self._stop()
             if self._closed:
@@ -182,6 +204,11 @@ class ParseWorker:
         if not isinstance(payload, ParsedDocument):
             raise ParseError(f"unexpected answer from the parser: {type(payload).__name__}")
         return payload
+
+    def _too_long(self, scanned: int) -> str:
+        if scanned == 0:
+            return f"parse took longer than {self.timeout_s:g} s"
+        return f"OCR took longer than {self.ocr_page_s:g} s on scanned page {scanned}"
 
     def _stop(self) -> int | None:
         with self._lock:

@@ -14,6 +14,10 @@ output zipfile bounds, is inflated), a PDF has a page cap, and
 no regular expression here backtracks on a long line. What no cap can bound (a library stuck
 on a crafted file) is bounded by running `parse_bytes` in a worker process with a deadline
 (`personal_index.parse_worker`).
+
+Scans (issue 47): a PDF page without a text layer, and a .png or .jpg file, are read by OCR
+(`personal_index.ocr`); the pages it read and those that gave no text at all are part of the
+result, so the user is told which pages were read how, never a silent "0 chunks".
 """
 
 from __future__ import annotations
@@ -23,13 +27,15 @@ import re
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import docx
 from bs4 import BeautifulSoup, NavigableString, Tag
 from bs4.element import PreformattedString
 from docx.table import Table
-from pypdf import PasswordType, PdfReader
+from pypdf import PageObject, PasswordType, PdfReader
 
+from personal_index import ocr
 from personal_index.safe_read import MB, Refused, read_document
 from retrieval.document import HeadingTrail, ParsedDocument, Section
 
@@ -53,6 +59,9 @@ _KINDS: dict[str, str] = {
     ".docx": "docx",
     ".html": "html",
     ".htm": "html",
+    ".png": "image",
+    ".jpg": "image",
+    ".jpeg": "image",
 }
 SUPPORTED_SUFFIXES: frozenset[str] = frozenset(_KINDS)
 
@@ -78,6 +87,10 @@ class ParseLimits:
     max_pages: int = 2000
     max_unpacked_bytes: int = 200 * MB
     max_members: int = 10_000
+    max_ocr_pages: int = 500
+    """Scanned pages read by OCR per file (a second or two each); later ones stay unread."""
+    max_page_images: int = 16
+    """Images OCR reads on one page (a scan is one; a page cut into strips has a few)."""
 
 
 DEFAULT_LIMITS = ParseLimits()
@@ -125,16 +138,36 @@ def parse_bytes(path: Path, data: bytes, limits: ParseLimits = DEFAULT_LIMITS) -
         "pdf": _parse_pdf,
         "docx": _parse_docx,
         "html": _parse_html,
+        "image": _parse_image,
     }[kind]
     try:
-        title, sections = parser(data, limits)
+        got = parser(data, limits)
     except ParseError:
         raise
     except RecursionError as e:
         raise ParseError(f"{_WHAT[kind]}: nested too deeply") from e
     except Exception as e:  # a library's failure on a bad file: wrap it, keep its message
         raise ParseError(_wrap_reason(kind, e)) from e
-    return ParsedDocument(path=path, kind=kind, title=title, sections=tuple(sections))
+    return ParsedDocument(
+        path=path,
+        kind=kind,
+        title=got.title,
+        sections=tuple(got.sections),
+        ocr_pages=got.ocr_pages,
+        unread_pages=got.unread_pages,
+        unread_why=got.unread_why,
+    )
+
+
+class _Parsed(NamedTuple):
+    """What a format's parser found: `ocr_pages` were read by OCR, `unread_pages` gave no text
+    at all (no text layer, and OCR found none or could not run: `unread_why`)."""
+
+    title: str | None
+    sections: list[Section]
+    ocr_pages: tuple[int, ...] = ()
+    unread_pages: tuple[int, ...] = ()
+    unread_why: str | None = None
 
 
 _WHAT = {
@@ -143,6 +176,7 @@ _WHAT = {
     "html": "could not parse HTML",
     "txt": "could not read text",
     "md": "could not read Markdown",
+    "image": "not a readable image",
 }
 
 
@@ -190,11 +224,11 @@ def _stripped_section(
     return Section(body, None, title, line, start + lead, headings)
 
 
-def _parse_txt(data: bytes, limits: ParseLimits) -> tuple[str | None, list[Section]]:
+def _parse_txt(data: bytes, limits: ParseLimits) -> _Parsed:
     """One section for the whole file: chunking, not the parser, decides where to cut."""
     text = _decode_text(data)
     section = _stripped_section(text, 0, len(text), (), 1)
-    return None, [section] if section else []
+    return _Parsed(None, [section] if section else [])
 
 
 # Linear on any line (issue 28): no two unbounded repetitions of the same characters in a row.
@@ -262,7 +296,7 @@ def _is_md_block_start(line: str) -> bool:
     return s.startswith((">", "- ", "* ", "+ ", "|")) or bool(_SETEXT.match(line))
 
 
-def _parse_md(data: bytes, limits: ParseLimits) -> tuple[str | None, list[Section]]:
+def _parse_md(data: bytes, limits: ParseLimits) -> _Parsed:
     """Sections split at headings, each holding its heading line; text before the first heading
     is an untitled section. Raw Markdown is kept so char and line spans match the file."""
     text = _decode_text(data)
@@ -285,7 +319,7 @@ def _parse_md(data: bytes, limits: ParseLimits) -> tuple[str | None, list[Sectio
         if section:
             sections.append(section)
     h1 = next((t for _i, level, t in headings if level == 1 and t), None)
-    return h1, sections
+    return _Parsed(h1, sections)
 
 
 # --- assembled formats (pdf, docx, html) ---------------------------------------------------
@@ -311,9 +345,10 @@ def _assemble(pieces: list[_Piece]) -> list[Section]:
     return sections
 
 
-def _parse_pdf(data: bytes, limits: ParseLimits) -> tuple[str | None, list[Section]]:
-    """One section per page that has text (page numbers 1-based); no OCR, so a scanned PDF
-    gives zero sections. An empty user password is tried, as PDF viewers do."""
+def _parse_pdf(data: bytes, limits: ParseLimits) -> _Parsed:
+    """One section per page that has text (page numbers 1-based). A page whose text layer
+    holds fewer than `_FEW_CHARACTERS` letters or digits is read from its images by OCR. An
+    empty user password is tried, as PDF viewers do."""
     reader = PdfReader(io.BytesIO(data))
     if reader.is_encrypted:
         try:
@@ -329,11 +364,96 @@ def _parse_pdf(data: bytes, limits: ParseLimits) -> tuple[str | None, list[Secti
     pages = len(reader.pages)
     if pages > limits.max_pages:
         raise ParseError(f"too many pages ({pages:,} > {limits.max_pages:,} cap)")
-    pieces: list[_Piece] = [(reader.pages[i].extract_text() or "", i + 1, ()) for i in range(pages)]
-    return title, _assemble(pieces)
+    pieces: list[_Piece] = []
+    read_by_ocr: list[int] = []
+    unread: list[int] = []
+    why: str | None = None
+    for number, page in enumerate(reader.pages, start=1):
+        layer = page.extract_text() or ""
+        if sum(c.isalnum() for c in layer) >= _FEW_CHARACTERS:
+            pieces.append((layer, number, ()))
+            continue
+        text, problem = "", "the page holds no image to read"
+        if len(read_by_ocr) >= limits.max_ocr_pages:
+            problem = f"past the {limits.max_ocr_pages:,} scanned pages OCR reads per file"
+        elif why is None or not why.startswith("OCR could not start"):
+            text, problem = _ocr_page(page, limits)
+        if text.strip():
+            read_by_ocr.append(number)
+            pieces.append((text, number, ()))
+        else:
+            unread.append(number)
+            why = why or problem
+            pieces.append((layer, number, ()))  # a few characters are better than none
+    return _Parsed(title, _assemble(pieces), tuple(read_by_ocr), tuple(unread), why)
 
 
-def _parse_docx(data: bytes, limits: ParseLimits) -> tuple[str | None, list[Section]]:
+#: A text layer with fewer letters and digits than this is no layer (a scanner's page stamp).
+_FEW_CHARACTERS = 10
+#: Images smaller than this on both sides hold no line of text worth reading (icons, rules).
+_MIN_IMAGE_SIDE = 32
+
+
+def _ocr_page(page: PageObject, limits: ParseLimits) -> tuple[str, str]:
+    """(text read from the page's images, why there is none if so). Each image is decoded on
+    its own (pypdf decodes at access), so one it cannot decode spoils only itself."""
+    try:
+        images = page.images
+        count = min(len(images), limits.max_page_images)
+    except Exception as e:  # a broken resource dictionary: the page has no readable image
+        return "", f"its images cannot be listed ({_short(e)})"
+    if count == 0:
+        return "", "the page holds no image to read"
+    texts: list[str] = []
+    problem = "OCR found no text on it"
+    announced = False
+    for i in range(count):
+        try:
+            image = images[i].image
+        except Exception as e:  # a filter pypdf cannot decode (JBIG2 without jbig2dec)
+            problem = f"an image on it cannot be decoded ({_short(e)})"
+            continue
+        if image is None or min(image.size) < _MIN_IMAGE_SIDE:
+            continue
+        if not announced:
+            ocr.announce_page()
+            announced = True
+        try:
+            texts.append(ocr.read_image(image))
+        except ocr.OcrUnavailable as e:
+            return "", f"OCR could not start: {e}"
+        except ValueError as e:
+            problem = str(e)
+    return "\n".join(t for t in texts if t), problem
+
+
+def _short(e: Exception) -> str:
+    return (str(e).strip() or type(e).__name__)[:120]
+
+
+def _parse_image(data: bytes, limits: ParseLimits) -> _Parsed:
+    """A photo or scan of one page (.png, .jpg), read by OCR: one untitled section."""
+    from PIL import Image, ImageOps
+
+    opened = Image.open(io.BytesIO(data))  # reads the header only: the size is known unread
+    width, height = opened.size
+    if width * height > ocr.MAX_PIXELS:
+        raise ParseError(
+            f"image too large to read ({width * height / 1e6:.0f} megapixels "
+            f"> {ocr.MAX_PIXELS / 1e6:.0f} cap)"
+        )
+    image = ImageOps.exif_transpose(opened)  # a phone's portrait photo, upright
+    ocr.announce_page()
+    try:
+        text = ocr.read_image(image)
+    except ocr.OcrUnavailable as e:
+        return _Parsed(None, [], (), (1,), f"OCR could not start: {e}")
+    if not text.strip():
+        return _Parsed(None, [], (), (1,), "OCR found no text in it")
+    return _Parsed(None, _assemble([(text, None, ())]), (1,))
+
+
+def _parse_docx(data: bytes, limits: ParseLimits) -> _Parsed:
     """Body paragraphs and tables in order; a "Heading n" or "Title" paragraph starts a new
     section titled by it. The document title is the core property, else the first heading."""
     document = docx.Document(unpacked_zip(data, limits))
@@ -358,7 +478,7 @@ def _parse_docx(data: bytes, limits: ParseLimits) -> tuple[str | None, list[Sect
             current.append(text)
     pieces.append(("\n".join(current), None, chain))
     title = (document.core_properties.title or "").strip() or first_heading
-    return title, _assemble(pieces)
+    return _Parsed(title, _assemble(pieces))
 
 
 # How a .docx may store its parts: an OPC package is stored or deflated (ECMA-376 Part 2).
@@ -434,7 +554,7 @@ _HTML_BLOCKS = frozenset(
 )  # fmt: skip
 
 
-def _parse_html(data: bytes, limits: ParseLimits) -> tuple[str | None, list[Section]]:
+def _parse_html(data: bytes, limits: ParseLimits) -> _Parsed:
     """Visible text split at h1–h6 (each section titled by its heading); script, style, nav
     and the like are dropped. Title: <title>, else the first <h1>."""
     soup = BeautifulSoup(data, "html.parser")  # bytes: bs4 detects the encoding
@@ -475,7 +595,7 @@ def _parse_html(data: bytes, limits: ParseLimits) -> tuple[str | None, list[Sect
 
     walk(soup)
     pieces.append((_html_lines("".join(current)), None, chain))
-    return title or None, _assemble(pieces)
+    return _Parsed(title or None, _assemble(pieces))
 
 
 def _docx_heading_level(style: str) -> int:

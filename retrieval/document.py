@@ -48,12 +48,17 @@ class HeadingTrail:
 
 @dataclass(frozen=True)
 class ParsedDocument:
-    """A parsed file: `kind` is one of txt, md, pdf, docx, html; `title` is None if it has none."""
+    """A parsed file: `kind` is one of txt, md, pdf, docx, html, image; `title` is None if it
+    has none. `ocr_pages` (1-based) were read by OCR; `unread_pages` gave no text at all, for
+    the reason `unread_why` (an image is page 1)."""
 
     path: Path
     kind: str
     title: str | None
     sections: tuple[Section, ...]
+    ocr_pages: tuple[int, ...] = ()
+    unread_pages: tuple[int, ...] = ()
+    unread_why: str | None = None
 
     @cached_property
     def text(self) -> str:

@@ -79,6 +79,8 @@ class DocumentMeta:
     sha256: str
     title: str | None = None
     kind: str | None = None
+    ocr_pages: tuple[int, ...] = ()
+    unread_pages: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,11 @@ class DocumentRow:
     chunk_count: int
     indexed_at: float
     chunk_format: int = CHUNK_FORMAT
+    ocr_pages: tuple[int, ...] | None = ()
+    """Pages read by OCR; None for a row written before OCR existed (read again at the next
+    ingest if it holds no chunk: a scan indexed as "0 chunks" then gets its text)."""
+    unread_pages: tuple[int, ...] = ()
+    """Pages that gave no text at all (no text layer, and OCR found none)."""
 
 
 @dataclass(frozen=True)
@@ -315,6 +322,13 @@ def _migrate_v4_to_v5(conn: sqlite3.Connection) -> None:
         scrub.owe_compact(conn)
 
 
+def _migrate_v5_to_v6(conn: sqlite3.Connection) -> None:
+    """Which pages OCR read and which gave no text ("3,4,9"); NULL in rows written before
+    OCR, so the ingester can tell a scan it never tried to read (issue 47)."""
+    conn.execute("ALTER TABLE documents ADD COLUMN ocr_pages TEXT")
+    conn.execute("ALTER TABLE documents ADD COLUMN unread_pages TEXT NOT NULL DEFAULT ''")
+
+
 #: MIGRATIONS[i] brings a database from schema version i to i + 1.
 MIGRATIONS: list[Migration] = [
     _migrate_v0_to_v1,
@@ -322,6 +336,7 @@ MIGRATIONS: list[Migration] = [
     _migrate_v2_to_v3,
     _migrate_v3_to_v4,
     _migrate_v4_to_v5,
+    _migrate_v5_to_v6,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -377,8 +392,18 @@ def _folder_prefix(folder: str | os.PathLike[str]) -> tuple[str, str]:
 
 _DOC_COLUMNS = (
     "id, path, size, mtime, sha256, status, error, title, kind, chunk_count, indexed_at, "
-    "chunk_format"
+    "chunk_format, ocr_pages, unread_pages"
 )
+
+
+def _pages_text(pages: Sequence[int]) -> str:
+    return ",".join(str(p) for p in pages)
+
+
+def _pages(text: str | None) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split(",") if p) if text else ()
+
+
 _CHUNK_COLUMNS = (
     "c.id, c.document_id, d.path, c.ordinal, c.text, c.page, c.title, "
     "c.line_start, c.line_end, c.char_start, c.char_end, c.heading, d.title"
@@ -795,7 +820,8 @@ class IndexStore:
     ) -> int:
         cursor = self.db.conn.execute(
             "INSERT INTO documents (path, size, mtime, sha256, status, error, title, kind, "
-            "chunk_count, indexed_at, chunk_format) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            "chunk_count, indexed_at, chunk_format, ocr_pages, unread_pages) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
             [
                 meta.path,
                 int(meta.size),
@@ -808,6 +834,8 @@ class IndexStore:
                 n,
                 time.time(),
                 CHUNK_FORMAT,
+                _pages_text(meta.ocr_pages),
+                _pages_text(meta.unread_pages),
             ],
         )
         return int(cursor.lastrowid)  # type: ignore[arg-type]
@@ -908,7 +936,12 @@ class IndexStore:
 
     @staticmethod
     def _doc_row(r: Sequence[Any]) -> DocumentRow:
-        return DocumentRow(*r)
+        (doc_id, path, size, mtime, sha, status, error, title, kind, n, at, fmt, ocr, unread) = r
+        ocr_pages = None if ocr is None else _pages(ocr)
+        return DocumentRow(
+            doc_id, path, size, mtime, sha, status, error, title, kind, n, at, fmt, ocr_pages,
+            _pages(unread),
+        )  # fmt: skip
 
     def documents(self) -> list[DocumentRow]:
         """All documents (indexed and failed), by path."""

@@ -51,7 +51,7 @@ def make_corpus(folder: Path) -> dict[str, Path]:
         "# Chess\n\nThe Sicilian defence answers 1.e4 with c5.\n"
     )
     (folder / "log.txt").write_text("\n".join(TOPICS) + "\n")
-    (folder / "image.png").write_bytes(b"\x89PNG not really")
+    (folder / "image.gif").write_bytes(b"GIF89a not really")
     return {p.stem: p for p in folder.iterdir()}
 
 
@@ -90,7 +90,7 @@ def test_every_format_is_indexed_with_citations(index, tmp_path):
         "recipe.html": "indexed",
         "notes.md": "indexed",
         "log.txt": "indexed",
-        "image.png": "skipped",
+        "image.gif": "skipped",
     }
     skipped = next(r for r in results if r.outcome == "skipped")
     assert "unsupported" in skipped.reason

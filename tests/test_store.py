@@ -270,8 +270,10 @@ def test_migration_from_v1(tmp_path: Path) -> None:
     db.conn.commit()
     db.close()
     with IndexStore(tmp_path, DIM) as store:
-        assert schema_version(store.db) == SCHEMA_VERSION == 5
+        assert schema_version(store.db) == SCHEMA_VERSION == 6
         assert "chunks_document_ordinal" in {i.name for i in store.db["chunks"].indexes}
+        old = store.document("/old.txt")
+        assert old is not None and old.ocr_pages is None and old.unread_pages == ()
         assert store.search(vec, k=5)[0].path == "/old.txt"
         assert store.check_consistency(deep=True) == []
         with pytest.raises(sqlite3.IntegrityError):

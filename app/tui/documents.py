@@ -49,6 +49,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from app.plain import strip_controls
 from app.tui.plain import plain, plain_text
 from app.tui.status import human_bytes
+from personal_index.pages import read_pages
 
 if TYPE_CHECKING:
     from textual.app import App
@@ -573,6 +574,8 @@ class DocumentsScreen(Screen[None]):
                 if d.status == "indexed"
                 else plain_text(f"failed: {d.error or '?'}", "red")
             )
+            if pages := read_pages(d):
+                status.append(f" · {pages}", "dim")
             # Text cells: a DataTable reads a str cell as markup, and paths are free text.
             table.add_row(plain_text(tilde(d.path)), plain_text(d.kind or "?"),
                           Text(str(d.chunk_count)), status, key=d.path)  # fmt: skip

@@ -412,3 +412,31 @@ def test_summary_and_sizes() -> None:
     assert summarize(results) == "2 indexed, 1 unchanged, 1 failed"
     assert summarize([]) == "nothing to ingest"
     assert human_bytes(512) == "512 B" and human_bytes(1536) == "1.5 KB"
+
+
+async def test_a_scanned_pdf_is_read_by_ocr_and_labelled(private_index, tmp_path: Path) -> None:
+    """Issue 47: a scan added from the Documents screen is indexed from OCR, and its row says
+    which pages OCR read; a photo with no text fails with the reason, not "0 chunks"."""
+    from PIL import Image
+
+    from benchmarks.ocr_scans import LETTERS, scan_page, scanned_pdf
+
+    docs = tmp_path / "scans"
+    docs.mkdir()
+    (docs / "letter.pdf").write_bytes(scanned_pdf([scan_page(LETTERS[3], 150)], 150))
+    Image.new("RGB", (640, 480), (90, 140, 200)).save(docs / "sky.png")
+    host = Host(lambda: private_index, docs)
+    async with host.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        screen = host.screen
+        assert isinstance(screen, DocumentsScreen)
+        await type_path(pilot, screen, docs)
+        await settle(pilot)
+        rows = file_rows(screen)
+        assert rows["letter.pdf"][:2] == ("indexed", "1"), rows
+        assert rows["sky.png"] == ("failed", "", "no text found: OCR found no text in it"), rows
+        table = screen.query_one("#documents-list", DataTable)
+        status = str(table.get_row(str(docs / "letter.pdf"))[-1])
+        assert status == "indexed · OCR p. 1", status
+    hits = private_index.search("When does the museum bus leave?", k=1)
+    assert hits and hits[0].path == str(docs / "letter.pdf") and hits[0].page == 1
