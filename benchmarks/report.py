@@ -1729,8 +1729,9 @@ def ocr() -> Built:
         "(`benchmarks/ocr_scans.py`), each resolution one image-only PDF parsed by the parse "
         "worker as `tandem ingest` does; CER = Levenshtein distance over the text's length, "
         f"whitespace runs as one space; detection at {config['detect_max_side']} px longest "
-        "side; one core. No real scanned set with its text is installable from Debian or PyPI "
-        "(none found): these are generated scans only."
+        "side; one core. These are generated scans only: no real scanned set with its text "
+        "was found on PyPI or in Debian (pytesseract's sdist, the one candidate opened, ships "
+        "no images)."
     )
     return Built("\n".join(lines), [OCR], note)
 
