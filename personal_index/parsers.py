@@ -415,6 +415,8 @@ def _ocr_page(page: PageObject, limits: ParseLimits) -> tuple[str, str]:
             continue
         if image is None or min(image.size) < _MIN_IMAGE_SIDE:
             continue
+        if rotation := page.rotation % 360:  # shown turned clockwise: read it as shown
+            image = image.rotate(-rotation, expand=True)
         if not announced:
             ocr.announce_page()
             announced = True

@@ -162,3 +162,17 @@ def test_tandem_ingest_reads_scans_and_says_which_pages(
     again = capsys.readouterr().out.splitlines()
     assert f"indexed    {docs / 'invoice scan.pdf'}  1 chunks" in again, again
     assert f"unchanged  {docs / 'mixed.pdf'}" in again
+
+
+def test_a_page_shown_turned_is_read_as_shown(worker: ParseWorker) -> None:
+    """A scanner that stores the page sideways and sets /Rotate: OCR reads what a viewer shows."""
+    from pypdf import PdfReader, PdfWriter
+
+    sideways = scan_page(LETTERS[1], 150, seed=6).rotate(90, expand=True)  # stored turned left
+    reader = PdfReader(io.BytesIO(scanned_pdf([sideways], 150)))
+    writer = PdfWriter()
+    writer.add_page(reader.pages[0]).rotate(90)  # shown turned right: upright
+    out = io.BytesIO()
+    writer.write(out)
+    doc = worker.parse(Path("turned.pdf"), out.getvalue())
+    assert doc.ocr_pages == (1,) and cer(doc.text, LETTERS[1]) < 0.03, doc.text
