@@ -424,13 +424,22 @@ def _ocr_page(page: PageObject, limits: ParseLimits) -> tuple[str, str]:
             texts.append(ocr.read_image(image))
         except ocr.OcrUnavailable as e:
             return "", f"OCR could not start: {e}"
-        except ValueError as e:
+        except ValueError as e:  # over the pixel cap
             problem = str(e)
+        except MemoryError:
+            raise
+        except Exception as e:  # pixels that fail to decode late (a truncated stream)
+            problem = f"an image on it cannot be read ({_short(e)})"
     return "\n".join(t for t in texts if t), problem
 
 
 def _short(e: Exception) -> str:
-    return (str(e).strip() or type(e).__name__)[:120]
+    """A library's message, short and without object addresses ("<_io.BytesIO object at …>")."""
+    message = _OBJECT_REPR.sub("", str(e)).strip()
+    return (message or type(e).__name__)[:120]
+
+
+_OBJECT_REPR = re.compile(r"\s*<[\w.]+ object at 0x[0-9a-f]+>")
 
 
 def _parse_image(data: bytes, limits: ParseLimits) -> _Parsed:

@@ -176,3 +176,22 @@ def test_a_page_shown_turned_is_read_as_shown(worker: ParseWorker) -> None:
     writer.write(out)
     doc = worker.parse(Path("turned.pdf"), out.getvalue())
     assert doc.ocr_pages == (1,) and cer(doc.text, LETTERS[1]) < 0.03, doc.text
+
+
+def test_an_image_that_cannot_be_decoded_spoils_only_its_page() -> None:
+    """A scanned page whose JPEG is damaged: that page is named with the reason, the typed page
+    is still indexed, and the message carries no object address."""
+    jpeg = io.BytesIO()
+    scan_page(LETTERS[0], 150, seed=2).convert("RGB").save(jpeg, "JPEG", quality=80)
+    pdf = FPDF(format="A4")
+    pdf.set_font("Helvetica", size=12)
+    pdf.add_page()
+    pdf.multi_cell(0, 8, TYPED)
+    pdf.add_page()
+    pdf.image(io.BytesIO(jpeg.getvalue()), x=0, y=0, w=210, h=297)
+    raw = bytes(pdf.output())
+    at = raw.index(jpeg.getvalue()[:64])
+    damaged = raw[: at + 2] + bytes(200) + raw[at + 202 :]  # its header, zeroed
+    doc = parse_bytes(Path("damaged.pdf"), damaged)
+    assert [s.page for s in doc.sections] == [1] and doc.unread_pages == (2,)
+    assert doc.unread_why == "an image on it cannot be decoded (cannot identify image file)"
