@@ -663,6 +663,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-corpus", action="store_true", help="serve without the public corpus")
     serve.add_argument("--corpus-limit", type=int, help="index only the first N summaries")
     serve.add_argument("--corpus-k", type=int, help="public passages per cloud-mode answer")
+    serve.add_argument("--corpus-focus-words", type=int,
+                       help="words of a public passage a cloud prompt holds (0: all)")  # fmt: skip
     serve.add_argument("--corpus-floor", type=float,
                        help="relevance below which a public passage is not used")  # fmt: skip
     serve.add_argument("--max-batch", type=int, dest="max_batch_sequences",

@@ -112,6 +112,7 @@ def _config(args: argparse.Namespace, load_config):
         corpus_limit=args.corpus_limit,
         corpus_k=args.corpus_k,
         corpus_floor=args.corpus_floor,
+        corpus_focus_words=args.corpus_focus_words,
         max_batch_sequences=args.max_batch_sequences,
         document_cache_bytes=_mib(args.document_cache_mb),
         document_cache_scope=args.document_cache_scope,

@@ -1706,6 +1706,49 @@ def multiturn_accuracy() -> Built:
     return Built("\n".join(lines), files, note)
 
 
+PASSAGE_FOCUS = "passage-focus/ort.json"
+
+
+def passage_focus() -> Built:
+    """Cloud-mode prompts with whole and focused public passages: tokens, TTFT, answers."""
+    header = [
+        "passages",
+        "prompt tokens (mean)",
+        "TTFT, prefill (s, mean)",
+        "TTFT ÷ whole (95 % CI)",
+        "fact in the prompt",
+        "right",
+        "right − whole (95 % CI)",
+    ]
+    if not saved(PASSAGE_FOCUS):
+        return unmeasured_table(header, ["whole", "60 words"], "python -m benchmarks.passage_focus")
+    data = load(PASSAGE_FOCUS)
+    summary = data["summary"]
+    n = summary["questions"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for budget, b in summary["budgets"].items():
+        label = "whole" if budget == "0" else f"{budget} words"
+        ratio = right_diff = "—"
+        if (t := b.get("ttft_vs_whole")) is not None:
+            ratio = ratio_cell((t["ratio"], *t["ci95"]), up="slower", down="faster")
+        if (d := b.get("right_vs_whole")) is not None:
+            low, high = d["ci95"]
+            word = verdict(low, high, 0.0, "more right", "fewer right")
+            right_diff = f"{d['difference']:+.0%} ({low:+.0%} to {high:+.0%}, {word})"
+        lines.append(
+            f"| {label} | {b['prompt_tokens_mean']:.0f} | {b['ttft_s_mean']:.2f} | {ratio} | "
+            f"{b['fact_in_prompt']}/{n} | {b['right']}/{n} | {right_diff} |"
+        )
+    note = (
+        f"{n} public questions (auto's public group and the public part of its 'both' group), "
+        "passages searched as the cloud searches them (k = 3, the public floor); the cloud model "
+        "(ONNX int8, one thread, core 1) prefills the cloud-mode prompt and answers greedily "
+        f"({data['config']['max_tokens']} tokens), once per budget, the order alternating by "
+        "question; TTFT is the prefill alone. Intervals: paired bootstrap over questions."
+    )
+    return Built("\n".join(lines), [PASSAGE_FOCUS], note)
+
+
 OCR = "ocr/rapidocr.json"
 
 
@@ -1743,6 +1786,7 @@ TABLE_LIST = (
     Table("index", "embedder speed, ingest pipeline, search latency", index),
     Table("first-start", "a fresh install's embedded cloud until its first answer", first_start),
     Table("ocr", "OCR's character error rate and pages/s on generated scans", ocr),
+    Table("passage-focus", "cloud-mode prompts with whole and focused passages", passage_focus),
     Table("retrieval", "dense/BM25/hybrid quality with CIs, floors, latency", retrieval),
     Table("retrieval-e5", "multilingual-e5-small against the shipped search", retrieval_e5),
     Table("public-relevance", "which public passage counts as answering", public_relevance),

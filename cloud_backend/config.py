@@ -63,6 +63,9 @@ class ServerConfig:
     corpus_limit: int | None = None
     corpus_k: int = 3
     corpus_floor: float = PUBLIC_FLOOR  # a public passage less relevant is not used
+    # a cloud-mode prompt holds about this many words of each public passage: the sentences
+    # that answer (retrieval.focus; the citation stays whole); 0 keeps passages whole
+    corpus_focus_words: int = 60
     data_dir: Path | None = None
     tls_cert: Path | None = None  # PEM certificate chain: serve wss:// (with tls_key)
     tls_key: Path | None = None
@@ -115,6 +118,8 @@ class ServerConfig:
             raise ConfigError("threads must be at least 1 (or unset for all cores)")
         if self.corpus_k < 1:
             raise ConfigError("corpus_k must be at least 1")
+        if self.corpus_focus_words < 0:
+            raise ConfigError("corpus_focus_words must be 0 (whole passages) or more")
         if not -1.0 <= self.corpus_floor <= 1.0:
             raise ConfigError(f"corpus_floor must be in -1..1, not {self.corpus_floor}")
         if self.corpus_limit is not None and self.corpus_limit < 1:

@@ -104,3 +104,4 @@ class RequestContext:
     rtt: Callable[[], float | None] = lambda: None  # the session's measured round trip, s
     pace: DraftPace = field(default_factory=DraftPace)  # the session's, kept across answers
     cache_salt: bytes = b""  # the scope whose document KV this request may reuse
+    corpus_focus_words: int = 0  # a prompt's public passages cut to the sentences that answer

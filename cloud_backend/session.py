@@ -500,6 +500,7 @@ class Session:
             corpus=self.state.corpus,
             corpus_k=self.state.config.corpus_k,
             corpus_floor=self.state.config.corpus_floor,
+            corpus_focus_words=self.state.config.corpus_focus_words,
             mode=self.mode,
             variant=self.variant,
             limits=self.limits,

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import time
 from abc import ABC, abstractmethod
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -39,6 +40,7 @@ from collab.split import Transcript
 from model_runtime.prompting import clipped_prompt, prompt_budget
 from model_runtime.runtime import Cancelled
 from model_runtime.tokenizer import IM_END_ID
+from retrieval.focus import focused
 from retrieval.search import best_of, clauses
 
 if TYPE_CHECKING:
@@ -141,6 +143,7 @@ class Request(ABC):
             )
             sources = tuple(p.clipped(SOURCE_CHARS) for p in passages)
             await self.link.send(Citations(sources, request_id=self.gen.request_id))
+            passages = self.focused(passages)
         budget = prompt_budget(self.ctx.engine.lm.max_context, self.gen.max_new_tokens)
         # passages too long for the model's context are clipped; tokenising a question of
         # up to a frame's 4 MiB takes seconds: on a thread, the event loop serves the others
@@ -151,6 +154,16 @@ class Request(ABC):
         if dropped:
             log.info("request=%d history_pairs_left_out=%d", self.gen.request_id, dropped)
         return ids
+
+    def focused(self, passages: list[Source]) -> list[Source]:
+        """The passages as the prompt holds them: each cut to the sentences that answer the
+        question (and the words a follow-up was searched with), `corpus_focus_words` long."""
+        words = self.ctx.corpus_focus_words
+        if not words or not passages:
+            return passages
+        asked = " ".join(dict.fromkeys(filter(None, [self.gen.search, self.gen.question])))
+        texts = focused(asked, [p.text for p in passages], words)
+        return [replace(p, text=t) for p, t in zip(passages, texts, strict=True)]
 
     def commit(self, tokens: list[int]) -> list[int]:
         return self.counted(self.transcript.commit(tokens))
