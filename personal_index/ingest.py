@@ -28,7 +28,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from personal_index.pages import unread_note
+from personal_index.pages import NO_TEXT, nothing_read, unread_note
 from personal_index.parse_worker import ParseWorker
 from personal_index.parsers import DEFAULT_LIMITS, ParseError, ParseLimits, is_supported
 from personal_index.safe_read import DEFAULT_MAX_FILE_MB, MB, Refused, read_document, refusal
@@ -178,7 +178,8 @@ class Ingestor:
                     continue
                 work = self._needs_work(path, target)
                 if work is None:
-                    results.append(FileResult(key, "unchanged"))
+                    row = self.store.document(key)
+                    results.append(FileResult(key, "unchanged", reason=row.error if row else None))
                 else:
                     todo.append(work)
         total = len(results) + len(todo)
@@ -225,8 +226,11 @@ class Ingestor:
             return _Work(path, root, None)
         if row and row.ocr_pages is None and row.chunk_count == 0 and row.kind == "pdf":
             return _Work(path, root, None)  # a scan indexed before OCR: read it now
-        if row and row.status == "indexed" and row.size == st.st_size and row.mtime == st.st_mtime:
+        same = (st.st_size, st.st_mtime)
+        if row and row.status == "indexed" and (row.size, row.mtime) == same:
             return None
+        if row and (row.error or "").startswith(NO_TEXT) and (row.size, row.mtime) == same:
+            return None  # a photo with no text: not OCR'd again at each sync
         return _Work(path, root, row)
 
     def _parse(self, work: _Work) -> _Work:
@@ -264,8 +268,8 @@ class Ingestor:
             )
             work.chunks = self.chunker.chunk(doc)
             work.note = unread_note(doc)
-            if not work.chunks and doc.unread_pages:
-                work.error = work.note  # never "indexed, 0 chunks" without a word
+            if not work.chunks and doc.unread_pages:  # never "indexed, 0 chunks" unexplained
+                work.error = nothing_read(doc)
         except ParseError as exc:
             work.error = exc.reason
         except Exception as exc:  # a chunker or library bug must not stop the other files

@@ -12,7 +12,11 @@ if TYPE_CHECKING:
     from retrieval.document import ParsedDocument
     from retrieval.store import DocumentRow
 
-__all__ = ["page_ranges", "read_pages", "unread_note"]
+__all__ = ["NO_TEXT", "nothing_read", "page_ranges", "read_pages", "unread_note"]
+
+NO_TEXT = "no text found"
+"""How a file that gave no text at all fails: the same bytes give the same result, so such a
+file is not read again (nor OCR run again) until it changes."""
 
 
 def unread_note(doc: ParsedDocument) -> str | None:
@@ -23,10 +27,17 @@ def unread_note(doc: ParsedDocument) -> str | None:
         return None
     why = doc.unread_why or "no text layer"
     if doc.kind == "image":
-        return f"no text found: {why}"
+        return nothing_read(doc)
     if len(pages) == 1:
         return f"no text on page {pages[0]}: {why}"
     return f"no text on pages {page_ranges(pages)}: {why}"
+
+
+def nothing_read(doc: ParsedDocument) -> str:
+    """Why a file that gave no text at all fails ("no text found on its 3 pages: …")."""
+    why = doc.unread_why or "no text layer"
+    pages = len(doc.unread_pages)
+    return f"{NO_TEXT}: {why}" if pages <= 1 else f"{NO_TEXT} on its {pages} pages: {why}"
 
 
 def read_pages(row: DocumentRow) -> str:

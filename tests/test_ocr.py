@@ -162,6 +162,9 @@ def test_tandem_ingest_reads_scans_and_says_which_pages(
     again = capsys.readouterr().out.splitlines()
     assert f"indexed    {docs / 'invoice scan.pdf'}  1 chunks" in again, again
     assert f"unchanged  {docs / 'mixed.pdf'}" in again
+    # The photo with no text is not read (nor OCR run) again while it has not changed.
+    assert f"unchanged  {docs / 'holiday.png'}  no text found: OCR found no text in it" in again
+    assert again[-1] == "1 indexed, 3 unchanged"
 
 
 def test_a_page_shown_turned_is_read_as_shown(worker: ParseWorker) -> None:
