@@ -45,6 +45,7 @@ class CloudStatus:
     state: CloudState
     detail: str = ""
     embedded: bool = False
+    search: str = ""  # what public search can do while a first start builds ("keywords; …")
 
     @property
     def label(self) -> str:
@@ -292,8 +293,6 @@ class Assistant:
             self._set_cloud(CloudStatus("starting", "" if embedded else shown_url(url),
                                         embedded=embedded), on_status)  # fmt: skip
             if embedded:
-                self._set_cloud(CloudStatus("starting", "first start indexes the corpus",
-                                            embedded=True), on_status)  # fmt: skip
                 url, token = await self._start_embedded(on_status)
             ctx = self.context()
             s = self.settings
@@ -302,7 +301,8 @@ class Assistant:
                                       embedded=embedded)  # fmt: skip
             if self.device is not None:
                 await self._probe()
-            self._set_cloud(CloudStatus("ready", shown_url(url), embedded=embedded), on_status)
+            ready = CloudStatus("ready", shown_url(url), embedded, self.cloud_status.search)
+            self._set_cloud(ready, on_status)
         except Exception as exc:  # any failure: say why, local mode still works
             log.info("cloud unavailable: %s", exc)
             self._set_cloud(CloudStatus("unavailable", _plain(exc), embedded=embedded), on_status)
@@ -313,16 +313,16 @@ class Assistant:
     ) -> tuple[str, str]:
         from app.embedded import EmbeddedCloud
 
-        def progress(done: int, total: int, what: str) -> None:
-            """The first start builds the public corpus: say how far, not just "starting"."""
-            detail = f"indexing {what} {done:,}/{total:,}"
-            self._set_cloud(CloudStatus("starting", detail, embedded=True), on_status)
+        def searching(what: str) -> None:
+            """Public search by keyword until the meaning index is built: say so, then stop."""
+            shown = "" if what == "meaning" else what
+            self._set_cloud(dataclasses.replace(self.cloud_status, search=shown), on_status)
 
         if self._embedded is None or self._embedded.proc.returncode is not None:
             args = ["--engine", self.settings.cloud_engine]
             if self.settings.cloud_model:
                 args += ["--model-dir", str(Path(self.settings.cloud_model).expanduser())]
-            self._embedded = await EmbeddedCloud.start(args, on_progress=progress)
+            self._embedded = await EmbeddedCloud.start(args, on_search=searching)
         return self._embedded.url, self._embedded.token
 
     async def _probe(self) -> None:

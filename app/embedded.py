@@ -4,16 +4,17 @@ through the environment (never on a command line other users can read).
 
 Both ends of the parent/child contract live here. The child (`tandem serve --announce`) writes
 its stdout and stderr to a log file, never to the parent's terminal (a TUI's screen), and
-announces on a pipe instead: `progress <done> <total> <what>` while it builds the public corpus,
-then `ready <url>`. It ends with its parent however the parent ends (a closed terminal's SIGHUP,
-SIGTERM, a crash, SIGKILL): Linux's parent-death signal and, independently, end of file on its
-stdin, a pipe only the parent holds."""
+announces on a pipe instead: `ready <url>`, and `search <what>` whenever what its public search
+can do changes (a first start serves by keyword while the meaning index builds on a thread,
+`cloud_backend.corpus_serving`). It
+ends with its parent however the parent ends (a closed terminal's SIGHUP, SIGTERM, a crash,
+SIGKILL): Linux's parent-death signal and, independently, end of file on its stdin, a pipe only
+the parent holds."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import logging
 import os
 import re
@@ -21,21 +22,20 @@ import secrets
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TextIO
 
 from cloud_backend.config import METRICS_TOKEN_ENV, TOKEN_ENV
 from collab.plumbing.files import make_private_dir, private_opener
 
 log = logging.getLogger("tandem.embedded")
 READY_PREFIX = "ready "
-PROGRESS_PREFIX = "progress "
+SEARCH_PREFIX = "search "
 PARENT_ENV = "TANDEM_EMBEDDED_PARENT"  # the parent's pid: set only for the embedded child
 LOG_NAME = "cloud.log"
 
-OnProgress = Callable[[int, int, str], None]
-"""Called with (done, total, what) while the child builds its public corpus."""
+OnSearch = Callable[[str], None]
+"""Called with what the child's public search can do ("keywords; meaning 42 %", "meaning")."""
 
 
 class EmbeddedCloudError(RuntimeError):
@@ -76,6 +76,7 @@ class EmbeddedCloud:
     ) -> None:
         self.proc, self.url, self.token = proc, url, token
         self.metrics_token = metrics_token  # its /metrics (benchmarks and tests read them)
+        self._follower: asyncio.Task[None] | None = None
 
     async def metrics(self) -> str:
         """Its /metrics page (Prometheus text)."""
@@ -87,15 +88,16 @@ class EmbeddedCloud:
         serve_args: Sequence[str] = (),
         timeout_s: float = 900.0,
         cores: set[int] | None = None,
-        on_progress: OnProgress | None = None,
         log_path: Path | None = None,
         python: str | None = None,
+        on_search: OnSearch | None = None,
     ) -> EmbeddedCloud:
         """Start `tandem serve` on a free loopback port and wait until it accepts sessions
-        (the first start also builds the public corpus index: minutes, reported through
-        `on_progress`). `cores` pins the backend (`taskset -c`), so it does not steal the
-        device's core. Its output goes to `log_path` (default `<data dir>/cloud.log`), which
-        rotates by size as `tandem serve --log-file` does (10 MiB, 5 kept).
+        (a first start serves public search by keyword while its meaning index builds:
+        `on_search` hears what public search can do, before and after). `cores` pins the
+        backend (`taskset -c`), so it does not steal the device's core. Its output goes to
+        `log_path` (default `<data dir>/cloud.log`), which rotates by size as `tandem serve
+        --log-file` does (10 MiB, 5 kept).
         `python` runs it from another environment (the vLLM cloud's; default: this one).
         Call from the thread that keeps running (the event loop's): Linux ends the child
         when the thread that started it ends."""
@@ -116,31 +118,42 @@ class EmbeddedCloud:
                 start_new_session=True,  # the terminal's ctrl+c and SIGHUP reach only us
             )
         try:
-            url = await asyncio.wait_for(cls._ready_url(proc, on_progress, log_path), timeout_s)
+            url = await asyncio.wait_for(cls._ready_url(proc, on_search, log_path), timeout_s)
         except BaseException:
             await cls._stop(proc)
             raise
         log.info("embedded cloud at %s (pid %d, log %s)", url, proc.pid, log_path)
-        return cls(proc, url, token, metrics_token)
+        cloud = cls(proc, url, token, metrics_token)
+        cloud._follower = asyncio.ensure_future(cls._follow(proc, on_search))
+        return cloud
 
     @staticmethod
     async def _ready_url(
-        proc: asyncio.subprocess.Process, on_progress: OnProgress | None, log_path: Path
+        proc: asyncio.subprocess.Process,
+        on_search: OnSearch | None,
+        log_path: Path,
     ) -> str:
         assert proc.stdout is not None
         while line := (await proc.stdout.readline()).decode(errors="replace"):
             if line.startswith(READY_PREFIX):
                 return line[len(READY_PREFIX) :].strip()
-            if line.startswith(PROGRESS_PREFIX):
-                done, total, what = line[len(PROGRESS_PREFIX) :].rstrip("\n").split(" ", 2)
-                if on_progress is not None:
-                    on_progress(int(done), int(total), what)
+            _searching(line, on_search)
         code = await proc.wait()
         raise EmbeddedCloudError(
             f"the embedded cloud backend exited (code {code}) before it was ready; see {log_path}"
         )
 
+    @staticmethod
+    async def _follow(proc: asyncio.subprocess.Process, on_search: OnSearch | None) -> None:
+        """After `ready`: read the announcements to the end (a pipe left unread would block
+        the child once full), passing on what public search can do."""
+        assert proc.stdout is not None
+        while line := (await proc.stdout.readline()).decode(errors="replace"):
+            _searching(line, on_search)
+
     async def stop(self) -> None:
+        if self._follower is not None:
+            self._follower.cancel()
         await self._stop(self.proc)
 
     @staticmethod
@@ -163,6 +176,11 @@ class EmbeddedCloud:
         await self.stop()
 
 
+def _searching(line: str, on_search: OnSearch | None) -> None:
+    if line.startswith(SEARCH_PREFIX) and on_search is not None:
+        on_search(line[len(SEARCH_PREFIX) :].strip())
+
+
 # --------------------------------------------------------------------------- the child
 
 
@@ -183,10 +201,12 @@ def announcer() -> Callable[[str], None]:
     cannot reach the parent, nor break the protocol."""
     channel = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
     os.dup2(2, 1)
+    lock = threading.Lock()  # the corpus build's thread announces too
 
     def announce(line: str) -> None:
-        channel.write(line + "\n")
-        channel.flush()
+        with lock:
+            channel.write(" ".join(line.split()) + "\n")  # one line, whatever it quotes
+            channel.flush()
 
     return announce
 
@@ -225,40 +245,3 @@ def _end_with_stdin() -> None:
             pass
     log.warning("the parent process is gone: stopping")
     os.kill(os.getpid(), signal.SIGTERM)
-
-
-@contextlib.contextmanager
-def bar_progress(announce: Callable[[str], None]) -> Iterator[None]:
-    """Within this block, tqdm bars drawn on stderr (the corpus build's) become `progress`
-    announcements instead of clutter in the log; any other text still goes to the log."""
-    with contextlib.redirect_stderr(_BarReader(announce, sys.stderr)):
-        yield
-
-
-class _BarReader(io.TextIOBase):
-    """A stderr stand-in that reads tqdm's redraws (`what:  12%|███ | 1234/10033 [...]`)."""
-
-    _BAR = re.compile(r"^(?P<what>[^|]*?): *\d+%\|.*\| *(?P<done>\d+)/(?P<total>\d+)")
-    encoding = "utf-8"
-
-    def __init__(self, announce: Callable[[str], None], other: TextIO) -> None:
-        super().__init__()
-        self._announce, self._other = announce, other
-        self._last: tuple[int, int, str] | None = None
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, text: str) -> int:
-        for part in re.split(r"[\r\n]", text):
-            if match := self._BAR.match(part.strip()):
-                seen = (int(match["done"]), int(match["total"]), match["what"].strip())
-                if seen != self._last:
-                    self._last = seen
-                    self._announce(f"{PROGRESS_PREFIX}{seen[0]} {seen[1]} {seen[2]}")
-            elif part.strip():
-                self._other.write(part + "\n")
-        return len(text)
-
-    def flush(self) -> None:
-        self._other.flush()

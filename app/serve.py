@@ -40,7 +40,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace, announce: Callable[[str], None] | None) -> int:
-    from app.embedded import READY_PREFIX, bar_progress
+    from app.embedded import READY_PREFIX, SEARCH_PREFIX
     from cloud_backend.config import ConfigError, load_config
     from cloud_backend.loading import build_engine
     from cloud_backend.server import run_server, tls_context
@@ -50,10 +50,12 @@ def _serve(args: argparse.Namespace, announce: Callable[[str], None] | None) -> 
         config = _config(args, load_config)
         tls_context(config)  # a certificate that cannot be used stops here, in plain words
         if config.corpus_enabled:  # before the model: a corpus that cannot open fails fast
-            with bar_progress(announce) if announce else contextlib.nullcontext():
-                corpus = _open_corpus(config)
+            on_status = (lambda what: announce(SEARCH_PREFIX + what)) if announce else None
+            corpus = _open_corpus(config, on_status)
         engine = build_engine(config)
     except ConfigError as exc:
+        if corpus is not None:
+            corpus.close()
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
@@ -67,6 +69,8 @@ def _serve(args: argparse.Namespace, announce: Callable[[str], None] | None) -> 
         asyncio.run(_serve_until_stopped(run_server(config, engine, corpus, ready=ready)))
     finally:  # vLLM's engine processes go too, within their own bound, whatever ended this
         engine.close()
+        if corpus is not None:
+            corpus.close()  # a build still running stops; the next start resumes it
     return 0
 
 
@@ -128,13 +132,22 @@ def _mib(value: float | None) -> int | None:
     return None if value is None else int(value * 1024**2)
 
 
-def _open_corpus(config):
+def _open_corpus(config, on_status):
+    """The public corpus, serving from now on: opened if built, else by keyword while its
+    meaning index builds in the background (`cloud_backend.corpus_serving`)."""
     from cloud_backend.config import ConfigError
-    from cloud_backend.corpus import PublicCorpus, default_corpus_dir, default_embedder_dir
+    from cloud_backend.corpus import default_corpus_dir, default_embedder_dir
+    from cloud_backend.corpus_serving import ServingCorpus
 
     root = config.data_dir / "corpus" if config.data_dir else default_corpus_dir()
     try:
-        corpus = PublicCorpus.open(root, default_embedder_dir(), limit=config.corpus_limit)
+        corpus = ServingCorpus.start(
+            root,
+            default_embedder_dir(),
+            config.corpus_limit,
+            on_status=on_status,
+            shipped_vectors=config.corpus_shipped_vectors,
+        )
     except ImportError as exc:  # the vLLM environment has no export toolchain
         raise ConfigError(
             f"the public corpus is not built yet and this environment cannot build it (no "

@@ -66,6 +66,9 @@ class ServerConfig:
     # a cloud-mode prompt holds about this many words of each public passage: the sentences
     # that answer (retrieval.focus; the citation stays whole); 0 keeps passages whole
     corpus_focus_words: int = 60
+    # a first build takes the public vectors shipped with the project where they pass their
+    # spot check (cloud_backend.corpus_vectors); false embeds every summary on this machine
+    corpus_shipped_vectors: bool = True
     data_dir: Path | None = None
     tls_cert: Path | None = None  # PEM certificate chain: serve wss:// (with tls_key)
     tls_key: Path | None = None

@@ -30,6 +30,7 @@ from cloud_backend.corpus_build import (
     PACKAGE,
     PATH_PREFIX,
     CorpusError,
+    OnProgress,
     corpus_texts,
     load_summaries,
     open_or_build,
@@ -63,10 +64,12 @@ LOCATION = f"Wikipedia summary ({PACKAGE}, {LICENSE})"
 @dataclass(frozen=True)
 class PublicHit(Source):
     """A public source (the cloud side's citation) that also knows its summary's page and its
-    stored chunk (`rescore` reads the chunk's vector)."""
+    stored chunk (`rescore` reads the chunk's vector; `vector_stored` is False for a hit of
+    the keyword store a first start serves from, `cloud_backend.corpus_serving`)."""
 
     url: str = ""
     chunk_id: int = -1
+    vector_stored: bool = True
 
 
 @dataclass(frozen=True)
@@ -129,11 +132,13 @@ class PublicCorpus:
         overlap_tokens: int = DEFAULT_OVERLAP_TOKENS,
         threads: int | None = None,
         shipped_vectors: bool = True,
+        on_progress: OnProgress | None = None,
     ) -> PublicCorpus:
         """The corpus cached under `root`, built (or resumed) first if missing, incomplete,
         corrupt or built from anything else. `limit` keeps the first N titles (tests);
         `progress` draws a tqdm bar while building; `threads` is ONNX Runtime's thread count;
-        `shipped_vectors`: a build takes what it can from the vectors shipped with the project."""
+        `shipped_vectors`: a build takes what it can from the vectors shipped with the project;
+        `on_progress(done, total)` hears of a build's summaries as they are stored."""
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
             raise TypeError(f"limit must be an integer or None, got {limit!r}")
         if limit is not None and limit < 1:
@@ -153,6 +158,7 @@ class PublicCorpus:
             overlap_tokens,
             threads,
             shipped_vectors,
+            on_progress,
         )
         log.info(
             "public corpus ready: %d summaries, %d chunks (%s) in %.2f s",

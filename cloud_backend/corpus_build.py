@@ -27,7 +27,7 @@ import logging
 import shutil
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,6 +80,9 @@ _LOCK = ".lock"
 # Chunks per embedding call: the embedder sorts a call's texts by length, so large calls waste
 # little on padding; small enough that the progress bar moves every second or so.
 EMBED_BATCH = 256
+KEYWORD_DIM = 1  # a keyword-only store's placeholder vectors
+
+OnProgress = Callable[[int, int], None]
 
 
 class CorpusError(RuntimeError):
@@ -267,12 +270,14 @@ def open_or_build(
     overlap_tokens: int,
     threads: int | None,
     shipped_vectors: bool = True,
+    on_progress: OnProgress | None = None,
 ) -> tuple[IndexStore, dict[str, Any], OnnxEmbedder | None]:
     """The store and manifest of the corpus cached under `root`, built (or resumed) first if
     missing, incomplete, corrupt or built from anything else; caches of other recipes are
     deleted. The embedder is returned when a build loaded it (None when the cache was used).
     `embedder_dir` must hold a prepared embedder; `shipped_vectors` takes what it can from the
-    vectors shipped with the project (`cloud_backend.corpus_vectors`), else embeds it all."""
+    vectors shipped with the project (`cloud_backend.corpus_vectors`), else embeds it all.
+    `on_progress(done, total)` hears of each batch of summaries a build stores."""
     root.mkdir(parents=True, exist_ok=True)
     source = _source()
     with _locked(root):
@@ -285,12 +290,59 @@ def open_or_build(
         embedder = None
         if opened is None:
             store, manifest, embedder = _build(
-                folder, key, recipe, source, embedder_dir, progress, threads, shipped_vectors
+                folder,
+                key,
+                recipe,
+                source,
+                embedder_dir,
+                progress,
+                threads,
+                shipped_vectors,
+                on_progress,
             )
         else:
             store, manifest = opened
         _remove_others(root, keep=folder)
     return store, manifest, embedder
+
+
+def is_built(
+    root: Path, embedder_dir: Path, limit: int | None, chunk_tokens: int, overlap_tokens: int
+) -> bool:
+    """Whether `root` holds a finished cache for this recipe (its manifest says so), so that
+    `open_or_build` opens it in about a second instead of building it."""
+    source = _source()
+    with _locked(root):
+        hashes = _HashCache(root / _HASH_CACHE)
+        recipe = _recipe(source, embedder_dir, chunk_tokens, overlap_tokens, limit, hashes)
+        hashes.save()
+        key = _digest(recipe)
+        manifest = _read_json(root / (FOLDER_PREFIX + key[:16]) / MANIFEST)
+    return manifest is not None and manifest.get("key") == key
+
+
+def build_keywords(
+    folder: Path, limit: int | None, chunk_tokens: int, overlap_tokens: int
+) -> IndexStore:
+    """Every summary's chunks, exactly as a build stores them, in a store searched by keyword
+    alone (FTS5, BM25; each vector a one-dimensional placeholder): seconds, where embedding
+    them takes minutes on one core. Built afresh each time (it is never opened again)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    source = _source()
+    chunker = Chunker(load_embedding_tokenizer(), chunk_tokens, overlap_tokens)
+    mtime = source.path.stat().st_mtime
+    store = IndexStore(folder, KEYWORD_DIM)
+    try:
+        for title, extract in load_summaries(source.path, limit):
+            records = _chunk_records(chunker, title, extract)
+            placeholders = np.ones((len(records), KEYWORD_DIM), dtype=np.float32)
+            store.replace_document(_meta(title, extract, mtime), records, placeholders)
+        store.flush()
+    except BaseException:
+        store.close()
+        raise
+    return store
 
 
 def _open_complete(folder: Path, key: str) -> tuple[IndexStore, dict[str, Any]] | None:
@@ -357,6 +409,7 @@ def _build(
     progress: bool,
     threads: int | None,
     shipped_vectors: bool,
+    on_progress: OnProgress | None,
 ) -> tuple[IndexStore, dict[str, Any], OnnxEmbedder]:
     """Embed every summary not yet in the folder's store (with the shipped vectors where they
     pass the spot check), verify, then write the manifest."""
@@ -389,7 +442,16 @@ def _build(
         shipped, check = _trusted_shipped(shipped_vectors, todo, chunker, embedder, recipe)
         mtime = source.path.stat().st_mtime
         new_chunks, from_shipped = _embed_all(
-            store, chunker, embedder, todo, done, len(summaries), progress, mtime, shipped
+            store,
+            chunker,
+            embedder,
+            todo,
+            done,
+            len(summaries),
+            progress,
+            mtime,
+            shipped,
+            on_progress,
         )
         store.flush()
         problems = store.check_consistency()
@@ -440,6 +502,7 @@ def _embed_all(
     progress: bool,
     mtime: float,
     shipped: ShippedVectors | None,
+    on_progress: OnProgress | None = None,
 ) -> tuple[int, int]:
     """Chunk, embed in batches of ~EMBED_BATCH chunks (taking the shipped vector of a chunk the
     file holds), store one summary per transaction (a kill loses at most the batch in flight).
@@ -472,20 +535,14 @@ def _embed_all(
             from_shipped += reused
             start = 0
             for title, extract, records in batch:
-                data = extract.encode()
-                meta = DocumentMeta(
-                    path=_doc_path(title),
-                    size=len(data),
-                    mtime=mtime,
-                    sha256=hashlib.sha256(data).hexdigest(),
-                    title=title,
-                    kind=KIND,
-                )
+                meta = _meta(title, extract, mtime)
                 store.replace_document(meta, records, vectors[start : start + len(records)])
                 start += len(records)
             embedded += n_chunks
             bar.set_postfix(chunks=embedded, refresh=False)
             bar.update(len(batch))
+            if on_progress is not None:
+                on_progress(done + i, total)
             fraction = (done + i) / max(total, 1)
             if fraction >= next_log or i == len(todo):
                 rate = embedded / max(time.perf_counter() - started, 1e-9)
@@ -499,6 +556,18 @@ def _embed_all(
                 )
                 next_log = fraction + 0.1
     return embedded, from_shipped
+
+
+def _meta(title: str, extract: str, mtime: float) -> DocumentMeta:
+    data = extract.encode()
+    return DocumentMeta(
+        path=_doc_path(title),
+        size=len(data),
+        mtime=mtime,
+        sha256=hashlib.sha256(data).hexdigest(),
+        title=title,
+        kind=KIND,
+    )
 
 
 def _chunk_records(chunker: Chunker, title: str, extract: str) -> list[ChunkRecord]:

@@ -1,7 +1,8 @@
 """The embedded cloud's life with its parent: it ends when the parent ends (a closed terminal's
-SIGHUP, SIGTERM, SIGKILL), and it never writes on the parent's terminal, reporting its corpus
-build through the progress callback instead. Real processes throughout: a parent script that
-starts `EmbeddedCloud` (the tiny model), and the `tandem serve` child it starts."""
+SIGHUP, SIGTERM, SIGKILL), and it never writes on the parent's terminal, reporting what its
+public search can do (by keyword while the corpus builds) through a callback instead. Real
+processes throughout: a parent script that starts `EmbeddedCloud` (the tiny model), and the
+`tandem serve` child it starts."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from app.embedded import PARENT_ENV
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
-# The parent: starts the embedded cloud, prints each progress report and the child's pid, then
+# The parent: starts the embedded cloud, prints each search report and the child's pid, then
 # either waits to be killed or (with `--stop`) stops the cloud and exits.
 PARENT = """
 import asyncio, signal, sys
@@ -28,10 +29,10 @@ from app.embedded import EmbeddedCloud
 signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as in a terminal, even if the tests run under nohup
 
 async def main(stop, args):
-    def progress(done, total, what):
-        print(f"progress {done} {total} {what}", flush=True)
+    def searching(what):
+        print(f"search {what}", flush=True)
 
-    cloud = await EmbeddedCloud.start(args, timeout_s=120, on_progress=progress)
+    cloud = await EmbeddedCloud.start(args, timeout_s=120, on_search=searching)
     print(f"child {cloud.proc.pid}", flush=True)
     if stop:
         await cloud.stop()
@@ -127,11 +128,12 @@ def test_a_child_whose_parent_is_already_gone_does_not_start():
     assert proc.returncode == 1
 
 
-def test_the_corpus_build_reports_progress_and_never_writes_on_the_terminal(
+def test_a_first_start_serves_by_keyword_and_never_writes_on_the_terminal(
     tiny, embedder_dir, tmp_path
 ):
-    """The child's tqdm bar and logs go to `<data dir>/cloud.log`; the parent gets the bar's
-    counts through its callback, and its own stdout and stderr carry nothing of the child."""
+    """A first start serves before its corpus is embedded: the parent hears "keywords" before
+    the child is ready. The child's logs go to `<data dir>/cloud.log`, which says what public
+    search can do, and the parent's own stdout and stderr carry nothing of the child."""
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "all-minilm-l6-v2-onnx").symlink_to(embedder_dir)
     parent = start_parent(serve_args(tiny, "--corpus-limit", "12"), tmp_path, stop=True)
@@ -143,33 +145,44 @@ def test_the_corpus_build_reports_progress_and_never_writes_on_the_terminal(
     assert err == ""
     lines = out.splitlines()
     assert lines[-1].startswith("child ")
-    progress = [line.split(" ", 3) for line in lines[:-1]]
-    assert progress and all(p[0] == "progress" and p[3] == "public corpus" for p in progress)
-    counts = [(int(p[1]), int(p[2])) for p in progress]
-    assert counts[-1] == (12, 12) and counts == sorted(counts)
+    assert lines[0] == "search keywords; meaning 0 %", lines
+    assert all(line.startswith("search ") for line in lines[:-1]), lines
     log = (tmp_path / "cloud.log").read_text()
+    assert "public search: keywords; meaning 0 %" in log
     assert "%|" not in log and "ready" not in log
 
 
-async def test_whoever_connects_hears_how_far_the_corpus_build_is(monkeypatch):
-    """`tandem ask`'s stderr line and the TUI's status bar hear the build's progress through
-    `connect_cloud`'s `on_status` (a merge once left it on a callback nobody called)."""
+async def test_whoever_connects_hears_what_public_search_can_do(monkeypatch):
+    """`tandem ask`'s stderr line and the TUI's status bar hear, through `connect_cloud`'s
+    `on_status`, that a first start searches by keyword until its meaning index is built."""
+    from types import SimpleNamespace
+
     from app.assistant import Assistant
     from app.embedded import EmbeddedCloud
     from app.settings import Settings
     from app.tui.status import StatusBar
 
-    async def start(args, on_progress=None, **_):  # the child's first report, then no cloud
-        on_progress(1234, 10033, "public corpus")
-        raise OSError("no backend in this test")
+    told = []
+
+    async def start(args, on_search=None, **_):  # the child's reports, without a child
+        told.append(on_search)
+        on_search("keywords; meaning 0 %")
+        proc = SimpleNamespace(returncode=None)
+        return SimpleNamespace(url="ws://127.0.0.1:9/ws", token="t", proc=proc)
 
     monkeypatch.setattr(EmbeddedCloud, "start", start)
     monkeypatch.delenv("TANDEM_CLOUD_URL", raising=False)
     heard = []
-    status = await Assistant(Settings()).connect_cloud(on_status=heard.append)
-    assert status.state == "unavailable"
-    building = [s for s in heard if s.detail.startswith("indexing")]
-    assert [s.detail for s in building] == ["indexing public corpus 1,234/10,033"]
+    assistant = Assistant(Settings())
+    status = await assistant.connect_cloud(on_status=heard.append)
+    assert status.state == "ready" and status.search == "keywords; meaning 0 %"
     bar = StatusBar()
-    bar.cloud = building[0]
-    assert "cloud starting (embedded)… indexing public corpus 1,234/10,033" in str(bar.line_text())
+    bar.cloud = status
+    assert "cloud ready (embedded) · public search: keywords; meaning 0 %" in str(bar.line_text())
+
+    told[0]("keywords; meaning 40 %")
+    assert heard[-1].state == "ready" and heard[-1].search == "keywords; meaning 40 %"
+    told[0]("meaning")  # built: nothing more to say
+    assert heard[-1].state == "ready" and heard[-1].search == ""
+    bar.cloud = heard[-1]
+    assert "public search" not in str(bar.line_text())

@@ -136,6 +136,8 @@ class StatusBar(Static):
             text.append_text(plain_text(self.cloud.label, style=style))
             if self.cloud.state == "starting" and self.cloud.detail:
                 text.append_text(plain_text(f" {self.cloud.detail}", style=style))
+            if self.cloud.state == "ready" and self.cloud.search:
+                text.append_text(plain_text(f" · public search: {self.cloud.search}"))
         text.append_text(plain_text("  │  " + self.device))
         if self.stats is not None:
             text.append("  │  ")
