@@ -321,6 +321,28 @@ def is_built(
     return manifest is not None and manifest.get("key") == key
 
 
+def shipped_vectors_pass(
+    root: Path,
+    embedder_dir: Path,
+    limit: int | None,
+    chunk_tokens: int,
+    overlap_tokens: int,
+    threads: int | None = None,
+) -> bool:
+    """Whether a build of this recipe would take the shipped vectors (their spot check passes
+    with this machine's embedder): such a build takes seconds, one that embeds takes minutes."""
+    source = _source()
+    with _locked(root):
+        hashes = _HashCache(root / _HASH_CACHE)
+        recipe = _recipe(source, embedder_dir, chunk_tokens, overlap_tokens, limit, hashes)
+        hashes.save()
+    chunker = Chunker(load_embedding_tokenizer(), chunk_tokens, overlap_tokens)
+    embedder = OnnxEmbedder(embedder_dir, threads=threads)
+    summaries = load_summaries(source.path, limit)
+    shipped, _ = _trusted_shipped(True, summaries, chunker, embedder, recipe)
+    return shipped is not None
+
+
 def build_keywords(
     folder: Path, limit: int | None, chunk_tokens: int, overlap_tokens: int
 ) -> IndexStore:

@@ -2,11 +2,12 @@
 first start, by meaning too once the full corpus is built (issue 46: a first start answers
 within two minutes).
 
-A cache that is already built opens in about a second and is served as it is. Otherwise the
-build embeds every summary the shipped vectors do not cover (all of them when their spot check
-refuses them, `cloud_backend.corpus_vectors`): minutes on one core. So `ServingCorpus` first
-stores the summaries' words alone (`corpus_build.build_keywords`, seconds), answers from them,
-and builds the full corpus on a thread; then it switches. A keyword hit is judged as every
+A cache that is already built opens in about a second and is served as it is; a build that
+can take the vectors shipped with the project (their spot check passes on this machine,
+`cloud_backend.corpus_vectors`) takes seconds and is waited for. Otherwise the build embeds
+every summary: minutes on one core. So `ServingCorpus` first stores the summaries' words alone
+(`corpus_build.build_keywords`, seconds), answers from them, and builds the full corpus on a
+thread; then it switches. A keyword hit is judged as every
 public passage is, by its cosine with the question against the same floor: here the query
 embedder scores the candidates at search time, as a keyword store holds no vectors.
 """
@@ -27,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from cloud_backend.corpus import PublicCorpus, PublicHit
-from cloud_backend.corpus_build import build_keywords, is_built
+from cloud_backend.corpus_build import build_keywords, is_built, shipped_vectors_pass
 from retrieval.chunking import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP_TOKENS
 from retrieval.embedder import OnnxEmbedder, prepare_onnx_embedder, question_cosines
 from retrieval.search import SearchMode
@@ -131,9 +132,10 @@ class ServingCorpus:
         shipped_vectors: bool = True,
         before_build: Callable[[], None] | None = None,
     ) -> ServingCorpus:
-        """The built corpus under `root`, opened; else a keyword store serving at once while
-        a thread builds the full corpus. `on_status(text)` hears the status as it changes
-        (every tenth of the build); `before_build` runs on the thread first (tests hold it)."""
+        """The built corpus under `root`, opened (built first when the shipped vectors serve
+        for it); else a keyword store serving at once while a thread builds the full corpus.
+        `on_status(text)` hears the status as it changes (every tenth of the build);
+        `before_build` runs on the thread first (tests hold it)."""
         root = Path(root)
         embedder_dir = prepare_onnx_embedder(Path(embedder_dir))
         root.mkdir(parents=True, exist_ok=True)
@@ -149,7 +151,8 @@ class ServingCorpus:
             threads=threads,
             shipped_vectors=shipped_vectors,
         )
-        if is_built(root, embedder_dir, limit, chunk_tokens, overlap_tokens):
+        recipe = (root, embedder_dir, limit, chunk_tokens, overlap_tokens)
+        if is_built(*recipe) or (shipped_vectors and shipped_vectors_pass(*recipe, threads)):
             return cls(open_full(), on_status)
         started = time.perf_counter()
         folder = root / f"{KEYWORDS_PREFIX}{os.getpid()}"

@@ -4,6 +4,7 @@ then by meaning. Real summaries (the first 200), the real embedder, no shipped v
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -17,6 +18,9 @@ from collab.sources import PUBLIC_FLOOR
 LIMIT = 200
 QUESTION = "In which city was the pop group ABBA formed?"
 WAIT_S = 300.0
+
+
+SHIPPED = corpus_vectors.SHIPPED  # the project's file, before a test points elsewhere
 
 
 @pytest.fixture(autouse=True)
@@ -104,3 +108,24 @@ def test_a_server_stopped_mid_build_leaves_it_to_resume(tmp_path, embedder_dir):
     with ServingCorpus.start(root, embedder_dir, LIMIT, threads=1) as again:
         assert again.ready.wait(WAIT_S) and again.status() == MEANING
         assert again.search(QUESTION, 3, PUBLIC_FLOOR)[0].vector_stored
+
+
+def test_a_first_start_the_shipped_vectors_cover_is_built_before_it_serves(
+    tmp_path, embedder_dir, monkeypatch
+):
+    """Seconds with the shipped vectors: no keyword stage then, meaning from the first answer."""
+    monkeypatch.setattr(corpus_vectors, "SHIPPED", SHIPPED)
+    root = tmp_path / "corpus"
+    said: list[str] = []
+    with ServingCorpus.start(root, embedder_dir, LIMIT, threads=1, on_status=said.append) as c:
+        assert c.ready.is_set() and c.status() == MEANING and said == []
+        assert keyword_stores(root) == []
+        assert c.search(QUESTION, 3, PUBLIC_FLOOR)[0].vector_stored
+        manifest = json.loads(next(root.glob("corpus-*/corpus.json")).read_text())
+        assert manifest["shipped_vectors"]["used"]
+    # the negative control: refused (not asked for) -> the keyword stage
+    with ServingCorpus.start(
+        tmp_path / "other", embedder_dir, LIMIT, threads=1, shipped_vectors=False
+    ) as c:
+        assert c.status().startswith("keywords")
+        assert c.ready.wait(WAIT_S)

@@ -136,7 +136,10 @@ def test_a_first_start_serves_by_keyword_and_never_writes_on_the_terminal(
     search can do, and the parent's own stdout and stderr carry nothing of the child."""
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "all-minilm-l6-v2-onnx").symlink_to(embedder_dir)
-    parent = start_parent(serve_args(tiny, "--corpus-limit", "12"), tmp_path, stop=True)
+    config = tmp_path / "cloud.toml"  # the shipped vectors would make the build take seconds
+    config.write_text("[cloud]\ncorpus_shipped_vectors = false\n")
+    args = serve_args(tiny, "--corpus-limit", "12", "--config", str(config))
+    parent = start_parent(args, tmp_path, stop=True)
     try:
         out, err = parent.communicate(timeout=300)
     finally:
