@@ -32,8 +32,11 @@ def _show_progress(status) -> None:
 
 
 def _format_stats(s: dict[str, Any], device: str) -> str:
-    parts = [s["mode"] + (f"/{s['variant']}" if s.get("variant") else ""), device,
-             f"{s['tokens']} tokens"]  # fmt: skip
+    parts = [
+        s["mode"] + (f"/{s['variant']}" if s.get("variant") else ""),
+        device,
+        f"{s['tokens']} tokens",
+    ]
     if s.get("ttft_s") is not None:
         parts.append(f"TTFT {s['ttft_s']:.2f} s")
     if s.get("tokens_per_s"):
@@ -66,10 +69,17 @@ def settings_for(args: argparse.Namespace):
     except SettingsError as exc:
         _say(f"warning: {exc}; using the defaults", err=True)
         settings = Settings()
-    flags = {"variant": args.variant, "aggregator": args.aggregator, "k": args.k,
-             "max_tokens": args.max_tokens, "temperature": args.temperature, "eta": args.eta,
-             "pipeline": args.pipeline,
-             "cloud_url": args.cloud_url, "cloud_engine": args.cloud_engine}  # fmt: skip
+    flags = {
+        "variant": args.variant,
+        "aggregator": args.aggregator,
+        "k": args.k,
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "eta": args.eta,
+        "pipeline": args.pipeline,
+        "cloud_url": args.cloud_url,
+        "cloud_engine": args.cloud_engine,
+    }
     return dataclasses.replace(settings, **{k: v for k, v in flags.items() if v is not None})
 
 
@@ -127,10 +137,15 @@ async def run_ask(args: argparse.Namespace) -> int:
         except ScopeError as exc:
             _say(f"error: {exc}", err=True)
             return 2
-        options = assistant.options(top_p=args.top_p, seed=args.seed, scope=scope,
-                                    allow_private_in_cloud=args.allow_private_in_cloud)  # fmt: skip
-        exchange = assistant.exchange(args.question, args.mode, options=options, save=save,
-                                      conversation_id=conversation_id)  # fmt: skip
+        options = assistant.options(
+            top_p=args.top_p,
+            seed=args.seed,
+            scope=scope,
+            allow_private_in_cloud=args.allow_private_in_cloud,
+        )
+        exchange = assistant.exchange(
+            args.question, args.mode, options=options, save=save, conversation_id=conversation_id
+        )
         async for event in exchange.events():
             if isinstance(event, TextDelta) and not args.json:
                 _say(event.text, end="")

@@ -265,8 +265,9 @@ class Assistant:
     def cloud_expected(self) -> None:
         """The cloud will be connected once the device model is loaded: say so meanwhile."""
         url, _ = effective_cloud(self.settings)
-        self.cloud_status = CloudStatus("starting", "waiting for the device model",
-                                        embedded=not url)  # fmt: skip
+        self.cloud_status = CloudStatus(
+            "starting", "waiting for the device model", embedded=not url
+        )
 
     def cloud_skipped(self) -> None:
         self.cloud_status = CloudStatus("off", "not connected at start")
@@ -275,8 +276,7 @@ class Assistant:
         """The cloud is connected on first use by a mode that needs it, not at start (the
         selected mode keeps questions on this device): until then no connection is opened."""
         url, _ = effective_cloud(self.settings)
-        self.cloud_status = CloudStatus("idle", "connects when a mode needs it",
-                                        embedded=not url)  # fmt: skip
+        self.cloud_status = CloudStatus("idle", "connects when a mode needs it", embedded=not url)
 
     async def connect_cloud(
         self, on_status: Callable[[CloudStatus], None] | None = None
@@ -290,15 +290,22 @@ class Assistant:
         url, token = effective_cloud(self.settings)
         embedded = not url
         try:
-            self._set_cloud(CloudStatus("starting", "" if embedded else shown_url(url),
-                                        embedded=embedded), on_status)  # fmt: skip
+            self._set_cloud(
+                CloudStatus("starting", "" if embedded else shown_url(url), embedded=embedded),
+                on_status,
+            )
             if embedded:
                 url, token = await self._start_embedded(on_status)
             ctx = self.context()
             s = self.settings
-            ctx.cloud = CloudSettings(url, token, retries=1, ca_file=s.cloud_ca or None,
-                                      allow_insecure=s.cloud_allow_insecure,
-                                      embedded=embedded)  # fmt: skip
+            ctx.cloud = CloudSettings(
+                url,
+                token,
+                retries=1,
+                ca_file=s.cloud_ca or None,
+                allow_insecure=s.cloud_allow_insecure,
+                embedded=embedded,
+            )
             if self.device is not None:
                 await self._probe()
             ready = CloudStatus("ready", shown_url(url), embedded, self.cloud_status.search)
@@ -340,8 +347,9 @@ class Assistant:
         """After a failure: if no cloud session is left connected, the cloud went away; mark
         it unavailable (True) so the cloud modes show why until it is reconnected."""
         if self.cloud_status.state == "ready" and not self.link_alive():
-            self.cloud_status = CloudStatus("unavailable", reason,
-                                            embedded=self.cloud_status.embedded)  # fmt: skip
+            self.cloud_status = CloudStatus(
+                "unavailable", reason, embedded=self.cloud_status.embedded
+            )
             return True
         return False
 
@@ -351,11 +359,13 @@ class Assistant:
         if self._ctx is None:
             from edge_runtime.modes.base import ModeContext
 
-            self._ctx = ModeContext(variant=self.settings.variant,
-                                    aggregator=self.settings.aggregator,
-                                    finish_locally=self.finish_locally,
-                                    settings=dict(self.settings.modes),
-                                    modes=self.mode)  # fmt: skip
+            self._ctx = ModeContext(
+                variant=self.settings.variant,
+                aggregator=self.settings.aggregator,
+                finish_locally=self.finish_locally,
+                settings=dict(self.settings.modes),
+                modes=self.mode,
+            )
         self._ctx.device = self.device
         self._ctx.index = self.index if self.index_has_documents() else None
         self._ctx.cloud_starting = self.cloud_status.state == "starting"
@@ -371,9 +381,11 @@ class Assistant:
         async def ask(identity: str) -> Any:
             return await self.consent_asker(identity) if self.consent_asker else None
 
-        return Consent(dict(self.settings.cloud_consent),
-                       ask if self.consent_asker is not None else None,
-                       self._remember_consent)  # fmt: skip
+        return Consent(
+            dict(self.settings.cloud_consent),
+            ask if self.consent_asker is not None else None,
+            self._remember_consent,
+        )
 
     def _remember_consent(self, identity: str, said: str) -> None:
         from app.settings import save_settings
@@ -467,8 +479,10 @@ class Assistant:
             if conversation_id is None:
                 conversation_id = store.create().id
             cid = conversation_id
-            history = [Turn(t.question, t.answer, t.mode, t.shared, t.shared_with)
-                       for t in store.turns(cid)]  # fmt: skip
+            history = [
+                Turn(t.question, t.answer, t.mode, t.shared, t.shared_with)
+                for t in store.turns(cid)
+            ]
             store.add_message(cid, "user", question, mode)
             store.set_title_from_question(cid, question)
             title = store.get(cid).title
@@ -479,14 +493,21 @@ class Assistant:
                 if ex.stats is None and (live := ex.live_stats()) is not None:
                     stats["sent"] = live.sent  # cancelled: what had left (edge_runtime.sent)
                 stats["shared_tokens"] = ex.provenance()["shared_tokens"]
-                store.update_message(message_id, text=ex.text, citations=ex.citations,
-                                     stats=stats, status=ex.status, error=ex.error,
-                                     shared_chars=ex.shared_chars,
-                                     shared_with=ex.shared_with)  # fmt: skip
+                store.update_message(
+                    message_id,
+                    text=ex.text,
+                    citations=ex.citations,
+                    stats=stats,
+                    status=ex.status,
+                    error=ex.error,
+                    shared_chars=ex.shared_chars,
+                    shared_with=ex.shared_with,
+                )
 
         events = orchestrator.answer(question, history, options or self.options())
-        return Exchange(question, mode, conversation_id, title, orchestrator,
-                        _events=events, _on_end=on_end)  # fmt: skip
+        return Exchange(
+            question, mode, conversation_id, title, orchestrator, _events=events, _on_end=on_end
+        )
 
     def cancel_device(self) -> None:
         """Interrupt a device model step in flight (the answer task is cancelled separately)."""
@@ -501,9 +522,11 @@ class Assistant:
             self._ctx.aggregator = settings.aggregator  # dragon reads it per answer
             self._ctx.settings = dict(settings.modes)  # every mode's own, read per answer
         self._modes.pop("split", None)
-        relink = (effective_cloud(old) != effective_cloud(settings)
-                  or old.cloud_engine != settings.cloud_engine
-                  or old.cloud_model != settings.cloud_model)  # fmt: skip
+        relink = (
+            effective_cloud(old) != effective_cloud(settings)
+            or old.cloud_engine != settings.cloud_engine
+            or old.cloud_model != settings.cloud_model
+        )
         if relink:
             await self._close_modes()
             if self._embedded is not None:

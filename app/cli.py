@@ -164,8 +164,10 @@ def _cmd_docs_list(args: argparse.Namespace) -> int:
         excluded = book.exclusions()
     if args.json:
         out = [r.__dict__ for r in rows]
-        out += [{"path": e.path, "status": "excluded", "folder": e.folder,
-                 "excluded_at": e.excluded_at} for e in excluded]  # fmt: skip
+        out += [
+            {"path": e.path, "status": "excluded", "folder": e.folder, "excluded_at": e.excluded_at}
+            for e in excluded
+        ]
         print(json.dumps(out, indent=2))
         return 0
     for r in rows:
@@ -204,16 +206,20 @@ def _cmd_docs_remove(args: argparse.Namespace) -> int:
     for folder in removal.unwatched:
         print(strip_controls(f"stopped watching {folder}"))
     if not removal.documents and not removal.unwatched:
-        print(strip_controls(f"error: no indexed document at or under {removal.path}"),
-              file=sys.stderr)  # fmt: skip
+        print(
+            strip_controls(f"error: no indexed document at or under {removal.path}"),
+            file=sys.stderr,
+        )
         return 2
     n = removal.documents
     print(f"removed {n} document{'s' * (n != 1)}")
     if removal.excluded_from is not None:
-        print(strip_controls(
-            f"{removal.path} stays out of the watched folder {removal.excluded_from}: "
-            f"`tandem docs include {removal.path}` brings it back"
-        ))  # fmt: skip
+        print(
+            strip_controls(
+                f"{removal.path} stays out of the watched folder {removal.excluded_from}: "
+                f"`tandem docs include {removal.path}` brings it back"
+            )
+        )
     return 0
 
 
@@ -229,10 +235,13 @@ def _cmd_docs_watch(args: argparse.Namespace) -> int:
         print(strip_controls(f"error: {folder} is not a folder"), file=sys.stderr)
         return 2
     if not args.yes and (reason := watch_guard(folder)) is not None:
-        print(strip_controls(
-            f"refused: watching {folder} would index {reason} and keep it in sync. "
-            "Pass --yes if that is what you want."
-        ), file=sys.stderr)  # fmt: skip
+        print(
+            strip_controls(
+                f"refused: watching {folder} would index {reason} and keep it in sync. "
+                "Pass --yes if that is what you want."
+            ),
+            file=sys.stderr,
+        )
         return 2
     max_file_mb = _max_file_mb()
     bar, on_progress = _progress_bar(args.json)
@@ -249,10 +258,12 @@ def _cmd_docs_watch(args: argparse.Namespace) -> int:
         print(json.dumps({"folder": folder, "results": [r.__dict__ for r in results]}, indent=2))
     else:
         _print_results(results)
-        print(strip_controls(
-            f"watching {folder}: the app keeps it in sync while it runs; "
-            "`tandem docs sync` syncs it now"
-        ))  # fmt: skip
+        print(
+            strip_controls(
+                f"watching {folder}: the app keeps it in sync while it runs; "
+                "`tandem docs sync` syncs it now"
+            )
+        )
     return 1 if any(r.outcome == "failed" for r in results) else 0
 
 
@@ -273,10 +284,12 @@ def _cmd_docs_unwatch(args: argparse.Namespace) -> int:
         for other in left:
             print(strip_controls(f"watching {other}"), file=sys.stderr)
         return 2
-    print(strip_controls(
-        f"stopped watching {folder}; its {kept} document{'s' * (kept != 1)} stay in the index "
-        f"(`tandem docs remove {folder}` removes them)"
-    ))  # fmt: skip
+    print(
+        strip_controls(
+            f"stopped watching {folder}; its {kept} document{'s' * (kept != 1)} stay in the index "
+            f"(`tandem docs remove {folder}` removes them)"
+        )
+    )
     return 0
 
 
@@ -342,8 +355,10 @@ def _cmd_docs_include(args: argparse.Namespace) -> int:
         with _open_index() as index:
             gone = index.watches.include(absolute(args.path))
             if not gone:
-                print(strip_controls(f"error: nothing excluded at or under {absolute(args.path)}"),
-                      file=sys.stderr)  # fmt: skip
+                print(
+                    strip_controls(f"error: nothing excluded at or under {absolute(args.path)}"),
+                    file=sys.stderr,
+                )
                 return 2
             for e in gone:
                 print(strip_controls(f"included {e.path} again"))
@@ -580,16 +595,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="split mode's verification scheme (dssd-topk is approximate)" + from_settings,
     )
     ask.add_argument(
-        "--eta", type=float,
+        "--eta",
+        type=float,
         help="split: RAPID's η, how far the device's drafts (which read your documents) pull "
         "the cloud's answer when sampling; 0 = exactly the cloud model, about 20 lets facts "
         "from your documents through (≤ 2 does not)" + from_settings,
-    )  # fmt: skip
+    )
     ask.add_argument(
-        "--pipeline", action=argparse.BooleanOptionalAction,
+        "--pipeline",
+        action=argparse.BooleanOptionalAction,
         help="split: draft on while the cloud verifies (PicoSpec); --no-pipeline waits for "
         "each verdict (stop-and-wait). Same answers either way" + from_settings,
-    )  # fmt: skip
+    )
     ask.add_argument(
         "--aggregator",
         choices=AGGREGATORS,
@@ -597,27 +614,31 @@ def build_parser() -> argparse.ArgumentParser:
         + from_settings,
     )
     ask.add_argument(
-        "-k", type=int,
+        "-k",
+        type=int,
         help="private passages to retrieve; in dragon, documents per side" + from_settings,
-    )  # fmt: skip
+    )
     ask.add_argument(
-        "--cloud-url", help="ws://host:port or wss://host:port (the session path is added "
+        "--cloud-url",
+        help="ws://host:port or wss://host:port (the session path is added "
         "when none is given; default: $TANDEM_CLOUD_URL, the settings file's, else the "
         "embedded backend)",
-    )  # fmt: skip
-    ask.add_argument("--cloud-engine", choices=CLOUD_ENGINES,
-                     help="embedded cloud's engine" + from_settings)  # fmt: skip
+    )
+    ask.add_argument(
+        "--cloud-engine", choices=CLOUD_ENGINES, help="embedded cloud's engine" + from_settings
+    )
     ask.add_argument(
         "--no-finish-locally",
         action="store_true",
         help="if the cloud drops mid-answer, stop instead of finishing on the device",
     )
     ask.add_argument(
-        "--allow-private-in-cloud", action="store_true",
+        "--allow-private-in-cloud",
+        action="store_true",
         help="for this answer, let a cloud other than the embedded one take part in an answer "
         "shaped by your documents (dragon; split's drafts): without it, and without an "
         '"always" in the settings, those modes answer without your documents\' context',
-    )  # fmt: skip
+    )
     ask.add_argument("--json", action="store_true", help="print one JSON object at the end")
     ask.add_argument(
         "--in",
@@ -629,15 +650,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     conversation = ask.add_mutually_exclusive_group()
     conversation.add_argument(
-        "-c", "--continue", action="store_true", dest="continue_",
+        "-c",
+        "--continue",
+        action="store_true",
+        dest="continue_",
         help="continue the most recent conversation (a new one when there is none): the "
         "question and answer are saved, the earlier turns are the history",
-    )  # fmt: skip
+    )
     conversation.add_argument(
-        "--conversation", type=int, metavar="ID",
+        "--conversation",
+        type=int,
+        metavar="ID",
         help="continue conversation ID (`tandem chats list`); without this or --continue "
         "nothing is saved",
-    )  # fmt: skip
+    )
     ask.set_defaults(func=_cmd_ask)
 
     serve = sub.add_parser("serve", help="run the cloud backend")
@@ -645,8 +671,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     secret = serve.add_mutually_exclusive_group()
-    secret.add_argument("--token-file", type=Path,
-                        help="read the access token from this file (keep it 0600)")  # fmt: skip
+    secret.add_argument(
+        "--token-file", type=Path, help="read the access token from this file (keep it 0600)"
+    )
     secret.add_argument(
         "--token",
         help="access token (default: $TANDEM_CLOUD_TOKEN or config); visible to every user "
@@ -663,28 +690,53 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-corpus", action="store_true", help="serve without the public corpus")
     serve.add_argument("--corpus-limit", type=int, help="index only the first N summaries")
     serve.add_argument("--corpus-k", type=int, help="public passages per cloud-mode answer")
-    serve.add_argument("--corpus-focus-words", type=int,
-                       help="words of a public passage a cloud prompt holds (0: all)")  # fmt: skip
-    serve.add_argument("--corpus-floor", type=float,
-                       help="relevance below which a public passage is not used")  # fmt: skip
-    serve.add_argument("--max-batch", type=int, dest="max_batch_sequences",
-                       help="sequences of all sessions in one pass (1: no batching)")  # fmt: skip
-    serve.add_argument("--document-cache-mb", type=float,
-                       help="memory for public documents' prefix KV, reused by later questions "
-                            "over them (0: off; default 512)")  # fmt: skip
-    serve.add_argument("--document-cache-scope", choices=["user", "session", "all"],
-                       help="who shares a cached document (default user: one access "
-                            "token's sessions; all: anyone, who can then time what others "
-                            "read)")  # fmt: skip
+    serve.add_argument(
+        "--corpus-focus-words",
+        type=int,
+        help="words of a public passage a cloud prompt holds (0: all)",
+    )
+    serve.add_argument(
+        "--corpus-floor", type=float, help="relevance below which a public passage is not used"
+    )
+    serve.add_argument(
+        "--max-batch",
+        type=int,
+        dest="max_batch_sequences",
+        help="sequences of all sessions in one pass (1: no batching)",
+    )
+    serve.add_argument(
+        "--document-cache-mb",
+        type=float,
+        help="memory for public documents' prefix KV, reused by later questions "
+        "over them (0: off; default 512)",
+    )
+    serve.add_argument(
+        "--document-cache-scope",
+        choices=["user", "session", "all"],
+        help="who shares a cached document (default user: one access "
+        "token's sessions; all: anyone, who can then time what others "
+        "read)",
+    )
     serve.add_argument("--tls-cert", type=Path, help="PEM certificate chain: serve wss://")
     serve.add_argument("--tls-key", type=Path, help="the certificate's private key (PEM)")
-    serve.add_argument("--log-file", type=Path,
-                       help="also log to this file (INFO: sessions, requests, refusals), "
-                            "rotated by size, created 0600")  # fmt: skip
-    serve.add_argument("--log-max-mb", type=float, default=LOG_MAX_MB,
-                       help="rotate the log file at this size (default %(default)g)")  # fmt: skip
-    serve.add_argument("--log-backups", type=int, default=LOG_BACKUPS,
-                       help="rotated files kept (default %(default)d)")  # fmt: skip
+    serve.add_argument(
+        "--log-file",
+        type=Path,
+        help="also log to this file (INFO: sessions, requests, refusals), "
+        "rotated by size, created 0600",
+    )
+    serve.add_argument(
+        "--log-max-mb",
+        type=float,
+        default=LOG_MAX_MB,
+        help="rotate the log file at this size (default %(default)g)",
+    )
+    serve.add_argument(
+        "--log-backups",
+        type=int,
+        default=LOG_BACKUPS,
+        help="rotated files kept (default %(default)d)",
+    )
     serve.add_argument("--announce", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(func=_cmd_serve)
 
@@ -700,9 +752,10 @@ def build_parser() -> argparse.ArgumentParser:
     dlist.add_argument("--json", action="store_true")
     dlist.set_defaults(func=_cmd_docs_list)
     dremove = dsub.add_parser(
-        "remove", help="forget a file, or every document under a folder (inside a watched "
+        "remove",
+        help="forget a file, or every document under a folder (inside a watched "
         "folder it stays out of its syncs until `docs include`)",
-    )  # fmt: skip
+    )
     dremove.add_argument("path")
     dremove.set_defaults(func=_cmd_docs_remove)
     dwatch = dsub.add_parser("watch", help="keep a folder in sync with the index, and sync it now")
@@ -734,9 +787,10 @@ def build_parser() -> argparse.ArgumentParser:
     cshow.add_argument("--json", action="store_true")
     cshow.set_defaults(func=_cmd_chats_show)
     csearch = csub.add_parser(
-        "search", help="messages holding every word of QUERY (questions and answers; "
+        "search",
+        help="messages holding every word of QUERY (questions and answers; "
         "accents and case ignored; a word ending in * matches as a prefix)",
-    )  # fmt: skip
+    )
     csearch.add_argument("query")
     csearch.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     csearch.add_argument("--json", action="store_true")
@@ -745,16 +799,22 @@ def build_parser() -> argparse.ArgumentParser:
     cexport.add_argument("id", type=int)
     cexport.add_argument("--format", choices=["md", "json"], default="md")
     cexport.add_argument(
-        "--out", type=Path, help="write it to this file (0600), or into this folder as both "
+        "--out",
+        type=Path,
+        help="write it to this file (0600), or into this folder as both "
         "<title>-<id>.md and .json (default: stdout)",
-    )  # fmt: skip
+    )
     cexport.set_defaults(func=_cmd_chats_export)
     search = sub.add_parser("search", help="search the private index")
     search.add_argument("query")
     search.add_argument("-k", type=int, default=5)
     search.add_argument("--min-score", type=float, help="leave out passages less relevant")
-    search.add_argument("--mode", choices=["dense", "keyword", "hybrid"], default="hybrid",
-                        help="by meaning, by keyword, or both (answers use both)")  # fmt: skip
+    search.add_argument(
+        "--mode",
+        choices=["dense", "keyword", "hybrid"],
+        default="hybrid",
+        help="by meaning, by keyword, or both (answers use both)",
+    )
     search.add_argument("--json", action="store_true")
     search.set_defaults(func=_cmd_search)
     paths = sub.add_parser("paths", help="where Tandem keeps its config, data, index and models")

@@ -63,8 +63,21 @@ def serve_command(
     sys.path, so an `app.py` or `app/` in the folder the user started Tandem from would run
     instead of Tandem (the installed package is found through site-packages either way).
     `--log-file` is the same file as its stderr: `tandem serve` rotates it by size."""
-    cmd = [python or sys.executable, "-P", "-m", "app.cli", "serve", "--host", "127.0.0.1",
-           "--port", "0", "--announce", "--log-file", str(log_path), *serve_args]  # fmt: skip
+    cmd = [
+        python or sys.executable,
+        "-P",
+        "-m",
+        "app.cli",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--announce",
+        "--log-file",
+        str(log_path),
+        *serve_args,
+    ]
     if cores:
         cmd = ["taskset", "-c", ",".join(map(str, sorted(cores))), *cmd]
     return cmd
@@ -102,8 +115,12 @@ class EmbeddedCloud:
         Call from the thread that keeps running (the event loop's): Linux ends the child
         when the thread that started it ends."""
         token, metrics_token = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
-        env = {**os.environ, TOKEN_ENV: token, METRICS_TOKEN_ENV: metrics_token,
-               PARENT_ENV: str(os.getpid())}  # fmt: skip
+        env = {
+            **os.environ,
+            TOKEN_ENV: token,
+            METRICS_TOKEN_ENV: metrics_token,
+            PARENT_ENV: str(os.getpid()),
+        }
         log_path = log_path or default_log_path()
         cmd = serve_command(serve_args, log_path, cores=cores, python=python)
         make_private_dir(log_path.parent)

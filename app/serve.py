@@ -27,9 +27,11 @@ def run_serve(args: argparse.Namespace) -> int:
 
     try:  # first: the warnings that reading the settings may log go to the file too
         logs = serve_logging(
-            args.log_file, max_mb=args.log_max_mb, backups=args.log_backups,
+            args.log_file,
+            max_mb=args.log_max_mb,
+            backups=args.log_backups,
             verbose=args.verbose,
-        )  # fmt: skip
+        )
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

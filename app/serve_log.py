@@ -93,10 +93,12 @@ def _fds_writing_to(path: Path) -> tuple[int, ...]:
 def _stderr_handlers(root: logging.Logger) -> list[logging.Handler]:
     """The root's handlers that write to stderr (logging.basicConfig's)."""
     return [
-        h for h in root.handlers
-        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+        h
+        for h in root.handlers
+        if isinstance(h, logging.StreamHandler)
+        and not isinstance(h, logging.FileHandler)
         and h.stream in (sys.stderr, sys.__stderr__)
-    ]  # fmt: skip
+    ]
 
 
 def serve_logging(
@@ -121,12 +123,14 @@ def serve_logging(
             make_private_dir(Path(log_file).parent)
             size = max(1, int(max_mb * 1024**2))
             handler: PrivateRotatingFileHandler = (
-                _FollowingHandler(log_file, maxBytes=size, backupCount=backups,
-                                  encoding="utf-8", fds=follow)
+                _FollowingHandler(
+                    log_file, maxBytes=size, backupCount=backups, encoding="utf-8", fds=follow
+                )
                 if follow
-                else PrivateRotatingFileHandler(log_file, maxBytes=size, backupCount=backups,
-                                                encoding="utf-8")
-            )  # fmt: skip
+                else PrivateRotatingFileHandler(
+                    log_file, maxBytes=size, backupCount=backups, encoding="utf-8"
+                )
+            )
         except OSError as exc:
             why = exc.strerror or exc
             raise ConfigError(f"cannot write the log file {log_file}: {why}") from None

@@ -15,9 +15,13 @@ from pathlib import Path
 from cloud_backend.config import ConfigError, ServerConfig
 
 __all__ = [
-    "ARGV_WARNING", "MIN_TOKEN_BITS", "read_token_file", "refuse_weak_tokens", "serve_token",
+    "ARGV_WARNING",
+    "MIN_TOKEN_BITS",
+    "read_token_file",
+    "refuse_weak_tokens",
+    "serve_token",
     "token_bits",
-]  # fmt: skip
+]
 
 log = logging.getLogger("tandem.cloud")
 

@@ -135,8 +135,13 @@ _CORE_TYPES: dict[str, type] = {
 }
 assert set(_CORE_TYPES) == set(_CORE)
 
-_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", dict: "a table",
-               bool: "true or false"}  # fmt: skip
+_TYPE_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    dict: "a table",
+    bool: "true or false",
+}
 
 
 def field_types() -> dict[str, type]:
@@ -175,8 +180,9 @@ def settings_problems(settings: Settings) -> list[str]:
         )
     for identity, said in settings.cloud_consent.items():
         if said not in ("always", "never"):
-            problems.append(f'cloud_consent."{identity}" must be "always" or "never" '
-                            f"(got {said!r})")  # fmt: skip
+            problems.append(
+                f'cloud_consent."{identity}" must be "always" or "never" (got {said!r})'
+            )
     for binding_id, keys in settings.keymap.items():
         if not isinstance(keys, str) or not keys.strip():
             problems.append(f"keymap.{binding_id} must be a non-empty string of keys")
@@ -247,14 +253,18 @@ def _keep_token_private(path: Path, fd: int, data: dict[str, Any]) -> None:
         logger.warning(
             "%s holds the cloud token and other users of this machine may read it%s: it "
             "could not be made private (%s); chmod 600 it",
-            path, shown, exc.strerror or exc,
-        )  # fmt: skip
+            path,
+            shown,
+            exc.strerror or exc,
+        )
         return
     logger.warning(
         "%s holds the cloud token and was open to other users of this machine (mode %04o): "
         "made it private to you (mode %04o)",
-        path, mode, private,
-    )  # fmt: skip
+        path,
+        mode,
+        private,
+    )
 
 
 def load_settings(path: Path | None = None) -> Settings:

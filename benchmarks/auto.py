@@ -57,15 +57,21 @@ def question_set(per_group: int = PER_GROUP) -> tuple[list[Any], list[Question]]
 
     data = tomllib.loads(QUESTIONS.read_text(encoding="utf-8"))
     notes = make_notes(2 * PER_GROUP)
-    out = [Question(f"private-{i:02d}", "private", n.question, ((n.fact,),))
-           for i, n in enumerate(notes[:per_group])]  # fmt: skip
-    out += [Question(f"public-{i:02d}", "public", q["question"], _facts(q))
-            for i, q in enumerate(data["public"][:per_group])]  # fmt: skip
+    out = [
+        Question(f"private-{i:02d}", "private", n.question, ((n.fact,),))
+        for i, n in enumerate(notes[:per_group])
+    ]
+    out += [
+        Question(f"public-{i:02d}", "public", q["question"], _facts(q))
+        for i, q in enumerate(data["public"][:per_group])
+    ]
     for i, (note, q) in enumerate(zip(notes[PER_GROUP:], data["both"][:per_group], strict=False)):
         text = f"{note.question.rstrip('?')}, {q['public']}"
         out.append(Question(f"both-{i:02d}", "both", text, ((note.fact,), *_facts(q))))
-    out += [Question(f"chat-{i:02d}", "chat", q["question"], _facts(q))
-            for i, q in enumerate(data["chat"][:per_group])]  # fmt: skip
+    out += [
+        Question(f"chat-{i:02d}", "chat", q["question"], _facts(q))
+        for i, q in enumerate(data["chat"][:per_group])
+    ]
     return notes, out
 
 
@@ -126,12 +132,21 @@ async def answer_one(mode: Any, question: Question, options: Any) -> dict[str, A
             stats = ev
     elapsed = time.perf_counter() - start
     assert stats is not None
-    return {"question": question.id, "group": question.group, "answer": text,
-            "right": right(text, question.facts), "tokens": stats.tokens,
-            "ttft_s": stats.ttft_s, "elapsed_s": elapsed, "tokens_per_s": stats.tokens_per_s,
-            "bytes_up": stats.bytes_up, "bytes_down": stats.bytes_down,
-            "chose": choice.mode if choice else None, "decide_s": decide_s,
-            "reason": choice.reason if choice else None}  # fmt: skip
+    return {
+        "question": question.id,
+        "group": question.group,
+        "answer": text,
+        "right": right(text, question.facts),
+        "tokens": stats.tokens,
+        "ttft_s": stats.ttft_s,
+        "elapsed_s": elapsed,
+        "tokens_per_s": stats.tokens_per_s,
+        "bytes_up": stats.bytes_up,
+        "bytes_down": stats.bytes_down,
+        "chose": choice.mode if choice else None,
+        "decide_s": decide_s,
+        "reason": choice.reason if choice else None,
+    }
 
 
 def contexts(
@@ -147,15 +162,26 @@ def contexts(
     # the run's own cloud on this machine (on-device, as the embedded one); public passages
     # judged by the device's embedder, as the Assistant does
     judge = partial(question_cosines, index.embedder.embed)
-    return {m: build_mode(m, ModeContext(device=device, index=index, judge=judge,
-                                         cloud=CloudSettings(url, token, embedded=True)))
-            for m in methods}  # fmt: skip
+    return {
+        m: build_mode(
+            m,
+            ModeContext(
+                device=device,
+                index=index,
+                judge=judge,
+                cloud=CloudSettings(url, token, embedded=True),
+            ),
+        )
+        for m in methods
+    }
 
 
 async def ask_all(
-    modes: dict[str, Any], questions: Sequence[Question], max_tokens: int,
+    modes: dict[str, Any],
+    questions: Sequence[Question],
+    max_tokens: int,
     on_row: Callable[[list[dict]], None],
-) -> list[dict]:  # fmt: skip
+) -> list[dict]:
     """Every question in every method (the order rotated per question): one row each."""
     from edge_runtime.options import AnswerOptions
 
@@ -169,8 +195,12 @@ async def ask_all(
             on_row(rows)
             mark = "✓" if row["right"] else "·"
             chose = f" → {row['chose']}" if row["chose"] else ""
-            print(f"{q.id:11} {name:6}{chose:10} {mark} {row['elapsed_s']:5.1f} s "
-                  f"{row['answer'][:50]!r}", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"{q.id:11} {name:6}{chose:10} {mark} {row['elapsed_s']:5.1f} s "
+                f"{row['answer'][:50]!r}",
+                file=sys.stderr,
+                flush=True,
+            )
     return rows
 
 
@@ -186,8 +216,14 @@ async def decisions(mode: Any, questions: Sequence[Question], repeats: int) -> l
         for _ in range(repeats):
             start = time.perf_counter()
             choice = await mode.choose(q.text, [], options)
-            rows.append({"question": q.id, "group": q.group, "chose": choice.mode,
-                         "decide_s": time.perf_counter() - start})  # fmt: skip
+            rows.append(
+                {
+                    "question": q.id,
+                    "group": q.group,
+                    "chose": choice.mode,
+                    "decide_s": time.perf_counter() - start,
+                }
+            )
     return rows
 
 
@@ -201,9 +237,12 @@ async def device_only_pass(mode: Any, questions: Sequence[Question]) -> dict[str
     with counting_sockets() as opened:
         rows = [await answer_one(mode, q, options) for q in questions]
     mode.ctx.settings.pop("auto_cloud_questions")
-    return {"questions": len(rows), "sockets_opened": len(opened),
-            "chose": sorted({r["chose"] for r in rows}),
-            "bytes": sum(r["bytes_up"] + r["bytes_down"] for r in rows)}  # fmt: skip
+    return {
+        "questions": len(rows),
+        "sockets_opened": len(opened),
+        "chose": sorted({r["chose"] for r in rows}),
+        "bytes": sum(r["bytes_up"] + r["bytes_down"] for r in rows),
+    }
 
 
 # --------------------------------------------------------------------------- summary
@@ -217,8 +256,9 @@ def summarise(rows: Sequence[dict]) -> dict[str, Any]:
     by: dict[tuple[str, str], dict] = {(r["method"], r["question"]): r for r in rows}
     methods = [m for m in METHODS if any(k[0] == m for k in by)]
     # the questions every method answered (a run cut short leaves its last one part-done)
-    questions = sorted(q for q in {r["question"] for r in rows}
-                       if all((m, q) in by for m in methods))  # fmt: skip
+    questions = sorted(
+        q for q in {r["question"] for r in rows} if all((m, q) in by for m in methods)
+    )
     if not questions:  # saved before any question was answered by every method
         return {}
     group = {r["question"]: r["group"] for r in rows}
@@ -244,18 +284,21 @@ def summarise(rows: Sequence[dict]) -> dict[str, Any]:
         out |= _auto_against(fixed, by, questions, oracle_right, acc)
     public = [q for q in questions if group[q] == "public" and ("cloud", q) in by]
     if public:
-        ratio_ci = bootstrap_ratio({q: by["auto", q]["elapsed_s"] for q in public},
-                                   {q: by["cloud", q]["elapsed_s"] for q in public})  # fmt: skip
+        ratio_ci = bootstrap_ratio(
+            {q: by["auto", q]["elapsed_s"] for q in public},
+            {q: by["cloud", q]["elapsed_s"] for q in public},
+        )
         assert ratio_ci is not None
         ratio, low, high = ratio_ci
         worst = max(public, key=lambda q: by["auto", q]["elapsed_s"] / by["cloud", q]["elapsed_s"])
         out["public_time_vs_cloud"] = {
-            "ratio": ratio, "ci95": [low, high],
+            "ratio": ratio,
+            "ci95": [low, high],
             "worst": by["auto", worst]["elapsed_s"] / by["cloud", worst]["elapsed_s"],
             "worst_question": worst,
             "ttft_ratio": sum(by["auto", q]["ttft_s"] or 0 for q in public)
             / max(1e-9, sum(by["cloud", q]["ttft_s"] or 0 for q in public)),
-        }  # fmt: skip
+        }
     confusion: dict[str, dict[str, int]] = {g: {} for g in GROUPS}
     for q in questions:
         chose = by["auto", q]["chose"] or "?"
@@ -312,12 +355,19 @@ def decision_bound(rows: Sequence[dict], decided: Sequence[dict]) -> dict[str, A
         return None
     ratios = {q: (slowest[q] + t) / t for q, t in cloud.items()}
     worst = max(ratios, key=ratios.__getitem__)
-    return {"questions": len(ratios), "worst": ratios[worst], "worst_question": worst,
-            "slowest_decision_s": max(slowest[q] for q in cloud)}  # fmt: skip
+    return {
+        "questions": len(ratios),
+        "worst": ratios[worst],
+        "worst_question": worst,
+        "slowest_decision_s": max(slowest[q] for q in cloud),
+    }
 
 
-def verdicts(summary: dict[str, Any], private_pass: dict[str, Any] | None,
-             bound: dict[str, Any] | None = None) -> list[str]:  # fmt: skip
+def verdicts(
+    summary: dict[str, Any],
+    private_pass: dict[str, Any] | None,
+    bound: dict[str, Any] | None = None,
+) -> list[str]:
     """The issue's targets, each PASS or FAIL with its figures."""
     acc, lines = summary["accuracy"], list[str]()
     if "best_fixed" not in summary:
@@ -328,30 +378,40 @@ def verdicts(summary: dict[str, Any], private_pass: dict[str, Any] | None,
     if every_mode:
         low, high = vs_best["ci95"]  # a pass only where the interval clears the target
         word = "PASS" if low > 0 else "FAIL" if high < 0 else "NOT SHOWN (within noise)"
-        lines.append(f"{word} auto right {auto:.0%} "
-                     f"vs the best fixed mode ({best}) {acc[best]['all']:.0%} (target ≥; paired "
-                     f"difference {vs_best['difference']:+.0%}, 95 % CI "
-                     f"{vs_best['ci95'][0]:+.0%} to {vs_best['ci95'][1]:+.0%})")  # fmt: skip
+        lines.append(
+            f"{word} auto right {auto:.0%} "
+            f"vs the best fixed mode ({best}) {acc[best]['all']:.0%} (target ≥; paired "
+            f"difference {vs_best['difference']:+.0%}, 95 % CI "
+            f"{vs_best['ci95'][0]:+.0%} to {vs_best['ci95'][1]:+.0%})"
+        )
     share = summary["auto_share_of_oracle"]
     if share is not None and every_mode:
-        lines.append(f"{'PASS' if share >= 0.9 else 'FAIL'} auto right {share:.0%} of what the "
-                     f"oracle is ({acc['oracle']['all']:.0%}; target ≥ 90 %)")  # fmt: skip
+        lines.append(
+            f"{'PASS' if share >= 0.9 else 'FAIL'} auto right {share:.0%} of what the "
+            f"oracle is ({acc['oracle']['all']:.0%}; target ≥ 90 %)"
+        )
     if (t := summary.get("public_time_vs_cloud")) is not None:
         low, high = t["ci95"]
         word = "PASS" if high <= 1.10 else "FAIL" if low > 1.10 else "NOT SHOWN (holds 1.10)"
-        lines.append(f"{word} public questions: auto's time per answer "
-                     f"{t['ratio']:.3f}× cloud-only's (95 % CI {low:.3f}–{high:.3f}; target "
-                     f"≤ 1.10; worst question {t['worst']:.2f}×)")  # fmt: skip
+        lines.append(
+            f"{word} public questions: auto's time per answer "
+            f"{t['ratio']:.3f}× cloud-only's (95 % CI {low:.3f}–{high:.3f}; target "
+            f"≤ 1.10; worst question {t['worst']:.2f}×)"
+        )
     if bound is not None:
-        lines.append(f"{'PASS' if bound['worst'] <= 1.10 else 'FAIL'} public questions, auto's "
-                     f"decision measured alone (slowest {bound['slowest_decision_s']:.2f} s) on "
-                     f"top of each cloud-only answer: at worst {bound['worst']:.3f}× "
-                     f"({bound['questions']} questions; target ≤ 1.10)")  # fmt: skip
+        lines.append(
+            f"{'PASS' if bound['worst'] <= 1.10 else 'FAIL'} public questions, auto's "
+            f"decision measured alone (slowest {bound['slowest_decision_s']:.2f} s) on "
+            f"top of each cloud-only answer: at worst {bound['worst']:.3f}× "
+            f"({bound['questions']} questions; target ≤ 1.10)"
+        )
     if private_pass is not None:
         ok = private_pass["sockets_opened"] == 0 and private_pass["chose"] == ["local"]
-        lines.append(f"{'PASS' if ok else 'FAIL'} policy \"questions stay on this device\": "
-                     f"{private_pass['questions']} questions, {private_pass['sockets_opened']} "
-                     f"sockets opened, choices {private_pass['chose']}")  # fmt: skip
+        lines.append(
+            f'{"PASS" if ok else "FAIL"} policy "questions stay on this device": '
+            f"{private_pass['questions']} questions, {private_pass['sockets_opened']} "
+            f"sockets opened, choices {private_pass['chose']}"
+        )
     return lines
 
 
@@ -362,8 +422,10 @@ def print_summary(summary: dict[str, Any], private_pass: dict[str, Any] | None) 
     acc = summary["accuracy"]
     print(f"\n  {'method':8}{'all':>7}" + "".join(f"{g:>9}" for g in GROUPS))
     for m, a in acc.items():
-        print(f"  {m:8}{a['all']:>7.0%}" + "".join(
-            f"{a[g]:>9.0%}" if g in a else f"{'—':>9}" for g in GROUPS))  # fmt: skip
+        print(
+            f"  {m:8}{a['all']:>7.0%}"
+            + "".join(f"{a[g]:>9.0%}" if g in a else f"{'—':>9}" for g in GROUPS)
+        )
     if "confusion" in summary:
         print("\n  auto's choices per group:")
         for g, c in summary["confusion"].items():
@@ -381,22 +443,38 @@ def provenance(args: argparse.Namespace) -> dict[str, Any]:
     when a later answer was saved)."""
     from benchmarks.provenance import command_line, record
 
-    return record(command_line("benchmarks.auto", args.argv),
-                  {"device_core": args.cores[0], "cloud_core": args.cores[1]},
-                  {"device": 1, "cloud": 1},
-                  [f"cloud {args.engine}", "device onnxruntime"])  # fmt: skip
+    return record(
+        command_line("benchmarks.auto", args.argv),
+        {"device_core": args.cores[0], "cloud_core": args.cores[1]},
+        {"device": 1, "cloud": 1},
+        [f"cloud {args.engine}", "device onnxruntime"],
+    )
 
 
-def result(args: argparse.Namespace, notes: Sequence[Any], questions: Sequence[Question],
-           rows: list[dict], private_pass: dict | None, seconds: float) -> dict:  # fmt: skip
-    return {"provenance": args.provenance,
-            "config": {"engine": args.engine, "max_tokens": args.max_tokens,
-                       "per_group": args.per_group, "groups": list(args.groups),
-                       "methods": list(args.methods)},
-            "notes": [asdict(n) for n in notes],
-            "questions": [asdict(q) for q in questions], "rows": rows,
-            "summary": summarise(rows), "device_only": private_pass,
-            "seconds": seconds}  # fmt: skip
+def result(
+    args: argparse.Namespace,
+    notes: Sequence[Any],
+    questions: Sequence[Question],
+    rows: list[dict],
+    private_pass: dict | None,
+    seconds: float,
+) -> dict:
+    return {
+        "provenance": args.provenance,
+        "config": {
+            "engine": args.engine,
+            "max_tokens": args.max_tokens,
+            "per_group": args.per_group,
+            "groups": list(args.groups),
+            "methods": list(args.methods),
+        },
+        "notes": [asdict(n) for n in notes],
+        "questions": [asdict(q) for q in questions],
+        "rows": rows,
+        "summary": summarise(rows),
+        "device_only": private_pass,
+        "seconds": seconds,
+    }
 
 
 async def run(args: argparse.Namespace) -> dict:
@@ -430,9 +508,16 @@ async def run(args: argparse.Namespace) -> dict:
             if args.decisions:
                 await decisions(modes["auto"], questions, 1)  # warm: the sessions open
                 rows = await decisions(modes["auto"], questions, args.decisions)
-                args.out.write_text(json.dumps(
-                    {"provenance": result(args, notes, questions, [], None, 0)["provenance"],
-                     "decisions": rows}, indent=1), encoding="utf-8")  # fmt: skip
+                args.out.write_text(
+                    json.dumps(
+                        {
+                            "provenance": result(args, notes, questions, [], None, 0)["provenance"],
+                            "decisions": rows,
+                        },
+                        indent=1,
+                    ),
+                    encoding="utf-8",
+                )
                 return {"decisions": rows}
             rows = await ask_all(modes, questions, args.max_tokens, save)
             private_pass = await device_only_pass(modes["auto"], every_question)
@@ -516,8 +601,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     measured = asyncio.run(run(args))  # saved after each answer
     if args.decisions:
         times = sorted(r["decide_s"] for r in measured["decisions"])
-        print(f"decision: median {times[len(times) // 2]:.3f} s, max {times[-1]:.3f} s; "
-              f"written to {args.out}")  # fmt: skip
+        print(
+            f"decision: median {times[len(times) // 2]:.3f} s, max {times[-1]:.3f} s; "
+            f"written to {args.out}"
+        )
         return
     print_summary(measured["summary"], measured["device_only"])
     print(f"\n{measured['seconds']:.0f} s; written to {args.out}")

@@ -110,8 +110,9 @@ def check(config: Path) -> subprocess.CompletedProcess[str]:
     exe = haproxy()
     if exe is None:
         raise RuntimeError(HAPROXY_INSTALL)
-    return subprocess.run([exe, "-c", "-f", str(config)], capture_output=True, text=True,
-                          timeout=30)  # fmt: skip
+    return subprocess.run(
+        [exe, "-c", "-f", str(config)], capture_output=True, text=True, timeout=30
+    )
 
 
 @dataclass
@@ -132,8 +133,9 @@ class Balancer:
     """HAProxy with the loopback copy of the shipped config, in the foreground (`-db`), its
     log kept; read and steer it through its stats socket."""
 
-    def __init__(self, folder: Path, servers: Sequence[tuple[str, int]],
-                 port: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, folder: Path, servers: Sequence[tuple[str, int]], port: int | None = None
+    ) -> None:
         exe = haproxy()
         if exe is None:
             raise RuntimeError(HAPROXY_INSTALL)
@@ -143,9 +145,12 @@ class Balancer:
         self.config.write_text(render(self.port, servers, self.socket))
         self.url = f"ws://127.0.0.1:{self.port}/v1/session"
         self.log: list[str] = []
-        self.process = subprocess.Popen([exe, "-db", "-f", str(self.config)],
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        text=True)  # fmt: skip
+        self.process = subprocess.Popen(
+            [exe, "-db", "-f", str(self.config)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         threading.Thread(target=self._read, daemon=True).start()
         deadline = time.monotonic() + 10
         while not self.socket.exists() or not self._listening():
@@ -184,8 +189,10 @@ class Balancer:
             row = dict(zip(head, line.split(","), strict=False))
             if row.get("pxname") != backend or row["svname"] in ("FRONTEND", "BACKEND"):
                 continue
-            counts = [int(row[key] or 0) for key in
-                      ("scur", "stot", "wretr", "wredis", "hrsp_1xx", "hrsp_5xx")]  # fmt: skip
+            counts = [
+                int(row[key] or 0)
+                for key in ("scur", "stot", "wretr", "wredis", "hrsp_1xx", "hrsp_5xx")
+            ]
             out[row["svname"]] = ServerStat(row["svname"], row["status"], *counts)
         return out
 
@@ -194,8 +201,9 @@ class Balancer:
         t0 = time.monotonic()
         while self.stats()[server].status != status:
             if time.monotonic() - t0 > timeout:
-                raise TimeoutError(f"{server} not {status} within {timeout} s: "
-                                   f"{self.stats()[server]}")  # fmt: skip
+                raise TimeoutError(
+                    f"{server} not {status} within {timeout} s: {self.stats()[server]}"
+                )
             time.sleep(0.1)
         return time.monotonic() - t0
 

@@ -84,8 +84,11 @@ class DrcgTextMode(CloudBacked):
     def generate_message(
         self, rid: int, question: str, history: Sequence[Turn], options: AnswerOptions
     ) -> Generate:
-        return replace(super().generate_message(rid, question, history, options),
-                       max_new_tokens=0, retrieve=True)  # fmt: skip
+        return replace(
+            super().generate_message(rid, question, history, options),
+            max_new_tokens=0,
+            retrieve=True,
+        )
 
     async def converse(
         self, link: RequestLink, options: AnswerOptions, answer: Answer
@@ -101,9 +104,12 @@ class DrcgTextMode(CloudBacked):
         device = need_device(self.ctx)
         budget = prompt_budget(device.lm.max_context, options.max_new_tokens)
         answer.prompt, dropped = clipped_prompt(  # DRCG saturates at the context budget
-            device.tokenizer, self._question, full_history(self._history), [*public, *private],
+            device.tokenizer,
+            self._question,
+            full_history(self._history),
+            [*public, *private],
             budget,
-        )  # fmt: skip
+        )
         if dropped:
             yield left_out_notice(dropped, device.lm.max_context)
         async for event in device_generate(device, answer.prompt, answer, options):
@@ -126,17 +132,31 @@ class DrdgSwMode(DragonMode):
         rid = link.rid
         docs = self._docs
         assert docs is not None  # prepare ran
-        setup = DragonSetup(options.k, AggregatorPolicy.SEQUENCE, Side.DEVICE, DRAGON_TOP_P,
-                            DRAGON_MAX_SPARSE, 0, request_id=rid)  # fmt: skip
+        setup = DragonSetup(
+            options.k,
+            AggregatorPolicy.SEQUENCE,
+            Side.DEVICE,
+            DRAGON_TOP_P,
+            DRAGON_MAX_SPARSE,
+            0,
+            request_id=rid,
+        )
         await link.send(setup)
         first = await docs.batch.start(docs.prompts)
         ready = time.perf_counter()
         seed = options.seed
         rng = np.random.default_rng(None if seed is None else [seed, 0x5E])
         mine, my_logprobs = await answer_alone(
-            docs.batch, first, docs.scores, options.sampling, DRAGON_TOP_P, DRAGON_MAX_SPARSE,
-            options.max_new_tokens, STOP_IDS, rng,
-        )  # fmt: skip
+            docs.batch,
+            first,
+            docs.scores,
+            options.sampling,
+            DRAGON_TOP_P,
+            DRAGON_MAX_SPARSE,
+            options.max_new_tokens,
+            STOP_IDS,
+            rng,
+        )
         await link.send(DragonScore(np.asarray(mine), request_id=rid))
         theirs = scored = None
         while not answer.finished:
@@ -160,11 +180,14 @@ class DrdgSwMode(DragonMode):
         pick = sequence_choice(
             (float(my_logprobs.sum()), float(scored.logprobs.astype(np.float64).sum())),
             (float(their_under_mine.sum()), float(theirs.logprobs.astype(np.float64).sum())),
-            h, options.temperature == 0.0, rng,
-        )  # fmt: skip
+            h,
+            options.temperature == 0.0,
+            rng,
+        )
         answer.stats.aggregator = pick.label  # whose answer was kept
-        for event in answer.emit(answer.transcript.commit(mine if pick == Side.DEVICE
-                                                          else their_tokens)):  # fmt: skip
+        for event in answer.emit(
+            answer.transcript.commit(mine if pick == Side.DEVICE else their_tokens)
+        ):
             yield event
         self.decode_span_s = time.perf_counter() - max(ready, cloud_ready)
 

@@ -38,8 +38,11 @@ def main(argv: Sequence[str] | None = None) -> dict[int, float]:
     args = parser.parse_args(argv)
     batches = QUICK_BATCHES if args.quick else BATCHES
     passes = 2 if args.quick else args.passes
-    prov = record(command_line("benchmarks.batched_decode", argv), threads={args.engine: 1},
-                  engines=["onnxruntime" if args.engine == "ort" else "torch bf16"])  # fmt: skip
+    prov = record(
+        command_line("benchmarks.batched_decode", argv),
+        threads={args.engine: 1},
+        engines=["onnxruntime" if args.engine == "ort" else "torch bf16"],
+    )
     from model_runtime.runtime import CausalLM
     from tandem_packaging.prepare import model_path
 
@@ -66,13 +69,21 @@ def main(argv: Sequence[str] | None = None) -> dict[int, float]:
             steps.append((time.perf_counter() - start) * 1000)
         ms[batch] = statistics.median(steps[1:])  # the first pass warms up
         rate = batch / ms[batch] * 1000
-        print(f"batch {batch:2}: {ms[batch]:6.1f} ms a pass, {rate:5.1f} tokens/s, "
-              f"x{rate / (1000 / ms[1]):.2f} of batch 1", file=sys.stderr)  # fmt: skip
+        print(
+            f"batch {batch:2}: {ms[batch]:6.1f} ms a pass, {rate:5.1f} tokens/s, "
+            f"x{rate / (1000 / ms[1]):.2f} of batch 1",
+            file=sys.stderr,
+        )
     rows: list[dict[str, Any]] = [
         {"batch": b, "ms_per_pass": m, "tokens_per_s": b / m * 1000} for b, m in ms.items()
     ]
-    config = {"engine": args.engine, "model": model.name, "context": CONTEXT, "passes": passes,
-              "quick": args.quick}  # fmt: skip
+    config = {
+        "engine": args.engine,
+        "model": model.name,
+        "context": CONTEXT,
+        "passes": passes,
+        "quick": args.quick,
+    }
     out = args.out or default_out("batched-decode", args.engine, args.quick)
     write_result(out, prov, {"config": config, "rows": rows})
     print(f"written to {out}", file=sys.stderr)

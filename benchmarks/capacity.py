@@ -74,8 +74,9 @@ class SplitDevice(Device):
         for i in np.flatnonzero(self.rng.random(GAMMA) > self.alpha):
             ids[i] = (ids[i] + 1) % p.DEFAULT_LIMITS.vocab_size
         tokens = np.asarray(ids)
-        return p.TopKDraft(tokens, tokens[:, None], np.ones((GAMMA, 1)), request_id=1,
-                           epoch=epoch, step=step)  # fmt: skip
+        return p.TopKDraft(
+            tokens, tokens[:, None], np.ones((GAMMA, 1)), request_id=1, epoch=epoch, step=step
+        )
 
     async def drafting(self, n: int) -> None:
         await asyncio.sleep(n * self.draft_s)
@@ -150,9 +151,15 @@ def summarise(
     }
 
 
-async def measure(url: str, token: str, tokenizer_hash: bytes, questions: list[str],
-                  args: argparse.Namespace, cpu: CpuClock,
-                  metrics: Metrics = None) -> list[dict]:  # fmt: skip
+async def measure(
+    url: str,
+    token: str,
+    tokenizer_hash: bytes,
+    questions: list[str],
+    args: argparse.Namespace,
+    cpu: CpuClock,
+    metrics: Metrics = None,
+) -> list[dict]:
     """Every mode × N on one cloud."""
     n_max = max(args.sessions)
     answers = {}
@@ -164,24 +171,37 @@ async def measure(url: str, token: str, tokenizer_hash: bytes, questions: list[s
         for n in args.sessions:
             devices: list[Device] = []
             for i, q in enumerate(questions[:n]):
-                common = dict(url=url, token=token, tokenizer_hash=tokenizer_hash, mode=mode,
-                              max_tokens=args.tokens, question=q, dragon_k=2)  # fmt: skip
+                common = dict(
+                    url=url,
+                    token=token,
+                    tokenizer_hash=tokenizer_hash,
+                    mode=mode,
+                    max_tokens=args.tokens,
+                    question=q,
+                    dragon_k=2,
+                )
                 if mode == "split":
-                    devices.append(SplitDevice(**common, answer=answers[q], seed=i,
-                                               draft_s=args.draft_ms / 1000))  # fmt: skip
+                    devices.append(
+                        SplitDevice(
+                            **common, answer=answers[q], seed=i, draft_s=args.draft_ms / 1000
+                        )
+                    )
                 else:
                     devices.append(Device(**common))
             outcomes, wall, cpu_s, rows_s = await run_round(devices, cpu, metrics)
             row = {"mode": mode, **summarise(outcomes, wall, cpu_s, rows_s)}
             rows.append(row)
-            print(f"  {mode:6} N={n:2}: {fmt(row['tokens_per_s'], '6.2f')} tok/s  "
-                  f"per token p50 {fmt(row['per_token_p50_s'], '.3f')} s "
-                  f"p99 {fmt(row['per_token_p99_s'], '.3f')} s  TTFT p50 "
-                  f"{fmt(row['ttft_p50_s'], '.2f')} s  acc {fmt(row['acceptance'], '.2f')}  "
-                  f"cloud {fmt(row['cloud_cpu_ms_per_token'], '.0f')} ms/tok  "
-                  f"rows/tok {fmt(row['rows_per_token'], '.2f')}"
-                  + (f"  ERRORS {row['errors']}" if row["errors"] else ""),
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"  {mode:6} N={n:2}: {fmt(row['tokens_per_s'], '6.2f')} tok/s  "
+                f"per token p50 {fmt(row['per_token_p50_s'], '.3f')} s "
+                f"p99 {fmt(row['per_token_p99_s'], '.3f')} s  TTFT p50 "
+                f"{fmt(row['ttft_p50_s'], '.2f')} s  acc {fmt(row['acceptance'], '.2f')}  "
+                f"cloud {fmt(row['cloud_cpu_ms_per_token'], '.0f')} ms/tok  "
+                f"rows/tok {fmt(row['rows_per_token'], '.2f')}"
+                + (f"  ERRORS {row['errors']}" if row["errors"] else ""),
+                file=sys.stderr,
+                flush=True,
+            )
     return rows
 
 
@@ -206,9 +226,10 @@ def ratios(rows: list[dict]) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.capacity", description=__doc__,
+        prog="python -m benchmarks.capacity",
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    )
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--max-batch", type=int, nargs="+", default=[1, 64])
@@ -231,12 +252,14 @@ def main(argv: list[str] | None = None) -> dict:
         help="how vLLM verifies split drafts (default: the cloud's setting)",
     )
     parser.add_argument("--tokens", type=int, default=32, help="tokens per answer")
-    parser.add_argument("--draft-ms", type=float, default=22.0,
-                        help="a split device's time to draft a token")  # fmt: skip
+    parser.add_argument(
+        "--draft-ms", type=float, default=22.0, help="a split device's time to draft a token"
+    )
     parser.add_argument("--cloud-core", type=int, default=1)
     parser.add_argument("--device-core", type=int, default=0)
-    parser.add_argument("--quick", action="store_true",
-                        help="the tiny model in this process: N = 1, 4; 8 tokens")  # fmt: skip
+    parser.add_argument(
+        "--quick", action="store_true", help="the tiny model in this process: N = 1, 4; 8 tokens"
+    )
     parser.add_argument("--tiny-root", type=Path, help="where the tiny model is (--quick)")
     parser.add_argument("--name", default=None, help="results/capacity/<name>.json")
     parser.add_argument("--out", type=Path, help="write the JSON here instead")
@@ -256,16 +279,23 @@ def main(argv: list[str] | None = None) -> dict:
     measured = ratios(rows)
     for name, r in measured.items():
         than_cloud = r["vs_cloud_only"]
-        print(f"{name}: ×{fmt(r['vs_one_session'], '.2f')} of one session"
-              + (f", ×{than_cloud:.2f} of cloud-only" if than_cloud else ""),
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"{name}: ×{fmt(r['vs_one_session'], '.2f')} of one session"
+            + (f", ×{than_cloud:.2f} of cloud-only" if than_cloud else ""),
+            file=sys.stderr,
+        )
     from benchmarks.common import vllm_python
     from benchmarks.provenance import command_line, record
 
     pinning = {"cloud_core": args.cloud_core, "device_core": args.device_core, "taskset": True}
     vllm = vllm_python() if args.engine == "vllm" else None
-    prov = record(command_line("benchmarks.capacity", argv), pinning, {"cloud": 1},
-                  [f"cloud {args.engine}"], vllm_python=vllm)  # fmt: skip
+    prov = record(
+        command_line("benchmarks.capacity", argv),
+        pinning,
+        {"cloud": 1},
+        [f"cloud {args.engine}"],
+        vllm_python=vllm,
+    )
     summary = {"provenance": prov, "config": vars(args), "rows": rows, "ratios": measured}
     name = args.name or ("quick" if args.quick else time.strftime("%Y%m%d-%H%M%S"))
     out = args.out or RESULTS / f"{name}.json"
@@ -292,13 +322,24 @@ async def _one_setting(batch: int, questions: list[str], args: argparse.Namespac
     config = Path(tempfile.mkdtemp()) / "capacity.toml"  # room for every session at once
     verify = f'vllm_verify = "{args.vllm_verify}"\n' if args.vllm_verify else ""
     config.write_text(f"[cloud]\nmax_sessions = {2 * max(args.sessions)}\n{verify}")
-    cloud, url, token = await start_cloud(args.engine, core, corpus=True, corpus_k=2,
-                                          extra=["--max-batch", str(batch),
-                                                 "--config", str(config)],
-                                          dtype=args.dtype)  # fmt: skip
+    cloud, url, token = await start_cloud(
+        args.engine,
+        core,
+        corpus=True,
+        corpus_k=2,
+        extra=["--max-batch", str(batch), "--config", str(config)],
+        dtype=args.dtype,
+    )
     try:
-        return await measure(url, token, _tokenizer_hash(), questions, args,
-                             lambda: cpu_seconds(cloud.proc.pid), cloud.metrics)  # fmt: skip
+        return await measure(
+            url,
+            token,
+            _tokenizer_hash(),
+            questions,
+            args,
+            lambda: cpu_seconds(cloud.proc.pid),
+            cloud.metrics,
+        )
     finally:
         await cloud.stop()
 
@@ -326,8 +367,12 @@ def _quick(batch: int, questions: list[str], args: argparse.Namespace) -> list[d
     quiet.setLevel(logging.WARNING)
     cache = Path(user_cache_dir("tandem")) / "load" / f"tiny-qwen2-{builder_version()}"
     tiny = build_all(args.tiny_root or cache)
-    engine = LLMEngine(TorchCausalLM(tiny["hf"]), load_tokenizer(tiny["hf"]), "tiny-cloud",
-                       max_batch_sequences=batch)  # fmt: skip
+    engine = LLMEngine(
+        TorchCausalLM(tiny["hf"]),
+        load_tokenizer(tiny["hf"]),
+        "tiny-cloud",
+        max_batch_sequences=batch,
+    )
     server = ServerThread(engine, p.DEFAULT_LIMITS, max_sessions=32, corpus_enabled=False)
     try:
         return asyncio.run(measure(server.url, TOKEN, engine.tokenizer_hash, questions, args, None))

@@ -71,8 +71,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", type=Path, help="the result file (default results/collab-math/)")
     args = parser.parse_args(argv)
     repeats = 3 if args.quick else 30
-    prov = record(command_line("benchmarks.collab_math", argv), threads={"numpy": "default"},
-                  engines=["numpy"])  # fmt: skip
+    prov = record(
+        command_line("benchmarks.collab_math", argv),
+        threads={"numpy": "default"},
+        engines=["numpy"],
+    )
     rng = np.random.default_rng(0)
     zp = llm_like_logits(rng, GAMMA + 1)
     zq = zp[:GAMMA] + rng.normal(0.0, 1.5, (GAMMA, V))
@@ -144,8 +147,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for name, fn, positions in ops:
         us = per_call_us(fn, repeats) / positions
         worst = max(worst, us)
-        timings.append({"rule": name, "us_per_position": us,
-                        "share_of_step": us / 1000 / DECODE_STEP_MS})  # fmt: skip
+        timings.append(
+            {"rule": name, "us_per_position": us, "share_of_step": us / 1000 / DECODE_STEP_MS}
+        )
         print(f"  {name:55} {us:9.1f} µs  {100 * us / 1000 / DECODE_STEP_MS:5.2f}% of a step")
     print(f"\n  slowest: {worst:.0f} µs per position → {'MET' if worst <= 1000 else 'NOT MET'}")
 
@@ -211,12 +215,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f" → {'MET' if dssd_body / GAMMA <= 6 else 'NOT MET'}"
     )
     result = {
-        "config": {"vocabulary": V, "gamma": GAMMA, "repeats": repeats,
-                   "decode_step_ms": DECODE_STEP_MS, "quick": args.quick},
+        "config": {
+            "vocabulary": V,
+            "gamma": GAMMA,
+            "repeats": repeats,
+            "decode_step_ms": DECODE_STEP_MS,
+            "quick": args.quick,
+        },
         "ops": timings,
         "bytes_per_round": [{"round": n, "uplink": up, "downlink": down} for n, up, down in rows],
         "dssd_uplink_bytes_per_token": dssd_body / GAMMA,
-    }  # fmt: skip
+    }
     out = write_result(args.out or default_out("collab-math", "ops", args.quick), prov, result)
     print(f"\nwritten to {out}")
     return result

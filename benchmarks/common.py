@@ -17,9 +17,13 @@ if TYPE_CHECKING:
 
 
 async def start_cloud(
-    engine: str, core: int | None, corpus: bool = False, corpus_k: int | None = None,
-    extra: Sequence[str] = (), dtype: str = "bfloat16",
-) -> tuple[EmbeddedCloud, str, str]:  # fmt: skip
+    engine: str,
+    core: int | None,
+    corpus: bool = False,
+    corpus_k: int | None = None,
+    extra: Sequence[str] = (),
+    dtype: str = "bfloat16",
+) -> tuple[EmbeddedCloud, str, str]:
     """`tandem serve` with `engine` on one thread (pinned to `core`), with or without the
     public corpus (`corpus_k` passages per cloud-mode answer), and `extra` flags: the cloud,
     its session URL and its token."""
@@ -71,8 +75,11 @@ def pin_device(device_core: int, cloud_core: int | None) -> int | None:
         os.sched_setaffinity(0, {device_core})
     else:
         cloud_core = None
-    print(f"device on core {device_core} (sched_setaffinity), cloud on core "
-          f"{cloud_core} (taskset); link: TCP delay proxy", file=sys.stderr)  # fmt: skip
+    print(
+        f"device on core {device_core} (sched_setaffinity), cloud on core "
+        f"{cloud_core} (taskset); link: TCP delay proxy",
+        file=sys.stderr,
+    )
     return cloud_core
 
 

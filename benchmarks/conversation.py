@@ -100,9 +100,12 @@ async def run(args: argparse.Namespace) -> list[dict]:
             history = history_for(n, device.tokenizer, prompts)
             q1, q2 = prompts[30 + n % 10].text, prompts[(31 + n) % 40].text
             for name in args.modes:
-                ctx = ModeContext(device=device, index=None,
-                                  cloud=CloudSettings(url, token, embedded=True),
-                                  retrieve_public=name == "cloud+corpus")  # fmt: skip
+                ctx = ModeContext(
+                    device=device,
+                    index=None,
+                    cloud=CloudSettings(url, token, embedded=True),
+                    retrieve_public=name == "cloud+corpus",
+                )
                 mode = get_mode("split" if name == "split" else "cloud")(ctx)
                 try:
                     before = await reused_tokens(cloud)
@@ -113,16 +116,26 @@ async def run(args: argparse.Namespace) -> list[dict]:
                     after = await reused_tokens(cloud)
                 finally:
                     await mode.close()
-                row = {"conversation": n, "mode": name,
-                       "history_tokens": sum(len(device.tokenizer.encode(t.question + t.answer))
-                                             for t in history),
-                       "ttft1_s": s1.ttft_s, "ttft2_s": s2.ttft_s,
-                       "reused1": mid - before, "reused2": after - mid,
-                       "tokens1": s1.tokens, "tokens2": s2.tokens}  # fmt: skip
+                row = {
+                    "conversation": n,
+                    "mode": name,
+                    "history_tokens": sum(
+                        len(device.tokenizer.encode(t.question + t.answer)) for t in history
+                    ),
+                    "ttft1_s": s1.ttft_s,
+                    "ttft2_s": s2.ttft_s,
+                    "reused1": mid - before,
+                    "reused2": after - mid,
+                    "tokens1": s1.tokens,
+                    "tokens2": s2.tokens,
+                }
                 rows.append(row)
-                print(f"conversation {n} {name:13s} TTFT turn 1 {s1.ttft_s:6.2f} s, turn 2 "
-                      f"{s2.ttft_s:6.2f} s ({s1.ttft_s / s2.ttft_s:4.1f}x); cloud reused "
-                      f"{row['reused2']:.0f} tokens", flush=True)  # fmt: skip
+                print(
+                    f"conversation {n} {name:13s} TTFT turn 1 {s1.ttft_s:6.2f} s, turn 2 "
+                    f"{s2.ttft_s:6.2f} s ({s1.ttft_s / s2.ttft_s:4.1f}x); cloud reused "
+                    f"{row['reused2']:.0f} tokens",
+                    flush=True,
+                )
     finally:
         await cloud.stop()
         device._worker.close()
@@ -139,10 +152,12 @@ def summarise(rows: Sequence[dict]) -> dict:
         second = {str(r["conversation"]): r["ttft2_s"] for r in mine}
         ratio = bootstrap_ratio(first, second)
         out[name] = {
-            "ttft1_s": sum(first.values()) / len(mine), "ttft2_s": sum(second.values()) / len(mine),
-            "turn1_over_turn2": ratio, "reused2": sum(r["reused2"] for r in mine) / len(mine),
+            "ttft1_s": sum(first.values()) / len(mine),
+            "ttft2_s": sum(second.values()) / len(mine),
+            "turn1_over_turn2": ratio,
+            "reused2": sum(r["reused2"] for r in mine) / len(mine),
             "conversations": len(mine),
-        }  # fmt: skip
+        }
     return out
 
 
@@ -161,16 +176,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING)
     args.cloud_core = pin_device(args.device_core, args.cloud_core)
     started = time.time()
-    prov = record(command_line("benchmarks.conversation", argv),
-                  {"device_core": args.device_core, "cloud_core": args.cloud_core},
-                  {"device": 1, "cloud": 1}, ["cloud ort"])  # fmt: skip
+    prov = record(
+        command_line("benchmarks.conversation", argv),
+        {"device_core": args.device_core, "cloud_core": args.cloud_core},
+        {"device": 1, "cloud": 1},
+        ["cloud ort"],
+    )
     rows = asyncio.run(run(args))
     summary = summarise(rows)
     for name, s in summary.items():
         ratio = s["turn1_over_turn2"]
         span = f"{ratio[0]:.2f}x (95 % {ratio[1]:.2f}-{ratio[2]:.2f})" if ratio else "—"
-        print(f"{name:13s} TTFT turn 1 {s['ttft1_s']:.2f} s, turn 2 {s['ttft2_s']:.2f} s: "
-              f"{span}; {s['reused2']:.0f} prompt tokens reused")  # fmt: skip
+        print(
+            f"{name:13s} TTFT turn 1 {s['ttft1_s']:.2f} s, turn 2 {s['ttft2_s']:.2f} s: "
+            f"{span}; {s['reused2']:.0f} prompt tokens reused"
+        )
     out = args.out or default_out("conversation", "second-turn-ort", args.quick)
     write_result(out, prov, {"seconds": time.time() - started, "rows": rows, "summary": summary})
     print(f"written to {out}")

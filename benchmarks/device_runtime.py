@@ -179,9 +179,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.quick:
         args.decode, args.context = 4, 64
         repeats, io_repeats, two_tokens = 2, 2, 4
-    prov = record(command_line("benchmarks.device_runtime", argv),
-                  threads={"torch": os.cpu_count(), "onnxruntime": os.cpu_count()},
-                  engines=["torch", "onnxruntime"])  # fmt: skip
+    prov = record(
+        command_line("benchmarks.device_runtime", argv),
+        threads={"torch": os.cpu_count(), "onnxruntime": os.cpu_count()},
+        engines=["torch", "onnxruntime"],
+    )
     started = time.perf_counter()
 
     if args.models:
@@ -290,17 +292,22 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f" {speedup:.2f}× torch bf16 with KL {kl:.4f} → {verdict}"
     )
     result = {
-        "config": {"model": hf.parent.name if not args.models else str(args.models.name),
-                   "decode_tokens": args.decode, "context": context, "repeats": repeats,
-                   "kl_positions": len(kl_ids) - 1, "default_scheme": default_scheme,
-                   "quick": args.quick},
+        "config": {
+            "model": hf.parent.name if not args.models else str(args.models.name),
+            "decode_tokens": args.decode,
+            "context": context,
+            "repeats": repeats,
+            "kl_positions": len(kl_ids) - 1,
+            "default_scheme": default_scheme,
+            "quick": args.quick,
+        },
         "rows": rows,
         "io": io,
         "spinning_two_sessions": {str(k): v for k, v in spin.items()},
         "spinning_alone": {str(k): v for k, v in alone.items()},
         "speedup_vs_bf16": speedup,
         "copy_bandwidth": bandwidth,
-    }  # fmt: skip
+    }
     out = write_result(args.out or default_out("device", "runtime", args.quick), prov, result)
     print(f"{time.perf_counter() - started:.0f} s; written to {out}")
     return result

@@ -152,16 +152,23 @@ def make_modes(
         m = METHODS[name]
         # the benchmark's own cloud on this machine: on-device, as the embedded one
         cloud = CloudSettings(url, token, embedded=True)
-        ctx = ModeContext(device=device, index=index, cloud=cloud,
-                          aggregator=m.aggregator, dragon_lookahead=m.lookahead)  # fmt: skip
+        ctx = ModeContext(
+            device=device,
+            index=index,
+            cloud=cloud,
+            aggregator=m.aggregator,
+            dragon_lookahead=m.lookahead,
+        )
         modes[name] = (BASELINES.get(m.mode) or get_mode(m.mode))(ctx)
     return modes
 
 
 async def measure(
-    mode: Orchestrator, question: str, options: AnswerOptions,
+    mode: Orchestrator,
+    question: str,
+    options: AnswerOptions,
     on_tokens: Callable[[int], None] | None = None,
-) -> dict:  # fmt: skip
+) -> dict:
     """Answer once and return its figures. Per-token latency is the time between the first
     and the last commit that produced text over the tokens committed in between (each text
     delta is stamped with the committed count at that moment). `on_tokens(n)` is told the
@@ -196,16 +203,27 @@ async def measure(
     if span is not None:
         per_token = span / n
     return {
-        "tokens": stats.tokens, "ttft_s": stats.ttft_s, "per_token_s": per_token,
-        "elapsed_s": stats.elapsed_s, "finish": stats.finish, "aggregator": stats.aggregator,
+        "tokens": stats.tokens,
+        "ttft_s": stats.ttft_s,
+        "per_token_s": per_token,
+        "elapsed_s": stats.elapsed_s,
+        "finish": stats.finish,
+        "aggregator": stats.aggregator,
         "switches": stats.switches,
-        "device_drafted": stats.device_drafted, "device_accepted": stats.device_accepted,
-        "cloud_drafted": stats.cloud_drafted, "cloud_accepted": stats.cloud_accepted,
-        "device_acceptance": stats.device_acceptance, "cloud_acceptance": stats.cloud_acceptance,
-        "device_decode_s": stats.device_decode_s, "cloud_decode_s": stats.cloud_decode_s,
-        "up_bytes_per_token": stats.bytes_up / n, "down_bytes_per_token": stats.bytes_down / n,
-        "failures": failures, "token_ids": stats.token_ids, "commits": commits,
-    }  # fmt: skip
+        "device_drafted": stats.device_drafted,
+        "device_accepted": stats.device_accepted,
+        "cloud_drafted": stats.cloud_drafted,
+        "cloud_accepted": stats.cloud_accepted,
+        "device_acceptance": stats.device_acceptance,
+        "cloud_acceptance": stats.cloud_acceptance,
+        "device_decode_s": stats.device_decode_s,
+        "cloud_decode_s": stats.cloud_decode_s,
+        "up_bytes_per_token": stats.bytes_up / n,
+        "down_bytes_per_token": stats.bytes_down / n,
+        "failures": failures,
+        "token_ids": stats.token_ids,
+        "commits": commits,
+    }
 
 
 async def run_latency(
@@ -245,9 +263,15 @@ async def run_latency(
             for i, prompt in enumerate(prompts):
                 options = AnswerOptions(max_tokens, temperature=temperature, seed=i, k=k)
                 for name, mode in modes.items():  # methods interleaved: drift hits all alike
-                    row = {"engine": engine, "latency_ms": latency_ms,
-                           "jitter_ms": latency_ms / 5, "mbit": mbit, "sampling": sampling,
-                           "prompt": prompt.id, "method": name}  # fmt: skip
+                    row = {
+                        "engine": engine,
+                        "latency_ms": latency_ms,
+                        "jitter_ms": latency_ms / 5,
+                        "mbit": mbit,
+                        "sampling": sampling,
+                        "prompt": prompt.id,
+                        "method": name,
+                    }
                     row |= await measure(mode, prompt.text, options)
                     rows.append(row)
                     print(_line(row), flush=True)
@@ -286,8 +310,9 @@ async def run_trace(
     host, port = host_port(cloud_url)
     link = LinkEmulator(host, port, one_way(trace[0][1]), one_way(trace[0][1]), seed=13)
     await link.start()
-    modes = make_modes(device, index, f"ws://127.0.0.1:{link.port}/v1/session", token,
-                       TRACE_METHODS)  # fmt: skip
+    modes = make_modes(
+        device, index, f"ws://127.0.0.1:{link.port}/v1/session", token, TRACE_METHODS
+    )
     rows: list[dict] = []
 
     def follow(n: int) -> None:
@@ -304,12 +329,20 @@ async def run_trace(
             options = AnswerOptions(max_tokens, temperature=0.0, seed=i, k=k)
             for name, mode in modes.items():
                 follow(0)
-                row: dict[str, Any] = {"engine": engine, "trace": label, "sampling": "greedy",
-                       "prompt": prompt.id, "method": name}  # fmt: skip
+                row: dict[str, Any] = {
+                    "engine": engine,
+                    "trace": label,
+                    "sampling": "greedy",
+                    "prompt": prompt.id,
+                    "method": name,
+                }
                 row |= await measure(mode, prompt.text, options, on_tokens=follow)
                 rows.append(row)
-                print(f"trace {prompt.id:>14} {name:13} {fmt(_ms(row['per_token_s']), '6.1f')} "
-                      f"ms/tok, {row['switches']} switches", flush=True)  # fmt: skip
+                print(
+                    f"trace {prompt.id:>14} {name:13} {fmt(_ms(row['per_token_s']), '6.1f')} "
+                    f"ms/tok, {row['switches']} switches",
+                    flush=True,
+                )
     finally:
         for mode in modes.values():
             await mode.close()
@@ -320,8 +353,9 @@ async def run_trace(
 def _segment(commits: Sequence[Sequence[float]], lo: int, hi: int) -> tuple[float, int] | None:
     """(seconds, tokens) an answer spent from its lo-th to its hi-th committed token."""
     at_lo = next(((t, n) for t, n in commits if n >= lo), None)
-    at_hi = next(((t, n) for t, n in commits if n >= hi), None) or (commits[-1] if commits
-                                                                    else None)  # fmt: skip
+    at_hi = next(((t, n) for t, n in commits if n >= hi), None) or (
+        commits[-1] if commits else None
+    )
     if at_lo is None or at_hi is None or at_hi[1] <= at_lo[1]:
         return None
     return at_hi[0] - at_lo[0], int(at_hi[1] - at_lo[1])
@@ -337,16 +371,26 @@ def trace_summary(rows: Sequence[dict], trace: Sequence[tuple[int, float]] = TRA
     for (start, extra), end in zip(trace, bounds[1:], strict=True):
         seg: dict[str, Any] = {"from_token": start, "extra_ms": extra, "ms_per_token": {}}
         for name in TRACE_METHODS:
-            parts = [x for r in rows if r["method"] == name
-                     if (x := _segment(r["commits"], max(start, 1), end)) is not None]  # fmt: skip
-            seg["ms_per_token"][name] = (1000 * sum(t for t, _ in parts) / sum(n for _, n in parts)
-                                         if parts else None)  # fmt: skip
+            parts = [
+                x
+                for r in rows
+                if r["method"] == name
+                if (x := _segment(r["commits"], max(start, 1), end)) is not None
+            ]
+            seg["ms_per_token"][name] = (
+                1000 * sum(t for t, _ in parts) / sum(n for _, n in parts) if parts else None
+            )
         out["segments"].append(seg)
     for name in TRACE_METHODS:
-        parts = [x for r in rows if r["method"] == name
-                 if (x := _segment(r["commits"], 1, 10**9)) is not None]  # fmt: skip
-        out["whole"][name] = (1000 * sum(t for t, _ in parts) / sum(n for _, n in parts)
-                              if parts else None)  # fmt: skip
+        parts = [
+            x
+            for r in rows
+            if r["method"] == name
+            if (x := _segment(r["commits"], 1, 10**9)) is not None
+        ]
+        out["whole"][name] = (
+            1000 * sum(t for t, _ in parts) / sum(n for _, n in parts) if parts else None
+        )
 
     def vs_best(cell: dict) -> float | None:
         auto, pinned = cell["dragon-auto"], (cell["dragon-device"], cell["dragon-cloud"])
@@ -372,8 +416,9 @@ def whole_interval(rows: Sequence[dict]) -> tuple[float, float] | None:
         return None
 
     def stat(sample: Sequence[dict[str, tuple[float, int]]]) -> float:
-        rate = {m: sum(c[m][0] for c in sample) / sum(c[m][1] for c in sample)
-                for m in TRACE_METHODS}  # fmt: skip
+        rate = {
+            m: sum(c[m][0] for c in sample) / sum(c[m][1] for c in sample) for m in TRACE_METHODS
+        }
         return rate["dragon-auto"] / min(rate["dragon-device"], rate["dragon-cloud"]) - 1
 
     return bootstrap_ci(items, stat)
@@ -385,17 +430,23 @@ def print_trace(summary: dict) -> None:
     print("\ntrace — ms per token (greedy; per segment of the answer, then over all of it)")
     names = "".join(f"{m:>15}" for m in TRACE_METHODS)
     print(f"  {'segment':28}{names}{'auto vs best':>14}")
-    rows = [(f"+{s['extra_ms']:.0f} ms from token {s['from_token']}", s["ms_per_token"], v)
-            for s, v in zip(summary["segments"], summary["segment_vs_better_pinned"],
-                            strict=True)]  # fmt: skip
+    rows = [
+        (f"+{s['extra_ms']:.0f} ms from token {s['from_token']}", s["ms_per_token"], v)
+        for s, v in zip(summary["segments"], summary["segment_vs_better_pinned"], strict=True)
+    ]
     rows.append(("whole answer", summary["whole"], summary["whole_vs_better_pinned"]))
     for label, cells, versus in rows:
-        print(f"  {label:28}" + "".join(f"{fmt(cells[m], '.1f'):>15}" for m in TRACE_METHODS)
-              + f"{fmt(versus, '+.1%'):>14}")  # fmt: skip
+        print(
+            f"  {label:28}"
+            + "".join(f"{fmt(cells[m], '.1f'):>15}" for m in TRACE_METHODS)
+            + f"{fmt(versus, '+.1%'):>14}"
+        )
     whole = summary["whole_vs_better_pinned"]
     segs = [v for v in summary["segment_vs_better_pinned"] if v is not None]
-    print(f"  {'PASS' if segs and max(segs) <= 0.05 else 'FAIL'} auto within 5 % of the better "
-          "pinned side in every segment")  # fmt: skip
+    print(
+        f"  {'PASS' if segs and max(segs) <= 0.05 else 'FAIL'} auto within 5 % of the better "
+        "pinned side in every segment"
+    )
     ci = summary.get("whole_vs_better_pinned_ci")
     if ci is None:
         print(
@@ -404,9 +455,11 @@ def print_trace(summary: dict) -> None:
         )
     else:
         word = verdict(ci[0], ci[1], up="FAIL", down="PASS")
-        print(f"  {word}: auto vs the better pinned side over the whole trace "
-              f"{fmt(whole, '+.1%')} (95 % CI {ci[0]:+.1%} to {ci[1]:+.1%}, bootstrap over "
-              "prompts; target: strictly faster)")  # fmt: skip
+        print(
+            f"  {word}: auto vs the better pinned side over the whole trace "
+            f"{fmt(whole, '+.1%')} (95 % CI {ci[0]:+.1%} to {ci[1]:+.1%}, bootstrap over "
+            "prompts; target: strictly faster)"
+        )
 
 
 async def warm_up(
@@ -444,12 +497,13 @@ def cell_means(rows: Sequence[dict]) -> dict:
         "answers": len(rows),
         "per_token_ms": _ms(_mean([r["per_token_s"] for r in rows])),
         "ttft_ms": _ms(_mean([r["ttft_s"] for r in rows])),
-        "device_acceptance": _rate(rows, "device"), "cloud_acceptance": _rate(rows, "cloud"),
+        "device_acceptance": _rate(rows, "device"),
+        "cloud_acceptance": _rate(rows, "cloud"),
         "switches": _mean([r["switches"] for r in rows]),
         "up_bytes_per_token": _mean([r["up_bytes_per_token"] for r in rows]),
         "down_bytes_per_token": _mean([r["down_bytes_per_token"] for r in rows]),
         "failures": sum(len(r.get("failures", ())) for r in rows),
-    }  # fmt: skip
+    }
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -474,9 +528,14 @@ class Target:
         return self.value >= self.bound if self.at_least else self.value <= self.bound
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "value": self.value, "bound": self.bound,
-                "at_least": self.at_least, "passed": self.passed,
-                "per_latency": {str(k): v for k, v in self.per_latency.items()}}  # fmt: skip
+        return {
+            "name": self.name,
+            "value": self.value,
+            "bound": self.bound,
+            "at_least": self.at_least,
+            "passed": self.passed,
+            "per_latency": {str(k): v for k, v in self.per_latency.items()},
+        }
 
 
 def targets(cells: dict[tuple[str, float], dict], band: tuple[float, float] = BAND_MS) -> list:
@@ -562,10 +621,14 @@ def summarise(rows: Sequence[dict], band: tuple[float, float] = BAND_MS) -> dict
 
 def print_summary(summary: dict) -> None:
     for group, s in summary.items():
-        print(f"\n{group} — means over prompts (per-token: mean time between commits after "
-              "the first token)")  # fmt: skip
-        print(f"  {'method':14} {'+ms':>4} {'ms/token':>9} {'TTFT ms':>8} {'acc dev':>7} "
-              f"{'acc cloud':>9} {'switches':>8} {'↑ B/tok':>8} {'↓ B/tok':>8}")  # fmt: skip
+        print(
+            f"\n{group} — means over prompts (per-token: mean time between commits after "
+            "the first token)"
+        )
+        print(
+            f"  {'method':14} {'+ms':>4} {'ms/token':>9} {'TTFT ms':>8} {'acc dev':>7} "
+            f"{'acc cloud':>9} {'switches':>8} {'↑ B/tok':>8} {'↓ B/tok':>8}"
+        )
         for c in sorted(
             s["cells"], key=lambda c: (c["latency_ms"], list(METHODS).index(c["method"]))
         ):
@@ -619,15 +682,32 @@ async def run(args: argparse.Namespace) -> list[dict]:
                 try:
                     await warm_up(device, index, url, token, args.k)
                     if args.trace:
-                        rows += await run_trace(device, index, url, token, prompts, engine=engine,
-                                                max_tokens=args.max_tokens, k=args.k)  # fmt: skip
+                        rows += await run_trace(
+                            device,
+                            index,
+                            url,
+                            token,
+                            prompts,
+                            engine=engine,
+                            max_tokens=args.max_tokens,
+                            k=args.k,
+                        )
                         continue
                     for latency in args.latency_ms:
                         rows += await run_latency(
-                            device, index, url, token, latency, prompts, engine=engine,
-                            samplings=args.sampling, max_tokens=args.max_tokens, k=args.k,
-                            methods=args.methods, mbit=args.mbit,
-                        )  # fmt: skip
+                            device,
+                            index,
+                            url,
+                            token,
+                            latency,
+                            prompts,
+                            engine=engine,
+                            samplings=args.sampling,
+                            max_tokens=args.max_tokens,
+                            k=args.k,
+                            methods=args.methods,
+                            mbit=args.mbit,
+                        )
                 finally:
                     if cloud is not None:
                         await cloud.stop()
@@ -656,13 +736,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--latency-ms", nargs="+", type=float, default=list(LATENCIES_MS))
     parser.add_argument("--mbit", type=float, help="link bandwidth each way (default: unlimited)")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    parser.add_argument("--sampling", nargs="+", default=["greedy", "sampled"],
-                        choices=["greedy", "sampled"])  # fmt: skip
+    parser.add_argument(
+        "--sampling", nargs="+", default=["greedy", "sampled"], choices=["greedy", "sampled"]
+    )
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument(
-        "--prompt-range", nargs=2, type=int, default=(0, None), metavar=("START", "END"),
+        "--prompt-range",
+        nargs=2,
+        type=int,
+        default=(0, None),
+        metavar=("START", "END"),
         help="run only prompts START..END-1 of the --prompts chosen (a grid in pieces)",
-    )  # fmt: skip
+    )
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("-k", type=int, default=2, help="documents per side")
     parser.add_argument("--device-core", type=int, default=0)
@@ -671,30 +756,36 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--cloud-url",
         help=f"use this running ort cloud (its token in ${CLOUD_TOKEN_ENV}, its corpus-k = -k, "
         "started with the grid's flags on --cloud-core) instead of starting one",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--quick", action="store_true",
+        "--quick",
+        action="store_true",
         help="CI's smoke run: 1 prompt, k = 1, +100 ms, 8 tokens, greedy, ort",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--name", help="results/dragon/<name>.json (default: quick, or a timestamp)"
     )
     parser.add_argument(
-        "--trace", action="store_true",
+        "--trace",
+        action="store_true",
         help="DRAGON §7.4 instead of the grid: the link's latency changes during each answer "
         "(+20 ms, +250 ms from token 10, +20 ms from token 22); auto vs both pinned, greedy",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--caches", action="store_true",
+        "--caches",
+        action="store_true",
         help="instead of the grid: TTFT with the document caches off, cold and warm, and a "
         "question stream's hit rate and memory (benchmarks.dragon_reuse); ort, greedy, the "
         "first --latency-ms",
-    )  # fmt: skip
+    )
     parser.add_argument("--out", type=Path, help="write the JSON here instead")
     parser.add_argument(
-        "--report", nargs="+", type=Path, metavar="JSON",
+        "--report",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
         help="print the means and targets of earlier runs (run nothing)",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
     if args.report:  # the pieces of one grid, pooled
         saved = [json.loads(path.read_text()) for path in args.report]
@@ -727,12 +818,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     key = "trace" if args.trace else "rows"  # trace rows have no fixed latency: kept apart
     from benchmarks.provenance import command_line, record
 
-    prov = record(command_line("benchmarks.dragon", argv),
-                  {"device_core": args.device_core, "cloud_core": args.cloud_core},
-                  {"device": 1, "cloud": 1}, [f"cloud {e}" for e in args.engines])  # fmt: skip
-    out.write_text(json.dumps({"provenance": prov, "config": config,
-                               "seconds": time.time() - started,
-                               key: rows, "summary": summary}, indent=1))  # fmt: skip
+    prov = record(
+        command_line("benchmarks.dragon", argv),
+        {"device_core": args.device_core, "cloud_core": args.cloud_core},
+        {"device": 1, "cloud": 1},
+        [f"cloud {e}" for e in args.engines],
+    )
+    out.write_text(
+        json.dumps(
+            {
+                "provenance": prov,
+                "config": config,
+                "seconds": time.time() - started,
+                key: rows,
+                "summary": summary,
+            },
+            indent=1,
+        )
+    )
     (print_trace if args.trace else print_summary)(summary)
     print(f"\n{time.time() - started:.0f} s; written to {out}")
 
@@ -745,9 +848,12 @@ def main_caches(args: argparse.Namespace, argv: Sequence[str] | None, started: f
     from edge_runtime.device import DeviceModel
     from tandem_packaging.prepare import model_path
 
-    prov = record(command_line("benchmarks.dragon", argv),
-                  {"device_core": args.device_core, "cloud_core": args.cloud_core},
-                  {"device": 1, "cloud": 1}, ["cloud ort"])  # fmt: skip
+    prov = record(
+        command_line("benchmarks.dragon", argv),
+        {"device_core": args.device_core, "cloud_core": args.cloud_core},
+        {"device": 1, "cloud": 1},
+        ["cloud ort"],
+    )
     prompts = load_prompts(n=args.prompts)[slice(*args.prompt_range)]
     latency = args.latency_ms[0] if args.latency_ms != list(LATENCIES_MS) else 100.0
 
@@ -757,9 +863,16 @@ def main_caches(args: argparse.Namespace, argv: Sequence[str] | None, started: f
             index = build_private_index(Path(tmp))
             try:
                 bench = Harness(make_modes, measure, warm_up)
-                return await run_caches(bench, device, index, prompts, cloud_core=args.cloud_core,
-                                        latency_ms=latency, k=args.k,
-                                        max_tokens=args.max_tokens)  # fmt: skip
+                return await run_caches(
+                    bench,
+                    device,
+                    index,
+                    prompts,
+                    cloud_core=args.cloud_core,
+                    latency_ms=latency,
+                    k=args.k,
+                    max_tokens=args.max_tokens,
+                )
             finally:
                 index.close()
 
@@ -769,9 +882,19 @@ def main_caches(args: argparse.Namespace, argv: Sequence[str] | None, started: f
         row.pop("commits", None)
     name = args.name or f"caches-ort-{latency:.0f}ms-{len(prompts)}prompts"
     out = args.out or default_out("dragon", name, args.quick)
-    write_result(out, prov, {"latency_ms": latency, "k": args.k, "max_tokens": args.max_tokens,
-                             "seconds": time.time() - started, "rows": rows, "stream": stream,
-                             "summary": summary})  # fmt: skip
+    write_result(
+        out,
+        prov,
+        {
+            "latency_ms": latency,
+            "k": args.k,
+            "max_tokens": args.max_tokens,
+            "seconds": time.time() - started,
+            "rows": rows,
+            "stream": stream,
+            "summary": summary,
+        },
+    )
     print_caches(summary)
     print(f"\n{time.time() - started:.0f} s; written to {out}")
 

@@ -59,8 +59,9 @@ async def shared_cloud(quick: bool) -> Any:
     from benchmarks.dragon import GRID_CLOUD_FLAGS, QUICK_K
 
     core = 1 if (os.cpu_count() or 1) > 1 else None  # as `benchmarks.common.pin_device`
-    cloud, _, _ = await start_cloud("ort", core, corpus=True, corpus_k=QUICK_K if quick else 2,
-                                    extra=list(GRID_CLOUD_FLAGS))  # fmt: skip
+    cloud, _, _ = await start_cloud(
+        "ort", core, corpus=True, corpus_k=QUICK_K if quick else 2, extra=list(GRID_CLOUD_FLAGS)
+    )
     return cloud
 
 
@@ -86,8 +87,9 @@ async def study(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="CI's smoke run (minutes)")
     parser.add_argument("--name", help="the run's name in every JSON file (default: time)")
     parser.add_argument("--engines", nargs="+", default=["ort"], choices=["torch", "ort"])
-    parser.add_argument("--skip", nargs="*", default=[],
-                        choices=["grid", "trace", "schedule", "ppl", "kv"])  # fmt: skip
+    parser.add_argument(
+        "--skip", nargs="*", default=[], choices=["grid", "trace", "schedule", "ppl", "kv"]
+    )
     parser.add_argument("--out-dir", type=Path, default=RESULTS, help="where the JSON goes")
     args = parser.parse_args(argv)
     name = args.name or ("quick" if args.quick else time.strftime("%Y%m%d-%H%M%S"))
@@ -120,11 +122,31 @@ async def study(argv: Sequence[str] | None = None) -> None:
             use = ["--cloud-url", cloud.url] if cloud else []
             env = {**os.environ, CLOUD_TOKEN_ENV: cloud.token} if cloud else None
             if "grid" not in args.skip:
-                await to_thread(part, "dragon", *quick, "--engines", *args.engines, *use,
-                                "--out", str(grid), env=env)  # fmt: skip
+                await to_thread(
+                    part,
+                    "dragon",
+                    *quick,
+                    "--engines",
+                    *args.engines,
+                    *use,
+                    "--out",
+                    str(grid),
+                    env=env,
+                )
             if "trace" not in args.skip and not args.quick:  # --quick answers are shorter
-                await to_thread(part, "dragon", "--trace", "--engines", *args.engines, *use,
-                                "--prompts", "10", "--out", str(trace), env=env)  # fmt: skip
+                await to_thread(
+                    part,
+                    "dragon",
+                    "--trace",
+                    "--engines",
+                    *args.engines,
+                    *use,
+                    "--prompts",
+                    "10",
+                    "--out",
+                    str(trace),
+                    env=env,
+                )
             if "schedule" not in args.skip:
                 measured = ["--from", str(grid)] if grid.is_file() else []
                 part("dragon_schedule", *quick, *measured, "--out", str(schedule))
@@ -135,8 +157,13 @@ async def study(argv: Sequence[str] | None = None) -> None:
             if cloud is not None:
                 await cloud.stop()
     if "kv" not in args.skip:
-        part("dragon_kv", "--prompts", "2" if args.quick else "20", "--out",
-             str(out / f"drcg-kv-{name}.json"))  # fmt: skip
+        part(
+            "dragon_kv",
+            "--prompts",
+            "2" if args.quick else "20",
+            "--out",
+            str(out / f"drcg-kv-{name}.json"),
+        )
     figures = ["--grid", str(grid)] if grid.is_file() else []
     figures += ["--ppl", str(ppl)] if ppl.is_file() else []
     figures += ["--schedule", str(schedule)] if schedule.is_file() else []

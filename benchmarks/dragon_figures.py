@@ -24,13 +24,21 @@ from benchmarks.dragon import METHODS, pooled_rows, summarise
 
 OUT = Path(__file__).resolve().parent / "results" / "dragon" / "figures"
 LABELS = {
-    "dragon-auto": "DRAGON", "dragon-device": "DRAGON (device aggregates)",
-    "dragon-cloud": "DRAGON (cloud aggregates)", "drdg-tw": "DRDG/TW", "drdg-sw": "DRDG/SW",
-    "local-rag": "CRCG/Device", "crcg-cloud": "CRCG/Cloud", "drcg-text": "DRCG/Text",
-    "no-retrieval": "w/o retrieval", "cloud-alone": "w/o retrieval (cloud model)",
-    "crcg-device": "CRCG/Device", "drcg": "DRCG", "dragon": "DRAGON",
+    "dragon-auto": "DRAGON",
+    "dragon-device": "DRAGON (device aggregates)",
+    "dragon-cloud": "DRAGON (cloud aggregates)",
+    "drdg-tw": "DRDG/TW",
+    "drdg-sw": "DRDG/SW",
+    "local-rag": "CRCG/Device",
+    "crcg-cloud": "CRCG/Cloud",
+    "drcg-text": "DRCG/Text",
+    "no-retrieval": "w/o retrieval",
+    "cloud-alone": "w/o retrieval (cloud model)",
+    "crcg-device": "CRCG/Device",
+    "drcg": "DRCG",
+    "dragon": "DRAGON",
     "dragon-rerank": "DRAGON, re-ranked every 8 tokens",
-}  # fmt: skip
+}
 
 
 def _pyplot():
@@ -56,12 +64,17 @@ def latency_figures(rows: Sequence[dict], out: Path) -> list[Path]:
     summary = summarise(rows)
     group = summary.get("all/all") or next(iter(summary.values()))
     written = []
-    for key, name, ylabel in (("per_token_ms", "fig6-per-token-latency", "ms per token"),
-                              ("ttft_ms", "fig7-ttft", "time to first token (ms)")):  # fmt: skip
+    for key, name, ylabel in (
+        ("per_token_ms", "fig6-per-token-latency", "ms per token"),
+        ("ttft_ms", "fig7-ttft", "time to first token (ms)"),
+    ):
         fig, ax = plt.subplots(figsize=(6.4, 4.0))
         for method in METHODS:
-            cells = sorted((c["latency_ms"], c[key]) for c in group["cells"]
-                           if c["method"] == method and c[key] is not None)  # fmt: skip
+            cells = sorted(
+                (c["latency_ms"], c[key])
+                for c in group["cells"]
+                if c["method"] == method and c[key] is not None
+            )
             if cells:
                 ax.plot(*zip(*cells, strict=True), marker="o", label=LABELS[method])
         ax.set_xlabel("extra network latency (ms, jitter a fifth of it)")
@@ -94,8 +107,9 @@ def schedule_figure(data: dict, out: Path) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for policy in ("device", "cloud", "random", "auto"):
-        points = sorted((r["extra_ms"], r["total_s"]) for r in data["rows"]
-                        if r["policy"] == policy)  # fmt: skip
+        points = sorted(
+            (r["extra_ms"], r["total_s"]) for r in data["rows"] if r["policy"] == policy
+        )
         label = "DRAGON (live scheduler)" if policy == "auto" else policy.capitalize()
         ax.plot(*zip(*points, strict=True), marker="o", label=label)
     tokens = data["rows"][0]["tokens"]

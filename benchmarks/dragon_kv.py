@@ -35,14 +35,24 @@ def transfer_s(nbytes: float, extra_ms: float, mbit: float) -> float:
     return extra_ms / 1000 + nbytes * 8 / (mbit * 1e6)
 
 
-def price(tokens: Sequence[int], per_token: int, mbits: Sequence[float],
-          latencies_ms: Sequence[float] = LATENCIES_MS) -> dict[str, Any]:  # fmt: skip
+def price(
+    tokens: Sequence[int],
+    per_token: int,
+    mbits: Sequence[float],
+    latencies_ms: Sequence[float] = LATENCIES_MS,
+) -> dict[str, Any]:
     """Mean bytes per answer and the mean fetch time at each link."""
     nbytes = statistics.mean(tokens) * per_token
-    fetch = {f"{mbit:g} Mbit/s": {str(lat): transfer_s(nbytes, lat, mbit) for lat in latencies_ms}
-             for mbit in mbits}  # fmt: skip
-    return {"mean_tokens": statistics.mean(tokens), "bytes_per_token": per_token,
-            "mean_bytes": nbytes, "fetch_s": fetch}  # fmt: skip
+    fetch = {
+        f"{mbit:g} Mbit/s": {str(lat): transfer_s(nbytes, lat, mbit) for lat in latencies_ms}
+        for mbit in mbits
+    }
+    return {
+        "mean_tokens": statistics.mean(tokens),
+        "bytes_per_token": per_token,
+        "mean_bytes": nbytes,
+        "fetch_s": fetch,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -67,10 +77,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     tokens = []
     for prompt in load_prompts(n=args.prompts):
         passages = corpus.search(prompt.text, args.k)
-        tokens.append(sum(len(document_prompt(tokenizer, prompt.text, [], p, budget)[0])
-                          for p in passages))  # fmt: skip
-    out = {engine: price(tokens, kv_bytes_per_token(config, size), args.mbit)
-           for engine, size in (("ort (float32 cache)", 4), ("torch bfloat16", 2))}  # fmt: skip
+        tokens.append(
+            sum(len(document_prompt(tokenizer, prompt.text, [], p, budget)[0]) for p in passages)
+        )
+    out = {
+        engine: price(tokens, kv_bytes_per_token(config, size), args.mbit)
+        for engine, size in (("ort (float32 cache)", 4), ("torch bfloat16", 2))
+    }
     for engine, p in out.items():
         print(
             f"{engine}: {p['mean_tokens']:.0f} tokens of k = {args.k} per-document prompts, "
@@ -82,8 +95,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     from benchmarks.provenance import command_line, record
 
     prov = record(command_line("benchmarks.dragon_kv", argv))  # arithmetic: no timing
-    args.out.write_text(json.dumps({"provenance": prov, "k": args.k, "prompts": args.prompts,
-                                    **out}, indent=1))  # fmt: skip
+    args.out.write_text(
+        json.dumps({"provenance": prov, "k": args.k, "prompts": args.prompts, **out}, indent=1)
+    )
 
 
 if __name__ == "__main__":

@@ -67,8 +67,15 @@ RESULTS = Path(__file__).resolve().parent / "results" / "dragon"
 WIDTH = 128  # tokens per window
 DOC_TOKENS = 64
 COUNTS = (0, 1, 2, 4, 8)  # documents per side
-METHODS = ("no-retrieval", "cloud-alone", "crcg-device", "crcg-cloud", "drcg", "dragon",
-           "dragon-rerank")  # fmt: skip
+METHODS = (
+    "no-retrieval",
+    "cloud-alone",
+    "crcg-device",
+    "crcg-cloud",
+    "drcg",
+    "dragon",
+    "dragon-rerank",
+)
 CONTROL = "dragon-random"  # the plain-ensembling control's line (not in METHODS: an option)
 RERANK_EVERY = 8  # tokens between re-rankings (DRAGON §4.1), for the dragon-rerank line
 SEPARATOR = "\n\n"
@@ -92,14 +99,16 @@ class Window:
         return self.ids[self.split :]
 
 
-def make_windows(articles: Sequence[Article], tokenizer: Any, n: int, width: int = WIDTH
-                 ) -> list[Window]:  # fmt: skip
+def make_windows(
+    articles: Sequence[Article], tokenizer: Any, n: int, width: int = WIDTH
+) -> list[Window]:
     """`n` windows of `width` tokens: the first window of each article, then the second…"""
     per_article = []
     for a in articles:
         ids = tokenizer.encode(a.text)
-        per_article.append([Window(a.title, ids[i : i + width])
-                            for i in range(0, len(ids) - width + 1, width)])  # fmt: skip
+        per_article.append(
+            [Window(a.title, ids[i : i + width]) for i in range(0, len(ids) - width + 1, width)]
+        )
     out: list[Window] = []
     for depth in range(max(map(len, per_article), default=0)):
         for windows in per_article:
@@ -143,17 +152,21 @@ def retrieve(corpus: Any, tokenizer: Any, window: Window, most: int) -> Document
     """The top 2·most passages for the window's first eighth, its own article's left out,
     split alternately (the cloud takes ranks 1, 3, …), each cut to DOC_TOKENS tokens."""
     query = tokenizer.decode(window.context)
-    hits = [h for h in corpus.search(query, 2 * most + 8)
-            if h.title.strip().lower() != window.title.strip().lower()][: 2 * most]  # fmt: skip
+    hits = [
+        h
+        for h in corpus.search(query, 2 * most + 8)
+        if h.title.strip().lower() != window.title.strip().lower()
+    ][: 2 * most]
     ids = [tokenizer.encode(h.text)[:DOC_TOKENS] for h in hits]
     cos = np.array([h.score for h in hits])
-    return Documents(ids[0::2], ids[1::2], relevance(cos[0::2]), relevance(cos[1::2]),
-                     hits[0::2], hits[1::2])  # fmt: skip
+    return Documents(
+        ids[0::2], ids[1::2], relevance(cos[0::2]), relevance(cos[1::2]), hits[0::2], hits[1::2]
+    )
 
 
 def random_documents(
     corpus: Any, tokenizer: Any, window: Window, most: int, rng: np.random.Generator
-) -> Documents:  # fmt: skip
+) -> Documents:
     """2·most passages drawn at random from the whole corpus (the window's own article left
     out), split and cut as `retrieve` does, weighted by the relevance of their cosine with the
     window's query as retrieved ones are: the plain-ensembling control."""
@@ -169,8 +182,14 @@ def random_documents(
             break
     docs = [tokenizer.encode(c.text)[:DOC_TOKENS] for c in chosen]
     cos = np.asarray(corpus.rescore(chosen, tokenizer.decode(window.context)), dtype=np.float64)
-    return Documents(docs[0::2], docs[1::2], relevance(cos[0::2]), relevance(cos[1::2]),
-                     chosen[0::2], chosen[1::2])  # fmt: skip
+    return Documents(
+        docs[0::2],
+        docs[1::2],
+        relevance(cos[0::2]),
+        relevance(cos[1::2]),
+        chosen[0::2],
+        chosen[1::2],
+    )
 
 
 def with_docs(docs: Sequence[list[int]], sep: list[int], context: list[int]) -> list[int]:
@@ -178,10 +197,15 @@ def with_docs(docs: Sequence[list[int]], sep: list[int], context: list[int]) -> 
 
 
 def score_window(
-    window: Window, docs: Documents, counts: Sequence[int], device: CausalLM, cloud: CausalLM,
-    sep: list[int], rerank: tuple[Rescore, Callable[[list[int]], str]] | None = None,
+    window: Window,
+    docs: Documents,
+    counts: Sequence[int],
+    device: CausalLM,
+    cloud: CausalLM,
+    sep: list[int],
+    rerank: tuple[Rescore, Callable[[list[int]], str]] | None = None,
     control: Documents | None = None,
-) -> dict[str, dict[int, float]]:  # fmt: skip
+) -> dict[str, dict[int, float]]:
     """Summed log-likelihood of the window's targets under every method at every count.
     `rerank` (the hits' rescoring and the tokenizer's decode) adds dragon-rerank; `control`
     (random passages, `random_documents`) adds dragon-random."""
@@ -220,12 +244,21 @@ def score_window(
                 out[m][k] = bare_device
             out["crcg-cloud"][k] = bare_cloud
             continue
-        out["crcg-device"][k] = float(logprobs(device, with_docs(docs.device[:kd], sep, ctx),
-                                               tgt).sum()) if kd else bare_device  # fmt: skip
-        out["crcg-cloud"][k] = float(logprobs(cloud, with_docs(docs.cloud[:kc], sep, ctx),
-                                              tgt).sum()) if kc else bare_cloud  # fmt: skip
-        interleaved = [d for pair in zip(docs.cloud[:kc], docs.device[:kd], strict=False)
-                       for d in pair] + docs.cloud[kd:kc] + docs.device[kc:kd]  # fmt: skip
+        out["crcg-device"][k] = (
+            float(logprobs(device, with_docs(docs.device[:kd], sep, ctx), tgt).sum())
+            if kd
+            else bare_device
+        )
+        out["crcg-cloud"][k] = (
+            float(logprobs(cloud, with_docs(docs.cloud[:kc], sep, ctx), tgt).sum())
+            if kc
+            else bare_cloud
+        )
+        interleaved = (
+            [d for pair in zip(docs.cloud[:kc], docs.device[:kd], strict=False) for d in pair]
+            + docs.cloud[kd:kc]
+            + docs.device[kc:kd]
+        )
         out["drcg"][k] = float(logprobs(device, with_docs(interleaved, sep, ctx), tgt).sum())
         out["dragon"][k] = mixture(docs, k)
         if rerank is not None:
@@ -244,9 +277,14 @@ def score_window(
 
 
 def reranked_weights(
-    hits: Sequence[Any], scores: np.ndarray, targets: Sequence[int], rescore: Rescore,
-    decode: Callable[[list[int]], str], query: Sequence[int], every: int = RERANK_EVERY,
-) -> np.ndarray:  # fmt: skip
+    hits: Sequence[Any],
+    scores: np.ndarray,
+    targets: Sequence[int],
+    rescore: Rescore,
+    decode: Callable[[list[int]], str],
+    query: Sequence[int],
+    every: int = RERANK_EVERY,
+) -> np.ndarray:
     """log softmax(R) per document and position [D, T]: the retrieval scores until the first
     `every` tokens are scored, then R = RELEVANCE_SCALE · cosine(document, query + the text
     scored so far), recomputed every `every` tokens, as the product's re-ranking does."""
@@ -263,8 +301,10 @@ def reranked_weights(
 def perplexities(results: Sequence[dict[str, dict[int, float]]], tokens: int) -> dict:
     """exp(−mean log-likelihood per scored token), per method and count."""
     methods = results[0]
-    return {m: {k: math.exp(-sum(r[m][k] for r in results) / tokens) for k in methods[m]}
-            for m in methods}  # fmt: skip
+    return {
+        m: {k: math.exp(-sum(r[m][k] for r in results) / tokens) for k in methods[m]}
+        for m in methods
+    }
 
 
 def check_targets(ppl: dict[str, dict[int, float]]) -> list[tuple[int, str, bool]]:
@@ -284,9 +324,14 @@ def check_targets(ppl: dict[str, dict[int, float]]) -> list[tuple[int, str, bool
 
 
 async def network_check(
-    window: Window, tokenizer: Any, cloud_lm: CausalLM, corpus: Any, url: str, token: str,
+    window: Window,
+    tokenizer: Any,
+    cloud_lm: CausalLM,
+    corpus: Any,
+    url: str,
+    token: str,
     k: int = 2,
-) -> float:  # fmt: skip
+) -> float:
     """The cloud's teacher-forced mixture over the link (policy SCORE) vs this process: the
     largest per-token difference in log-probability."""
     from collab.dragon.ledger import side_logprobs
@@ -309,8 +354,9 @@ async def network_check(
     client = CloudClient(url, token, Mode.DRAGON, "", fingerprint, "ppl-check")
     await client.connect()
     try:
-        await client.send(Generate(question, max_new_tokens=len(answer), temperature=1.0,
-                                   request_id=1))  # fmt: skip
+        await client.send(
+            Generate(question, max_new_tokens=len(answer), temperature=1.0, request_id=1)
+        )
         await client.send(DragonSetup(k, AggregatorPolicy.SCORE, Side.DEVICE, request_id=1))
         await client.send(DragonScore(np.asarray(answer), request_id=1))
         scored = None
@@ -332,8 +378,9 @@ async def network_check(
     # answer fed to every sequence (ONNX Runtime's int4 kernels give other roundings for other
     # batch shapes, so the reference batches as the cloud does)
     first = cloud_lm.prefill(prompts)
-    logits = np.concatenate([first[:, None, :], cloud_lm.forward([answer[:-1]] * len(prompts))],
-                            axis=1)  # fmt: skip
+    logits = np.concatenate(
+        [first[:, None, :], cloud_lm.forward([answer[:-1]] * len(prompts))], axis=1
+    )
     here = side_logprobs(logits, relevance(cos), np.asarray(answer), 1.0)
     return float(np.max(np.abs(here - scored.logprobs.astype(np.float64))))
 
@@ -341,8 +388,7 @@ async def network_check(
 # ---------------------------------------------------------------------------- the run
 
 
-def load_models(settings: Sequence[str], threads: int, check: bool
-                ) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+def load_models(settings: Sequence[str], threads: int, check: bool) -> tuple[Any, dict[str, Any]]:
     """The tokenizer, and the device model and each setting's cloud model (ONNX Runtime, as
     the product runs them); the real cloud model also when the network check needs it."""
     from model_runtime.ort_runtime import OrtCausalLM
@@ -353,8 +399,9 @@ def load_models(settings: Sequence[str], threads: int, check: bool
     device = OrtCausalLM(device_dir, threads=threads, allow_spinning=False)
     clouds = {"same": device}
     if "pair" in settings or check:
-        clouds["pair"] = OrtCausalLM(model_path("cloud", "onnx-quant"), threads=threads,
-                                     allow_spinning=False)  # fmt: skip
+        clouds["pair"] = OrtCausalLM(
+            model_path("cloud", "onnx-quant"), threads=threads, allow_spinning=False
+        )
     return load_tokenizer(device_dir), {"device": device, **clouds}
 
 
@@ -378,8 +425,11 @@ def run(args: argparse.Namespace) -> dict:
         results = []
         for i, (w, d, c) in enumerate(zip(windows, docs, controls, strict=True)):
             rerank = (corpus.rescore, tokenizer.decode)
-            results.append(score_window(w, d, args.counts, models["device"], models[setting],
-                                        sep, rerank, control=c))  # fmt: skip
+            results.append(
+                score_window(
+                    w, d, args.counts, models["device"], models[setting], sep, rerank, control=c
+                )
+            )
             print(f"{setting}: window {i + 1}/{len(windows)} ({w.title})", file=sys.stderr)
         ppl = perplexities(results, out["tokens"])
         out[setting] = {"perplexity": ppl, "targets": check_targets(ppl)}
@@ -397,9 +447,12 @@ def run(args: argparse.Namespace) -> dict:
 
 
 async def _checks(
-    windows: Sequence[Window], tokenizer: Any, cloud_lm: Any, corpus: Any,
+    windows: Sequence[Window],
+    tokenizer: Any,
+    cloud_lm: Any,
+    corpus: Any,
     cloud_url: str | Path | None = None,
-) -> list[float]:  # fmt: skip
+) -> list[float]:
     """The network check of each window, over the ort cloud at `cloud_url` (`dragon_eval`'s,
     shared with the grid: its token in the environment; or a file it writes both to once the
     cloud is up) or a new `tandem serve`."""
@@ -448,8 +501,10 @@ def print_table(setting: str, ppl: dict[str, dict[int, float]]) -> None:
     if all(ok for _, _, ok in check_targets(ppl)):
         print("  PASS dragon ≤ every baseline at every count ≥ 2")
     for k, share in retrieval_share(ppl).items():
-        print(f"  {k} a side: retrieval {share:.0%} of DRAGON's gain over no-retrieval "
-              "(the rest: plain ensembling of random passages)")  # fmt: skip
+        print(
+            f"  {k} a side: retrieval {share:.0%} of DRAGON's gain over no-retrieval "
+            "(the rest: plain ensembling of random passages)"
+        )
 
 
 def retrieval_share(ppl: dict[str, dict[int, float]]) -> dict[int, float]:
@@ -470,8 +525,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--windows", type=int, default=40)
     parser.add_argument("--counts", nargs="+", type=int, default=list(COUNTS))
-    parser.add_argument("--settings", nargs="+", default=["same", "pair"],
-                        choices=["same", "pair"])  # fmt: skip
+    parser.add_argument("--settings", nargs="+", default=["same", "pair"], choices=["same", "pair"])
     parser.add_argument("--check", type=int, default=2, help="windows checked over the network")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
@@ -479,12 +533,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="check over this running ort cloud with its corpus (token in "
         "$TANDEM_BENCH_CLOUD_TOKEN) instead of starting one: the policy SCORE takes k from "
         "the request, and its prefill is the same with the document cache on or off",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--cloud-file", type=Path,
+        "--cloud-file",
+        type=Path,
         help="the same, its URL and token read from this file once it appears (dragon_eval "
         "writes it when the cloud it starts meanwhile is up)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--random-control",
         action="store_true",
@@ -492,9 +547,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="the random passages' seed")
     parser.add_argument(
-        "--quick", action="store_true",
+        "--quick",
+        action="store_true",
         help="CI: 1 window, 0–2 documents a side, same model, 1 network check",
-    )  # fmt: skip
+    )
     parser.add_argument("--name", help="results/dragon/ppl-<name>.json (default: time)")
     parser.add_argument("--out", type=Path, help="write the JSON here instead")
     args = parser.parse_args(argv)
@@ -508,11 +564,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     from benchmarks.provenance import command_line, record
 
-    prov = record(command_line("benchmarks.dragon_ppl", argv), threads={"ort": args.threads},
-                  engines=["onnxruntime"])  # fmt: skip
-    path.write_text(json.dumps({"provenance": prov, "config": config,
-                                "seconds": time.time() - started,
-                                "relevance_scale": RELEVANCE_SCALE, **out}, indent=1))  # fmt: skip
+    prov = record(
+        command_line("benchmarks.dragon_ppl", argv),
+        threads={"ort": args.threads},
+        engines=["onnxruntime"],
+    )
+    path.write_text(
+        json.dumps(
+            {
+                "provenance": prov,
+                "config": config,
+                "seconds": time.time() - started,
+                "relevance_scale": RELEVANCE_SCALE,
+                **out,
+            },
+            indent=1,
+        )
+    )
     print(f"\n{time.time() - started:.0f} s; written to {path}")
 
 

@@ -33,15 +33,21 @@ if TYPE_CHECKING:
     from edge_runtime.device import DeviceModel, Retriever
 
 STREAM = (
-    "Where did we stay on Maui?", "What should I buy on the road to Hana?",
+    "Where did we stay on Maui?",
+    "What should I buy on the road to Hana?",
     "What did Keoni teach us at the luau?",
-    "How do I plan my week?", "When do I review what slipped?",
-    "What did the doctor advise about sleep?", "What breathing exercise helps before talks?",
-    "How much did revenue grow in Q3?", "What does Dana want in the report?",
-    "How does my word count script work?", "Which restaurants do locals go to?",
-    "When is there fado at Tasca do Chico?", "What are my notes on quantum superposition?",
+    "How do I plan my week?",
+    "When do I review what slipped?",
+    "What did the doctor advise about sleep?",
+    "What breathing exercise helps before talks?",
+    "How much did revenue grow in Q3?",
+    "What does Dana want in the report?",
+    "How does my word count script work?",
+    "Which restaurants do locals go to?",
+    "When is there fado at Tasca do Chico?",
+    "What are my notes on quantum superposition?",
     "When did the printing press spread ideas?",
-)  # fmt: skip
+)
 
 
 async def _metric(cloud: EmbeddedCloud, name: str) -> float:
@@ -61,9 +67,16 @@ class Harness:
 
 
 async def run_caches(
-    bench: Harness, device: DeviceModel, index: Retriever, prompts: Sequence[Prompt], *,
-    cloud_core: int | None, latency_ms: float, k: int, max_tokens: int,
-) -> tuple[list[dict], list[dict]]:  # fmt: skip
+    bench: Harness,
+    device: DeviceModel,
+    index: Retriever,
+    prompts: Sequence[Prompt],
+    *,
+    cloud_core: int | None,
+    latency_ms: float,
+    k: int,
+    max_tokens: int,
+) -> tuple[list[dict], list[dict]]:
     """The three passes and the stream: (rows, stream rows)."""
     measure, warm_up = bench.measure, bench.warm_up
 
@@ -85,16 +98,21 @@ async def run_caches(
         reuse = getattr(docs, "reuse", None)
         out["device_hits"] = None if reuse is None else reuse.hits
         out["device_docs"] = None if reuse is None else len(reuse.stable)
-        print(f"{row.get('pass', 'stream'):6s} {row.get('method', ''):12s} "
-              f"{row.get('prompt', row.get('question', ''))[:40]:40s} TTFT "
-              f"{out['ttft_s']:6.2f} s  per token {1000 * (out['per_token_s'] or 0):6.0f} ms",
-              flush=True)  # fmt: skip
+        print(
+            f"{row.get('pass', 'stream'):6s} {row.get('method', ''):12s} "
+            f"{row.get('prompt', row.get('question', ''))[:40]:40s} TTFT "
+            f"{out['ttft_s']:6.2f} s  per token {1000 * (out['per_token_s'] or 0):6.0f} ms",
+            flush=True,
+        )
         return out
 
-    for pass_name, extra in (("off", ["--document-cache-mb", "0"]),
-                             ("on", ["--document-cache-scope", "session"])):  # fmt: skip
-        cloud, url, token = await start_cloud("ort", cloud_core, corpus=True, corpus_k=k,
-                                              extra=extra)  # fmt: skip
+    for pass_name, extra in (
+        ("off", ["--document-cache-mb", "0"]),
+        ("on", ["--document-cache-scope", "session"]),
+    ):
+        cloud, url, token = await start_cloud(
+            "ort", cloud_core, corpus=True, corpus_k=k, extra=extra
+        )
         host, port = host_port(url)
         link = LinkEmulator(host, port, one_way, one_way, seed=int(latency_ms))
         await link.start()
@@ -107,9 +125,20 @@ async def run_caches(
                     for method in ("dragon-auto", "local-rag"):
                         mode = dragon(linked, token, method)
                         try:
-                            rows.append(await answer(mode, prompt.text, n, **{
-                                "pass": "off", "method": "dragon-off" if method == "dragon-auto"
-                                else method, "prompt": prompt.id}))  # fmt: skip
+                            rows.append(
+                                await answer(
+                                    mode,
+                                    prompt.text,
+                                    n,
+                                    **{
+                                        "pass": "off",
+                                        "method": "dragon-off"
+                                        if method == "dragon-auto"
+                                        else method,
+                                        "prompt": prompt.id,
+                                    },
+                                )
+                            )
                         finally:
                             await mode.close()
                     continue
@@ -119,8 +148,12 @@ async def run_caches(
                     documents.clear()
                     for method in ("dragon-cold", "dragon-warm"):
                         hits = await _metric(cloud, "tandem_document_cache_hits")
-                        row = await answer(mode, prompt.text, n, **{
-                            "pass": "on", "method": method, "prompt": prompt.id})  # fmt: skip
+                        row = await answer(
+                            mode,
+                            prompt.text,
+                            n,
+                            **{"pass": "on", "method": method, "prompt": prompt.id},
+                        )
                         row["cloud_hits"] = (
                             await _metric(cloud, "tandem_document_cache_hits") - hits
                         )
@@ -169,14 +202,20 @@ def summarise_caches(rows: Sequence[dict], stream: Sequence[dict]) -> dict:
         if found is None:
             return None
         value, low, high = found
-        return {"ratio": value, "low": low, "high": high,
-                "verdict": verdict(low, high, 1.0, up, down)}  # fmt: skip
+        return {
+            "ratio": value,
+            "low": low,
+            "high": high,
+            "verdict": verdict(low, high, 1.0, up, down),
+        }
 
     means = {}
     for method in ("dragon-off", "local-rag", "dragon-cold", "dragon-warm"):
         ttft, per = by(method, "ttft_s"), by(method, "per_token_s")
-        means[method] = {"ttft_s": sum(ttft.values()) / len(ttft) if ttft else None,
-                         "per_token_s": sum(per.values()) / len(per) if per else None}  # fmt: skip
+        means[method] = {
+            "ttft_s": sum(ttft.values()) / len(ttft) if ttft else None,
+            "per_token_s": sum(per.values()) / len(per) if per else None,
+        }
     ids = {(r["method"], r["prompt"]): r["token_ids"] for r in rows}
     prompts = sorted({r["prompt"] for r in rows})
     same = sum(
@@ -203,11 +242,13 @@ def summarise_caches(rows: Sequence[dict], stream: Sequence[dict]) -> dict:
         out["stream"] = {
             "questions": len(stream),
             "cloud_hit_rate": cloud_hits / cloud_all if cloud_all else None,
-            "device_hits": device_hits, "device_hit_rate": None if device_all is None
-            else device_hits / device_all,
-            "device_bytes": stream[-1]["device_bytes"], "cloud_bytes": stream[-1]["cloud_bytes"],
-            "ttft_s_first_half": _half(stream, 0), "ttft_s_second_half": _half(stream, 1),
-        }  # fmt: skip
+            "device_hits": device_hits,
+            "device_hit_rate": None if device_all is None else device_hits / device_all,
+            "device_bytes": stream[-1]["device_bytes"],
+            "cloud_bytes": stream[-1]["cloud_bytes"],
+            "ttft_s_first_half": _half(stream, 0),
+            "ttft_s_second_half": _half(stream, 1),
+        }
     return out
 
 
@@ -221,12 +262,18 @@ def print_caches(summary: dict) -> None:
     for method, m in summary["means"].items():
         ttft, per = m["ttft_s"], m["per_token_s"]
         print(f"  {method:12s} TTFT {ttft or 0:6.2f} s   per token {1000 * (per or 0):6.0f} ms")
-    for key in ("warm_over_local_ttft", "cold_over_off_ttft", "warm_over_off_per_token",
-                "cold_over_off_per_token"):  # fmt: skip
+    for key in (
+        "warm_over_local_ttft",
+        "cold_over_off_ttft",
+        "warm_over_off_per_token",
+        "cold_over_off_per_token",
+    ):
         r = summary.get(key)
         if r:
-            print(f"  {key:26s} {r['ratio']:.2f}x (95 % {r['low']:.2f}-{r['high']:.2f}) "
-                  f"{r['verdict']}")  # fmt: skip
+            print(
+                f"  {key:26s} {r['ratio']:.2f}x (95 % {r['low']:.2f}-{r['high']:.2f}) "
+                f"{r['verdict']}"
+            )
     same, n = summary["greedy_answers_identical"]
     print(f"  greedy answers identical off/cold/warm: {same} of {n}")
     s = summary.get("stream")

@@ -165,9 +165,16 @@ def simulate(
 
 
 def grid(
-    costs: Costs, alpha: tuple[float, float], extras_ms: Sequence[float], *, tokens: int = 100,
-    sequences: int = 50, base_rtt: float = 0.002, lookahead: int = DRAGON_LOOKAHEAD, seed: int = 0,
-) -> list[dict]:  # fmt: skip
+    costs: Costs,
+    alpha: tuple[float, float],
+    extras_ms: Sequence[float],
+    *,
+    tokens: int = 100,
+    sequences: int = 50,
+    base_rtt: float = 0.002,
+    lookahead: int = DRAGON_LOOKAHEAD,
+    seed: int = 0,
+) -> list[dict]:
     """Figure 8: the mean total time of each policy at each extra latency, over `sequences`
     acceptance sequences (the same ones for every policy and latency)."""
     rng = np.random.default_rng(seed)
@@ -177,15 +184,25 @@ def grid(
         link = sinusoidal(base_rtt, extra / 1000)
         for policy in POLICIES:
             runs = [
-                simulate(costs, v, link, policy, lookahead=lookahead,
-                         rng=np.random.default_rng([seed, i]))
+                simulate(
+                    costs,
+                    v,
+                    link,
+                    policy,
+                    lookahead=lookahead,
+                    rng=np.random.default_rng([seed, i]),
+                )
                 for i, v in enumerate(replays)
-            ]  # fmt: skip
-            rows.append({
-                "extra_ms": extra, "policy": policy, "tokens": tokens,
-                "total_s": statistics.mean(r.total_s for r in runs),
-                "switches": statistics.mean(r.switches for r in runs),
-            })  # fmt: skip
+            ]
+            rows.append(
+                {
+                    "extra_ms": extra,
+                    "policy": policy,
+                    "tokens": tokens,
+                    "total_s": statistics.mean(r.total_s for r in runs),
+                    "switches": statistics.mean(r.switches for r in runs),
+                }
+            )
     return rows
 
 
@@ -193,8 +210,12 @@ def costs_from(paths: Sequence[Path]) -> tuple[Costs, tuple[float, float]]:
     """Each side's mean decode time and pooled acceptance over the DRAGON rows of saved
     `benchmarks.dragon` runs, grid or trace (rows that carry decode times)."""
     saved = [json.loads(p.read_text()) for p in paths]
-    rows = [r for data in saved for r in data.get("rows", []) + data.get("trace", [])
-            if r["method"].startswith("dragon-") and r.get("device_decode_s")]  # fmt: skip
+    rows = [
+        r
+        for data in saved
+        for r in data.get("rows", []) + data.get("trace", [])
+        if r["method"].startswith("dragon-") and r.get("device_decode_s")
+    ]
     if not rows:
         raise SystemExit("no DRAGON rows with decode times in " + ", ".join(map(str, paths)))
 
@@ -234,24 +255,31 @@ def print_grid(rows: Sequence[dict]) -> None:
         line = " ".join(f"{cells[p]['total_s']:>8.2f}" for p in POLICIES)
         best = min(cells[p]["total_s"] for p in ("device", "cloud"))
         auto = cells["auto"]
-        print(f"{extra:>8.0f} {line}   auto vs better static {auto['total_s'] / best - 1:+.1%}, "
-              f"{auto['switches']:.1f} switches")  # fmt: skip
+        print(
+            f"{extra:>8.0f} {line}   auto vs better static {auto['total_s'] / best - 1:+.1%}, "
+            f"{auto['switches']:.1f} switches"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
-        "--from", dest="sources", nargs="+", type=Path, metavar="JSON",
+        "--from",
+        dest="sources",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
         help="decode costs and acceptance from saved benchmarks.dragon runs",
-    )  # fmt: skip
+    )
     parser.add_argument("--extra-ms", nargs="+", type=float, default=list(EXTRA_MS))
     parser.add_argument("--tokens", type=int, default=100)
     parser.add_argument("--sequences", type=int, default=50)
     parser.add_argument("--lookahead", type=int, default=DRAGON_LOOKAHEAD)
     parser.add_argument(
-        "--measure", action="store_true",
+        "--measure",
+        action="store_true",
         help="measure the decode costs here (both ONNX models, one thread)",
-    )  # fmt: skip
+    )
     parser.add_argument("--quick", action="store_true", help="CI's smoke run: 5 sequences")
     parser.add_argument("--name", help="results/dragon/schedule-<name>.json (default: time)")
     parser.add_argument("--out", type=Path, help="write the JSON here instead")
@@ -261,23 +289,42 @@ def main(argv: Sequence[str] | None = None) -> None:
     costs, alpha = costs_from(args.sources) if args.sources else (MEASURED, MEASURED_ACCEPTANCE)
     if args.measure:
         costs = measure_costs()
-    print(f"decode s/token: device {costs.device[0]:.3f}, cloud {costs.cloud[0]:.3f}; "
-          f"acceptance: device {alpha[0]:.2f}, cloud {alpha[1]:.2f}")  # fmt: skip
+    print(
+        f"decode s/token: device {costs.device[0]:.3f}, cloud {costs.cloud[0]:.3f}; "
+        f"acceptance: device {alpha[0]:.2f}, cloud {alpha[1]:.2f}"
+    )
     started = time.time()
-    rows = grid(costs, alpha, args.extra_ms, tokens=args.tokens, sequences=args.sequences,
-                lookahead=args.lookahead)  # fmt: skip
+    rows = grid(
+        costs,
+        alpha,
+        args.extra_ms,
+        tokens=args.tokens,
+        sequences=args.sequences,
+        lookahead=args.lookahead,
+    )
     print_grid(rows)
     name = args.name or ("quick" if args.quick else time.strftime("%Y%m%d-%H%M%S"))
     out = args.out or RESULTS / f"schedule-{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    config = {k: [str(p) for p in v] if k == "sources" and v else str(v) if isinstance(v, Path)
-              else v for k, v in vars(args).items()}  # fmt: skip
+    config = {
+        k: [str(p) for p in v] if k == "sources" and v else str(v) if isinstance(v, Path) else v
+        for k, v in vars(args).items()
+    }
     from benchmarks.provenance import command_line, record
 
     prov = record(command_line("benchmarks.dragon_schedule", argv))
-    out.write_text(json.dumps({"provenance": prov, "config": config,
-                               "costs": [costs.device, costs.cloud],
-                               "acceptance": alpha, "rows": rows}, indent=1))  # fmt: skip
+    out.write_text(
+        json.dumps(
+            {
+                "provenance": prov,
+                "config": config,
+                "costs": [costs.device, costs.cloud],
+                "acceptance": alpha,
+                "rows": rows,
+            },
+            indent=1,
+        )
+    )
     print(f"\n{time.time() - started:.1f} s; written to {out}")
 
 

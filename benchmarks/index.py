@@ -70,9 +70,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         args.chunks = 16 if args.quick else 256
     from benchmarks.provenance import command_line, default_out, record, write_result
 
-    prov = record(command_line("benchmarks.index", argv),
-                  threads={"torch": args.threads, "onnxruntime": args.threads},
-                  engines=["sentence-transformers (torch)", "onnxruntime", "faiss"])  # fmt: skip
+    prov = record(
+        command_line("benchmarks.index", argv),
+        threads={"torch": args.threads, "onnxruntime": args.threads},
+        engines=["sentence-transformers (torch)", "onnxruntime", "faiss"],
+    )
 
     import torch
     from transformers.utils import logging as hf_logging
@@ -129,18 +131,26 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"\npeak RSS of this process: {rss:.0f} MB")
     result = {
-        "config": {"chunks": len(chunks), "threads": args.threads, "quick": args.quick,
-                   "model_file": onnx.model_file.name,
-                   "scheme": onnx.info["int8"]["scheme"] or "fp32"},
-        "embedder": {"torch_chunks_per_s": torch_best, "onnx_chunks_per_s": onnx_best,
-                     "cosine_mean": float(cos.mean()), "cosine_min": float(cos.min()),
-                     "onnx_fp32_chunks_per_s": fp32_speed,
-                     "fp32_cosine_mean": float(fp32_cos.mean()),
-                     "fp32_cosine_min": float(fp32_cos.min())},
+        "config": {
+            "chunks": len(chunks),
+            "threads": args.threads,
+            "quick": args.quick,
+            "model_file": onnx.model_file.name,
+            "scheme": onnx.info["int8"]["scheme"] or "fp32",
+        },
+        "embedder": {
+            "torch_chunks_per_s": torch_best,
+            "onnx_chunks_per_s": onnx_best,
+            "cosine_mean": float(cos.mean()),
+            "cosine_min": float(cos.min()),
+            "onnx_fp32_chunks_per_s": fp32_speed,
+            "fp32_cosine_mean": float(fp32_cos.mean()),
+            "fp32_cosine_min": float(fp32_cos.min()),
+        },
         "pipeline": ingest,
         "search": search,
         "peak_rss_mb": rss,
-    }  # fmt: skip
+    }
     out = write_result(args.out or default_out("index", "index", args.quick), prov, result)
     print(f"written to {out}")
     return result
@@ -171,9 +181,14 @@ def pipeline(args: argparse.Namespace, chunks: list[str]) -> dict[str, Any]:
         f"chunks/s; embedder alone on the same chunks {n / embed_s:.1f} chunks/s; overhead "
         f"{100 * (ingest_s / embed_s - 1):.0f}% (target ≤ 15%)"
     )
-    return {"files": len(results), "chunks": n, "ingest_s": ingest_s,
-            "chunks_per_s": n / ingest_s, "embed_only_chunks_per_s": n / embed_s,
-            "overhead": ingest_s / embed_s - 1}  # fmt: skip
+    return {
+        "files": len(results),
+        "chunks": n,
+        "ingest_s": ingest_s,
+        "chunks_per_s": n / ingest_s,
+        "embed_only_chunks_per_s": n / embed_s,
+        "overhead": ingest_s / embed_s - 1,
+    }
 
 
 def search_latency(sizes: Sequence[int] = SEARCH_SIZES) -> list[dict[str, Any]]:

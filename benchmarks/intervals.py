@@ -15,9 +15,13 @@ RESAMPLES = 10_000
 
 
 def bootstrap_ci(
-    items: Sequence[T], statistic: Callable[[Sequence[T]], float], *, level: float = 0.95,
-    resamples: int = RESAMPLES, seed: int = 0,
-) -> tuple[float, float]:  # fmt: skip
+    items: Sequence[T],
+    statistic: Callable[[Sequence[T]], float],
+    *,
+    level: float = 0.95,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float]:
     """Percentile interval of `statistic` over `items` resampled with replacement (each item
     one prompt or note, carrying every method's figures for it: the comparison is paired)."""
     if not items:
@@ -61,8 +65,9 @@ def bootstrap_ratio(
     return float(x.mean() / y.mean()), float(low), float(high)
 
 
-def verdict(low: float, high: float, null: float = 0.0, up: str = "higher",
-            down: str = "lower") -> str:  # fmt: skip
+def verdict(
+    low: float, high: float, null: float = 0.0, up: str = "higher", down: str = "lower"
+) -> str:
     """The word for a difference from its 95 % interval: `up` or `down` only when the whole
     interval lies on one side of `null` (0 for a difference, 1 for a ratio); otherwise
     "within noise". Never a pass for a difference the interval cannot tell from none."""

@@ -90,8 +90,14 @@ class Device:
 
     def split_draft(self, step: int, epoch: int) -> p.TopKDraft:
         """The next split draft (here: three of one fixed id, one-hot)."""
-        return p.TopKDraft(np.full(3, 13), np.full((3, 1), 13), np.ones((3, 1)),
-                           request_id=1, epoch=epoch, step=step)  # fmt: skip
+        return p.TopKDraft(
+            np.full(3, 13),
+            np.full((3, 1), 13),
+            np.ones((3, 1)),
+            request_id=1,
+            epoch=epoch,
+            step=step,
+        )
 
     async def drafting(self, n: int) -> None:
         """The time a device takes to draft `n` tokens (none: the load is the cloud's)."""
@@ -107,19 +113,27 @@ class Device:
             return out
         try:
             variant = "tk-slt" if self.mode == "split" else ""
-            await ws.send_bytes(p.encode(p.Hello(self.tokenizer_hash, p.Mode[self.mode.upper()],
-                                                 variant)))  # fmt: skip
+            await ws.send_bytes(
+                p.encode(p.Hello(self.tokenizer_hash, p.Mode[self.mode.upper()], variant))
+            )
             ack = await self._recv(ws)
             if not isinstance(ack, p.HelloAck) or not ack.accepted:
                 out.error = f"handshake: {ack}"
                 return out
-            await ws.send_bytes(p.encode(p.Generate(self.question,
-                                                    max_new_tokens=self.max_tokens,
-                                                    retrieve=self.retrieve,
-                                                    request_id=1)))  # fmt: skip
+            await ws.send_bytes(
+                p.encode(
+                    p.Generate(
+                        self.question,
+                        max_new_tokens=self.max_tokens,
+                        retrieve=self.retrieve,
+                        request_id=1,
+                    )
+                )
+            )
             if self.mode == "dragon":
-                setup = p.DragonSetup(self.dragon_k, p.AggregatorPolicy.CLOUD, p.Side.CLOUD,
-                                      request_id=1)  # fmt: skip
+                setup = p.DragonSetup(
+                    self.dragon_k, p.AggregatorPolicy.CLOUD, p.Side.CLOUD, request_id=1
+                )
                 await ws.send_bytes(p.encode(setup))
                 await ws.send_bytes(p.encode(self._dragon_draft(0, 0)))
             await self._answer(ws, t0)
@@ -180,8 +194,16 @@ class Device:
                 out.per_token_s = (last - first) / (out.tokens - 1)
 
     def _dragon_draft(self, step: int, epoch: int) -> p.DragonDraft:
-        return p.DragonDraft(13, np.asarray([13]), np.asarray([1.0]), 0.0, 0.001,
-                             request_id=1, epoch=epoch, step=step)  # fmt: skip
+        return p.DragonDraft(
+            13,
+            np.asarray([13]),
+            np.asarray([1.0]),
+            0.0,
+            0.001,
+            request_id=1,
+            epoch=epoch,
+            step=step,
+        )
 
     async def _recv(self, ws: aiohttp.ClientWebSocketResponse) -> p.Message:
         while True:
@@ -190,8 +212,9 @@ class Device:
                 raise ConnectionError(f"the cloud closed the session ({ws.close_code})")
             msg = p.decode(wsmsg.data)
             if isinstance(msg, p.Ping):  # DRAGON's cloud measures the round trip
-                pong = p.Pong(msg.sent_ns, time.monotonic_ns(), time.monotonic_ns(),
-                              request_id=msg.request_id)  # fmt: skip
+                pong = p.Pong(
+                    msg.sent_ns, time.monotonic_ns(), time.monotonic_ns(), request_id=msg.request_id
+                )
                 await ws.send_bytes(p.encode(pong))
                 continue
             return msg
@@ -274,8 +297,12 @@ def tenancy(sessions: int, greedy: int | None) -> list[tuple[str, str]]:
         return [("", "default")] * sessions
     if not 0 <= greedy <= sessions:
         raise ValueError(f"--greedy must be within 0..{sessions}")
-    return [(GREEDY, GREEDY) if (i * greedy) // sessions != ((i + 1) * greedy) // sessions
-            else ("single", f"user{i}") for i in range(sessions)]  # fmt: skip
+    return [
+        (GREEDY, GREEDY)
+        if (i * greedy) // sessions != ((i + 1) * greedy) // sessions
+        else ("single", f"user{i}")
+        for i in range(sessions)
+    ]
 
 
 def secret(name: str) -> str:
@@ -284,18 +311,31 @@ def secret(name: str) -> str:
 
 
 async def run_load(
-    url: str, token: str, tokenizer_hash: bytes, sessions: int, max_tokens: int,
-    cache_bytes: Callable[[], int], timeout: float,
+    url: str,
+    token: str,
+    tokenizer_hash: bytes,
+    sessions: int,
+    max_tokens: int,
+    cache_bytes: Callable[[], int],
+    timeout: float,
     tenants: Sequence[tuple[str, str]] | None = None,
     sample: Callable[[], Awaitable[None]] | None = None,
-) -> tuple[list[Outcome], int, float]:  # fmt: skip
+) -> tuple[list[Outcome], int, float]:
     """All devices at once; the engine's KV cache sampled every 10 ms while they run (and
     `sample` awaited between). `tenants`: each device's (tenant, token name), else all
     `token`."""
     tenants = tenants or [("", "default")] * sessions
-    devices = [Device(url, token if name == "default" else secret(name), tokenizer_hash,
-                      MODES[i % len(MODES)], max_tokens, tenant=tenant)
-               for i, (tenant, name) in enumerate(tenants)]  # fmt: skip
+    devices = [
+        Device(
+            url,
+            token if name == "default" else secret(name),
+            tokenizer_hash,
+            MODES[i % len(MODES)],
+            max_tokens,
+            tenant=tenant,
+        )
+        for i, (tenant, name) in enumerate(tenants)
+    ]
     peak = 0
     stop = asyncio.Event()
 
@@ -319,9 +359,12 @@ async def run_load(
 
 
 async def run_balanced(
-    args: argparse.Namespace, hf: Path, budget: int, tenants: Sequence[tuple[str, str]],
+    args: argparse.Namespace,
+    hf: Path,
+    budget: int,
+    tenants: Sequence[tuple[str, str]],
     token: str,
-) -> tuple[list[Outcome], float, dict[str, Any]]:  # fmt: skip
+) -> tuple[list[Outcome], float, dict[str, Any]]:
     """`args.replicas` `tandem serve` processes behind HAProxy (the shipped config), the
     devices through it. Returns the outcomes, the wall time and what the balancer and the
     replicas saw: peak sessions a replica, HAProxy's counters, ERROR lines of their logs."""
@@ -340,13 +383,26 @@ async def run_balanced(
             "corpus_enabled = false\n\n[cloud.tokens]\n"
             + "".join(f'{name} = "{secret(name)}"\n' for name in named)
         )
-        serve = ["--config", str(folder / "replica.toml"), "--token-file", str(folder / "token"),
-                 "--engine", "torch", "--dtype", "float32", "--model-dir", str(hf),
-                 "--threads", "1"]  # fmt: skip
-        clouds = await asyncio.gather(*(
-            EmbeddedCloud.start(serve, timeout_s=120, log_path=folder / f"cloud{i + 1}.log")
-            for i in range(args.replicas)
-        ))  # fmt: skip
+        serve = [
+            "--config",
+            str(folder / "replica.toml"),
+            "--token-file",
+            str(folder / "token"),
+            "--engine",
+            "torch",
+            "--dtype",
+            "float32",
+            "--model-dir",
+            str(hf),
+            "--threads",
+            "1",
+        ]
+        clouds = await asyncio.gather(
+            *(
+                EmbeddedCloud.start(serve, timeout_s=120, log_path=folder / f"cloud{i + 1}.log")
+                for i in range(args.replicas)
+            )
+        )
         ports = {f"cloud{i + 1}": urlsplit(c.url).port or 0 for i, c in enumerate(clouds)}
         peaks = dict.fromkeys(ports, 0)
         try:
@@ -363,20 +419,33 @@ async def run_balanced(
 
                 try:
                     outcomes, _, wall = await run_load(
-                        balancer.url, token, tokenizer_hash, args.sessions, args.tokens,
-                        lambda: 0, args.timeout, tenants, sample,
-                    )  # fmt: skip
+                        balancer.url,
+                        token,
+                        tokenizer_hash,
+                        args.sessions,
+                        args.tokens,
+                        lambda: 0,
+                        args.timeout,
+                        tenants,
+                        sample,
+                    )
                     stats = balancer.stats()
                 finally:
                     balancer.close()
         finally:
             await asyncio.gather(*(cloud.stop() for cloud in clouds))
-        errors = [line for name in ports for line in
-                  (folder / f"{name}.log").read_text(errors="replace").splitlines()
-                  if line.startswith(("ERROR", "CRITICAL")) or "Traceback" in line]  # fmt: skip
-    seen = {"replicas": args.replicas, "max_sessions_per_replica": per_replica,
-            "peak_sessions_by_replica": peaks,
-            "balancer_by_replica": {n: asdict(s) for n, s in stats.items()}}  # fmt: skip
+        errors = [
+            line
+            for name in ports
+            for line in (folder / f"{name}.log").read_text(errors="replace").splitlines()
+            if line.startswith(("ERROR", "CRITICAL")) or "Traceback" in line
+        ]
+    seen = {
+        "replicas": args.replicas,
+        "max_sessions_per_replica": per_replica,
+        "peak_sessions_by_replica": peaks,
+        "balancer_by_replica": {n: asdict(s) for n, s in stats.items()},
+    }
     return outcomes, wall, {"balancer": seen, "server_errors": errors}
 
 
@@ -389,21 +458,32 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sessions", type=int, default=100)
     parser.add_argument("--capacity", type=int, default=90, help="the cloud's max_sessions")
     parser.add_argument("--tokens", type=int, default=16, help="tokens per answer")
-    parser.add_argument("--kv-budget-mib", type=float, default=256,
-                        help="the engine's KV budget; below what the sessions hold, the least "
-                        "recently used lose their cache (EVICTED) and the rest go on")  # fmt: skip
+    parser.add_argument(
+        "--kv-budget-mib",
+        type=float,
+        default=256,
+        help="the engine's KV budget; below what the sessions hold, the least "
+        "recently used lose their cache (EVICTED) and the rest go on",
+    )
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--quick", action="store_true", help="12 sessions, capacity 10")
     parser.add_argument("--name", default=None, help="results/load/<name>.json")
     parser.add_argument("--out", type=Path, help="write the JSON here instead")
     parser.add_argument("--tiny-root", type=Path, help="where the tiny model is (built if not)")
-    parser.add_argument("--balancer", action="store_true",
-                        help="HAProxy (deploy/haproxy.cfg) in front of --replicas tandem serve "
-                        "processes, --capacity split among them")  # fmt: skip
+    parser.add_argument(
+        "--balancer",
+        action="store_true",
+        help="HAProxy (deploy/haproxy.cfg) in front of --replicas tandem serve "
+        "processes, --capacity split among them",
+    )
     parser.add_argument("--replicas", type=int, default=2)
-    parser.add_argument("--greedy", type=int, default=None,
-                        help="this many sessions share one access token, every other session "
-                        "has its own (default: all share one)")  # fmt: skip
+    parser.add_argument(
+        "--greedy",
+        type=int,
+        default=None,
+        help="this many sessions share one access token, every other session "
+        "has its own (default: all share one)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.sessions, args.capacity, args.tokens = 12, 10, 8
@@ -434,14 +514,26 @@ def main(argv: list[str] | None = None) -> dict:
         summary.update(seen)
     else:
         named = {name: secret(name) for _, name in tenants if name != "default"}
-        engine = LLMEngine(TorchCausalLM(tiny["hf"]), load_tokenizer(tiny["hf"]), "tiny-cloud",
-                           kv_budget_bytes=budget)  # fmt: skip
+        engine = LLMEngine(
+            TorchCausalLM(tiny["hf"]),
+            load_tokenizer(tiny["hf"]),
+            "tiny-cloud",
+            kv_budget_bytes=budget,
+        )
         server = ServerThread(engine, p.DEFAULT_LIMITS, max_sessions=args.capacity, tokens=named)
         try:
-            outcomes, peak, wall = asyncio.run(run_load(
-                server.url, TOKEN, engine.tokenizer_hash, args.sessions, args.tokens,
-                lambda: engine.cache_bytes, args.timeout, tenants,
-            ))  # fmt: skip
+            outcomes, peak, wall = asyncio.run(
+                run_load(
+                    server.url,
+                    TOKEN,
+                    engine.tokenizer_hash,
+                    args.sessions,
+                    args.tokens,
+                    lambda: engine.cache_bytes,
+                    args.timeout,
+                    tenants,
+                )
+            )
         finally:
             server.stop()
             engine.close()

@@ -99,8 +99,11 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 "answer": answer,
             }
             rows.append(row)
-            print(f"{budget:4} {len(ids):4} tok {ttft:5.2f} s {'✓' if row['right'] else '✗'} "
-                  f"{question[:60]}", file=sys.stderr)  # fmt: skip
+            print(
+                f"{budget:4} {len(ids):4} tok {ttft:5.2f} s {'✓' if row['right'] else '✗'} "
+                f"{question[:60]}",
+                file=sys.stderr,
+            )
     return rows
 
 
@@ -123,13 +126,17 @@ def summary(rows: Sequence[dict[str, Any]], budgets: Sequence[int]) -> dict[str,
             ratio = bootstrap_ratio({q: by[b, q]["ttft_s"] for q in questions}, whole)
             assert ratio is not None  # the same questions on both sides
             mean, low, high = ratio
-            entry["ttft_vs_whole"] = {"ratio": round(mean, 3), "ci95": [round(low, 3),
-                                      round(high, 3)]}  # fmt: skip
+            entry["ttft_vs_whole"] = {
+                "ratio": round(mean, 3),
+                "ci95": [round(low, 3), round(high, 3)],
+            }
             pairs = [(int(by[b, q]["right"]), int(by[0, q]["right"])) for q in questions]
             diff = statistics.fmean(a - c for a, c in pairs)
             lo, hi = bootstrap_ci(pairs, lambda ps: statistics.fmean(a - c for a, c in ps))
-            entry["right_vs_whole"] = {"difference": round(diff, 3),
-                                       "ci95": [round(lo, 3), round(hi, 3)]}  # fmt: skip
+            entry["right_vs_whole"] = {
+                "difference": round(diff, 3),
+                "ci95": [round(lo, 3), round(hi, 3)],
+            }
         out["budgets"][str(b)] = entry
     return out
 

@@ -32,8 +32,28 @@ from typing import Any
 import numpy as np
 
 ETAS = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0)
-SYLLABLES = ("ka", "lo", "mi", "zu", "ren", "tho", "vas", "quil", "dor", "nep", "sa", "wyn",
-             "bri", "gal", "tor", "xe", "mun", "pha", "lek", "ost")  # fmt: skip
+SYLLABLES = (
+    "ka",
+    "lo",
+    "mi",
+    "zu",
+    "ren",
+    "tho",
+    "vas",
+    "quil",
+    "dor",
+    "nep",
+    "sa",
+    "wyn",
+    "bri",
+    "gal",
+    "tor",
+    "xe",
+    "mun",
+    "pha",
+    "lek",
+    "ost",
+)
 # (note, question) templates: {name} a made-up person, {value} the fact (a made-up word or a
 # number), {thing} an everyday object
 TEMPLATES = (
@@ -76,8 +96,14 @@ def make_notes(n: int = 32, seed: int = 2026) -> list[Note]:
         numeric = "code" in note or "locker" in note
         value = str(rng.integers(1000, 9999)) if numeric else made_up_word(rng, 3)
         fields = {"name": name, "value": value, "thing": str(rng.choice(THINGS))}
-        notes.append(Note(f"note-{len(notes):02d}.txt", note.format(**fields),
-                          question.format(**fields), value))  # fmt: skip
+        notes.append(
+            Note(
+                f"note-{len(notes):02d}.txt",
+                note.format(**fields),
+                question.format(**fields),
+                value,
+            )
+        )
     return notes
 
 
@@ -86,14 +112,26 @@ def holds_fact(answer: str, fact: str) -> bool:
 
 
 def method_names(etas: Sequence[float], with_dragon: bool = True) -> list[str]:
-    return ["local", "cloud", *(["dragon"] if with_dragon else []),
-            *(f"split-eta-{eta:g}" for eta in etas)]  # fmt: skip
+    return [
+        "local",
+        "cloud",
+        *(["dragon"] if with_dragon else []),
+        *(f"split-eta-{eta:g}" for eta in etas),
+    ]
 
 
 async def ask_all(
-    device: Any, index: Any, url: str, token: str, notes: Sequence[Note], methods: Sequence[str],
-    *, temperature: float, max_tokens: int, on_row: Callable[[list[dict]], None],
-) -> list[dict]:  # fmt: skip
+    device: Any,
+    index: Any,
+    url: str,
+    token: str,
+    notes: Sequence[Note],
+    methods: Sequence[str],
+    *,
+    temperature: float,
+    max_tokens: int,
+    on_row: Callable[[list[dict]], None],
+) -> list[dict]:
     """Every note's question in every method: one row each; `on_row` gets the rows so far
     after each answer (a long run cut short keeps what it measured)."""
     from edge_runtime.events import Stats, TextDelta
@@ -104,13 +142,14 @@ async def ask_all(
     for name in methods:
         mode_name = "split" if name.startswith("split") else name
         eta = float(name.removeprefix("split-eta-")) if mode_name == "split" else 0.0
-        mode = get_mode(mode_name)(ModeContext(device=device, index=index,
-                                               cloud=CloudSettings(url, token,
-                                                                   embedded=True)))  # fmt: skip
+        mode = get_mode(mode_name)(
+            ModeContext(device=device, index=index, cloud=CloudSettings(url, token, embedded=True))
+        )
         try:
             for i, note in enumerate(notes):
-                options = AnswerOptions(max_new_tokens=max_tokens, temperature=temperature,
-                                        seed=i, k=2, eta=eta)  # fmt: skip
+                options = AnswerOptions(
+                    max_new_tokens=max_tokens, temperature=temperature, seed=i, k=2, eta=eta
+                )
                 text, stats = "", None
                 async for ev in mode.answer(note.question, [], options):
                     if isinstance(ev, TextDelta):
@@ -118,14 +157,24 @@ async def ask_all(
                     elif isinstance(ev, Stats):
                         stats = ev
                 assert stats is not None
-                row = {"method": name, "note": note.file, "fact": note.fact, "answer": text,
-                       "right": holds_fact(text, note.fact), "tokens": stats.tokens,
-                       "tokens_per_s": stats.tokens_per_s, "acceptance": stats.acceptance,
-                       "ttft_s": stats.ttft_s}  # fmt: skip
+                row = {
+                    "method": name,
+                    "note": note.file,
+                    "fact": note.fact,
+                    "answer": text,
+                    "right": holds_fact(text, note.fact),
+                    "tokens": stats.tokens,
+                    "tokens_per_s": stats.tokens_per_s,
+                    "acceptance": stats.acceptance,
+                    "ttft_s": stats.ttft_s,
+                }
                 rows.append(row)
                 on_row(rows)
-                print(f"{name:14} {note.file} {'✓' if row['right'] else '·'} "
-                      f"{text[:60]!r}", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"{name:14} {note.file} {'✓' if row['right'] else '·'} {text[:60]!r}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         finally:
             await mode.close()
     return rows
@@ -139,10 +188,11 @@ def summarise(rows: Sequence[dict]) -> dict:
         acc = [r["acceptance"] for r in mine if r["acceptance"] is not None]
         tps = [r["tokens_per_s"] for r in mine if r["tokens_per_s"]]
         out["methods"][name] = {
-            "right": sum(r["right"] for r in mine) / len(mine), "answers": len(mine),
+            "right": sum(r["right"] for r in mine) / len(mine),
+            "answers": len(mine),
             "acceptance": statistics.mean(acc) if acc else None,
             "tokens_per_s": statistics.mean(tps) if tps else None,
-        }  # fmt: skip
+        }
     m = out["methods"]
     splits = [k for k in m if k.startswith("split")]
     if "local" in m and splits:
@@ -174,10 +224,14 @@ def compare_right(first: Sequence[dict], second: Sequence[dict]) -> dict:
         return sum(x - y for x, y in sample) / len(sample)
 
     ci = bootstrap_ci(pairs, diff)
-    return {"right": [right_a, right_b], "notes": len(notes),
-            "fisher_p": fisher_exact(right_a, len(notes), right_b, len(notes)),
-            "difference": diff(pairs), "ci95": list(ci),
-            "verdict": verdict(ci[0], ci[1], up="PASS", down="FAIL")}  # fmt: skip
+    return {
+        "right": [right_a, right_b],
+        "notes": len(notes),
+        "fisher_p": fisher_exact(right_a, len(notes), right_b, len(notes)),
+        "difference": diff(pairs),
+        "ci95": list(ci),
+        "verdict": verdict(ci[0], ci[1], up="PASS", down="FAIL"),
+    }
 
 
 def comparisons(rows: Sequence[dict], summary: dict) -> dict[str, dict]:
@@ -196,9 +250,11 @@ def comparisons(rows: Sequence[dict], summary: dict) -> dict[str, dict]:
 def print_comparisons(found: dict[str, dict]) -> None:
     for name, c in found.items():
         lo, hi = c["ci95"]
-        print(f"  {c['verdict']}: {name}: {c['right'][0]}/{c['notes']} vs {c['right'][1]}/"
-              f"{c['notes']} right, difference {c['difference']:+.0%} (95 % CI {lo:+.0%} to "
-              f"{hi:+.0%}, bootstrap over notes; Fisher p = {c['fisher_p']:.2f})")  # fmt: skip
+        print(
+            f"  {c['verdict']}: {name}: {c['right'][0]}/{c['notes']} vs {c['right'][1]}/"
+            f"{c['notes']} right, difference {c['difference']:+.0%} (95 % CI {lo:+.0%} to "
+            f"{hi:+.0%}, bootstrap over notes; Fisher p = {c['fisher_p']:.2f})"
+        )
 
 
 def print_summary(summary: dict) -> None:
@@ -209,12 +265,16 @@ def print_summary(summary: dict) -> None:
         print(f"  {name:16}{s['right']:>8.0%}{acc:>12}{tps:>8}")
     if (ratio := summary.get("right_vs_local")) is not None:
         verdict = "PASS" if ratio >= 0.8 else "FAIL"
-        print(f"  {verdict} best split ({summary['best_split']}) answers {ratio:.0%} of what "
-              "local mode answers (target ≥ 80 %)")  # fmt: skip
+        print(
+            f"  {verdict} best split ({summary['best_split']}) answers {ratio:.0%} of what "
+            "local mode answers (target ≥ 80 %)"
+        )
     if (speed := summary.get("speed_vs_cloud")) is not None:
         verdict = "PASS" if speed >= 1.5 else "FAIL"
-        print(f"  {verdict} its speed is {speed:.2f}× cloud-only's (target ≥ 1.5×, "
-              "memory-bound regime)")  # fmt: skip
+        print(
+            f"  {verdict} its speed is {speed:.2f}× cloud-only's (target ≥ 1.5×, "
+            "memory-bound regime)"
+        )
 
 
 def provenance(args: argparse.Namespace) -> dict[str, Any]:
@@ -222,19 +282,29 @@ def provenance(args: argparse.Namespace) -> dict[str, Any]:
     when a later answer was saved)."""
     from benchmarks.provenance import command_line, record
 
-    return record(command_line("benchmarks.private_facts", getattr(args, "argv", None)),
-                  {"device_core": 0, "cloud_core": 1}, {"device": 1, "cloud": 1},
-                  [f"cloud {args.engine}", "device onnxruntime"])  # fmt: skip
+    return record(
+        command_line("benchmarks.private_facts", getattr(args, "argv", None)),
+        {"device_core": 0, "cloud_core": 1},
+        {"device": 1, "cloud": 1},
+        [f"cloud {args.engine}", "device onnxruntime"],
+    )
 
 
-def result(args: argparse.Namespace, notes: Sequence[Note], rows: list[dict], seconds: float,
-           ) -> dict:  # fmt: skip
-    return {"provenance": args.provenance,
-            "config": {k: v for k, v in vars(args).items()
-                       if k not in ("out", "argv", "provenance")},
-            "notes": [asdict(n) for n in notes], "rows": rows, "summary": summarise(rows),
-            "comparisons": comparisons(rows, summarise(rows)),
-            "seconds": seconds}  # fmt: skip
+def result(
+    args: argparse.Namespace,
+    notes: Sequence[Note],
+    rows: list[dict],
+    seconds: float,
+) -> dict:
+    return {
+        "provenance": args.provenance,
+        "config": {k: v for k, v in vars(args).items() if k not in ("out", "argv", "provenance")},
+        "notes": [asdict(n) for n in notes],
+        "rows": rows,
+        "summary": summarise(rows),
+        "comparisons": comparisons(rows, summarise(rows)),
+        "seconds": seconds,
+    }
 
 
 async def run(args: argparse.Namespace) -> dict:
@@ -251,8 +321,9 @@ async def run(args: argparse.Namespace) -> dict:
     started = time.perf_counter()
 
     def save(rows: list[dict]) -> None:
-        args.out.write_text(json.dumps(result(args, notes, rows, time.perf_counter() - started),
-                                       indent=1))  # fmt: skip
+        args.out.write_text(
+            json.dumps(result(args, notes, rows, time.perf_counter() - started), indent=1)
+        )
 
     with tempfile.TemporaryDirectory(prefix="tandem-facts-") as tmp:
         folder = Path(tmp) / "notes"
@@ -264,9 +335,16 @@ async def run(args: argparse.Namespace) -> dict:
         cloud, url, token = await start_cloud(args.engine, cloud_core, corpus=True)
         try:
             rows = await ask_all(
-                device, index, url, token, notes, args.methods,
-                temperature=args.temperature, max_tokens=args.max_tokens, on_row=save,
-            )  # fmt: skip
+                device,
+                index,
+                url,
+                token,
+                notes,
+                args.methods,
+                temperature=args.temperature,
+                max_tokens=args.max_tokens,
+                on_row=save,
+            )
         finally:
             await cloud.stop()
             index.close()
@@ -316,7 +394,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     elif not args.methods:
         args.methods = method_names(args.etas, not args.no_dragon)
     args.out = args.out or Path(__file__).parent / "results" / "private-facts" / (
-        f"{args.engine}-{args.notes}notes.json")  # fmt: skip
+        f"{args.engine}-{args.notes}notes.json"
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     measured = asyncio.run(run(args))  # saved after each answer
     print_summary(measured["summary"])

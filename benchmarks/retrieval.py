@@ -407,9 +407,11 @@ def search_latency(
                 "p99_ms": float(np.percentile(ms, 99)),
             }
         log.info(
-            "latency at %d chunks: p50 %.1f ms, p99 %.1f ms", size, row["total"]["p50_ms"],
+            "latency at %d chunks: p50 %.1f ms, p99 %.1f ms",
+            size,
+            row["total"]["p50_ms"],
             row["total"]["p99_ms"],
-        )  # fmt: skip
+        )
         out.append(row)
     return out
 
@@ -431,14 +433,23 @@ def table(result: dict[str, Any]) -> str:
                 f"{m['hit@5']:.3f} | {m['mrr']:.3f} | {m['ndcg@5']:.3f} | {m['page@1']:.3f} |"
             )
     product = result["settings"]["relevance_floor"]
-    lines += ["", f"At the product's floor ({product:.2f}): off-topic questions that cite "
-              "anything, and answerable questions whose answering passage is cited:", "",
-              "| search | off-topic citing | answers kept |", "|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        f"At the product's floor ({product:.2f}): off-topic questions that cite "
+        "anything, and answerable questions whose answering passage is cited:",
+        "",
+        "| search | off-topic citing | answers kept |",
+        "|---|---|---|",
+    ]
     for name, r in result["evaluation"].items():
         p = r["at_product_floor"]
         lines.append(f"| {name} | {p['offtopic_cites']:.1%} | {p['answer_kept']:.1%} |")
-    lines += ["", "| search | margin floor | lowest floor with ≤ 5 % off-topic citing | "
-              "off-topic citing there | answers kept there |", "|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "| search | margin floor | lowest floor with ≤ 5 % off-topic citing | "
+        "off-topic citing there | answers kept there |",
+        "|---|---|---|---|---|",
+    ]
     for name, r in result["evaluation"].items():
         f, m = r["calibrated_floor"], r["margin_floor"]
         lines.append(
@@ -571,8 +582,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--candidates", type=int, default=40)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-public", action="store_true", help="skip the public corpus parts")
-    parser.add_argument("--table", type=Path, metavar="RESULT",
-                        help="print the Markdown tables of a result file and exit")  # fmt: skip
+    parser.add_argument(
+        "--table",
+        type=Path,
+        metavar="RESULT",
+        help="print the Markdown tables of a result file and exit",
+    )
     parser.add_argument("--pinning", default="", help="the taskset core list used, to record")
     args = parser.parse_args(argv)
     if args.table:

@@ -54,12 +54,21 @@ def assisted_answer(pair, prompt: list[int], max_tokens: int, temperature: float
     target, draft = pair
     torch.manual_seed(seed)
     ids = torch.tensor([prompt])
-    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0} if temperature else {
-        "do_sample": False}  # fmt: skip
+    sampling = (
+        {"do_sample": True, "temperature": temperature, "top_k": 0}
+        if temperature
+        else {"do_sample": False}
+    )
     t0 = time.perf_counter()
-    out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft,
-                          max_new_tokens=max_tokens, eos_token_id=IM_END_ID,
-                          pad_token_id=IM_END_ID, **sampling)  # fmt: skip
+    out = target.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        assistant_model=draft,
+        max_new_tokens=max_tokens,
+        eos_token_id=IM_END_ID,
+        pad_token_id=IM_END_ID,
+        **sampling,
+    )
     seconds = time.perf_counter() - t0
     new = out[0, len(prompt) :].tolist()
     return len([t for t in new if t != IM_END_ID]), seconds
@@ -135,8 +144,9 @@ async def run(args: argparse.Namespace) -> list[dict]:
                         if m == "assisted":
                             continue
                         variant = DEFAULT_VARIANT if m == "cloud" else m.removesuffix(STOP_AND_WAIT)
-                        ctx = ModeContext(device=device, cloud=CloudSettings(link_url, token),
-                                          variant=variant)  # fmt: skip
+                        ctx = ModeContext(
+                            device=device, cloud=CloudSettings(link_url, token), variant=variant
+                        )
                         modes[m] = build_mode("cloud" if m == "cloud" else "split", ctx)
                         ctx.retrieve_public = False
                         if m != "cloud" and args.no_as2:  # a split mode: it has costs
@@ -154,15 +164,19 @@ async def run(args: argparse.Namespace) -> list[dict]:
                                     assisted = load_assisted_pair(engine)
                                 ids = prompt_ids(device.tokenizer, prompt.text)
                                 n, wall = assisted_answer(assisted, ids, args.max_tokens, temp, i)
-                                row = _assisted_row(engine, rtt, mbit, sampling, prompt.id,
-                                                    n, wall)  # fmt: skip
+                                row = _assisted_row(engine, rtt, mbit, sampling, prompt.id, n, wall)
                                 rows.append(row)
                                 save(args.out, rows, args)  # a stopped run keeps its rows
                                 print(_line(row), flush=True)
                             for m, mode in modes.items():
                                 pipelined = not m.endswith(STOP_AND_WAIT)
-                                options = AnswerOptions(args.max_tokens, temperature=temp, seed=i,
-                                                        k=0, pipeline=pipelined)  # fmt: skip
+                                options = AnswerOptions(
+                                    args.max_tokens,
+                                    temperature=temp,
+                                    seed=i,
+                                    k=0,
+                                    pipeline=pipelined,
+                                )
                                 cpu0 = cpu_seconds(cloud.proc.pid)
                                 t0 = time.perf_counter()
                                 stats = cpu_first = None
@@ -180,15 +194,23 @@ async def run(args: argparse.Namespace) -> list[dict]:
                                 # every method) is left out, the per-token decode cost remains
                                 decode_ms = (
                                     1000 * (cpu_end - cpu_first) / (n - 1)
-                                    if cpu_first is not None and n > 1 else None
-                                )  # fmt: skip
+                                    if cpu_first is not None and n > 1
+                                    else None
+                                )
                                 row = {
-                                    "engine": engine, "rtt_ms": rtt, "mbit": mbit,
-                                    "sampling": sampling, "prompt": prompt.id, "method": m,
-                                    "tokens": stats.tokens, "wall_s": wall,
+                                    "engine": engine,
+                                    "rtt_ms": rtt,
+                                    "mbit": mbit,
+                                    "sampling": sampling,
+                                    "prompt": prompt.id,
+                                    "method": m,
+                                    "tokens": stats.tokens,
+                                    "wall_s": wall,
                                     "tokens_per_s": stats.tokens / wall,
-                                    "ttft_s": stats.ttft_s, "acceptance": stats.acceptance,
-                                    "gamma": stats.gamma, "rounds": stats.rounds,
+                                    "ttft_s": stats.ttft_s,
+                                    "acceptance": stats.acceptance,
+                                    "gamma": stats.gamma,
+                                    "rounds": stats.rounds,
                                     "cloud_only_tokens": stats.cloud_tokens,
                                     "cloud_cpu_ms_per_token": 1000 * cpu / n,
                                     "cloud_decode_cpu_ms_per_token": decode_ms,
@@ -196,7 +218,8 @@ async def run(args: argparse.Namespace) -> list[dict]:
                                     "down_bytes_per_token": stats.bytes_down / n,
                                     "up_bytes_per_drafted": (
                                         stats.draft_bytes_up / stats.drafted
-                                        if stats.drafted else None
+                                        if stats.drafted
+                                        else None
                                     ),
                                     "cost_model": _cost_model(getattr(mode, "costs", None)),
                                     "pipeline_depth": stats.pipeline_depth,
@@ -204,7 +227,7 @@ async def run(args: argparse.Namespace) -> list[dict]:
                                     "rollbacks": stats.rollbacks,
                                     "waits": stats.waits,
                                     "fast_verified": stats.fast_verified,
-                                }  # fmt: skip
+                                }
                                 rows.append(row)
                                 save(args.out, rows, args)  # a stopped run keeps its rows
                                 print(_line(row), flush=True)
@@ -219,14 +242,32 @@ async def run(args: argparse.Namespace) -> list[dict]:
 def _assisted_row(engine, rtt, mbit, sampling, prompt, tokens: int, wall: float) -> dict:
     """A row of the same shape for assisted generation (no link, no cloud process)."""
     return {
-        "engine": engine, "rtt_ms": rtt, "mbit": mbit, "sampling": sampling, "prompt": prompt,
-        "method": "assisted", "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
-        "ttft_s": None, "acceptance": None, "gamma": None, "rounds": 0,
-        "cloud_only_tokens": 0, "cloud_cpu_ms_per_token": 0.0,
-        "cloud_decode_cpu_ms_per_token": None, "up_bytes_per_token": 0.0,
-        "down_bytes_per_token": 0.0, "up_bytes_per_drafted": None, "cost_model": None,
-        "pipeline_depth": 0, "truncations": 0, "rollbacks": 0, "waits": 0, "fast_verified": 0,
-    }  # fmt: skip
+        "engine": engine,
+        "rtt_ms": rtt,
+        "mbit": mbit,
+        "sampling": sampling,
+        "prompt": prompt,
+        "method": "assisted",
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "ttft_s": None,
+        "acceptance": None,
+        "gamma": None,
+        "rounds": 0,
+        "cloud_only_tokens": 0,
+        "cloud_cpu_ms_per_token": 0.0,
+        "cloud_decode_cpu_ms_per_token": None,
+        "up_bytes_per_token": 0.0,
+        "down_bytes_per_token": 0.0,
+        "up_bytes_per_drafted": None,
+        "cost_model": None,
+        "pipeline_depth": 0,
+        "truncations": 0,
+        "rollbacks": 0,
+        "waits": 0,
+        "fast_verified": 0,
+    }
 
 
 def _cost_model(costs) -> dict | None:
@@ -235,17 +276,20 @@ def _cost_model(costs) -> dict | None:
         return None
     ms = lambda v: None if v is None else 1000 * v  # noqa: E731
     return {
-        "draft_ms_per_token": ms(costs.t_draft), "link_ms": ms(costs.t_link),
-        "cloud_ms_per_token": ms(costs.t_cloud_step), "alpha": costs.alpha,
+        "draft_ms_per_token": ms(costs.t_draft),
+        "link_ms": ms(costs.t_link),
+        "cloud_ms_per_token": ms(costs.t_cloud_step),
+        "alpha": costs.alpha,
         "verify_ms": {r: ms(costs.verify_time(r)) for r in (2, 3, 5)},
-    }  # fmt: skip
+    }
 
 
 def save(path: Path, rows: list[dict], args: argparse.Namespace | None = None) -> None:
     from benchmarks.provenance import command_line, record
 
-    pinning = {} if args is None else {"device_core": args.device_core,
-                                        "cloud_core": args.cloud_core}  # fmt: skip
+    pinning = (
+        {} if args is None else {"device_core": args.device_core, "cloud_core": args.cloud_core}
+    )
     engines = [] if args is None else [f"cloud {e}" for e in args.engines]
     prov = record(command_line("benchmarks.split"), pinning, {"device": 1, "cloud": 1}, engines)
     path.write_text(json.dumps({"provenance": prov, "rows": rows}, indent=1))
@@ -337,8 +381,9 @@ def main() -> None:
     parser.add_argument("--rtt-ms", nargs="+", type=float, default=[0, 20, 50, 100])
     parser.add_argument("--mbit", nargs="+", type=float, default=[100, 10])
     parser.add_argument("--methods", nargs="+", default=methods(), choices=methods())
-    parser.add_argument("--sampling", nargs="+", default=["greedy", "sampled"],
-                        choices=["greedy", "sampled"])  # fmt: skip
+    parser.add_argument(
+        "--sampling", nargs="+", default=["greedy", "sampled"], choices=["greedy", "sampled"]
+    )
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--device-core", type=int, default=0)
@@ -348,9 +393,12 @@ def main() -> None:
         "--no-as2", action="store_true", help="always speculate (to measure what AS² saves)"
     )
     parser.add_argument(
-        "--report", nargs="+", type=Path, metavar="JSON",
+        "--report",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
         help="print the means of earlier runs' --out files, file by file (run nothing)",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     if args.report:  # each file on its own: a cell re-run in another file stays apart
         for path in args.report:

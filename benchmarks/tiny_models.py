@@ -28,9 +28,13 @@ def build_tokenizer(out: Path) -> Path:
 
 
 def build_tiny_hf(
-    tokenizer_dir: Path, out: Path, seed: int = 0, layers: int = 2, heads: int = 4,
+    tokenizer_dir: Path,
+    out: Path,
+    seed: int = 0,
+    layers: int = 2,
+    heads: int = 4,
     kv_heads: int = 2,
-) -> Path:  # fmt: skip
+) -> Path:
     """A Qwen2 of 2 layers, hidden 64, GQA 4:2 heads, with the full 151,936-id vocabulary.
     (vLLM's CPU attention wants heads of 32 or more dimensions: heads=2, kv_heads=1.)"""
     import torch

@@ -234,8 +234,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.quick:
         args.tokens, args.runs, args.paced_tokens = 200, 1, 20
         args.paced = args.paced and 200.0
-    prov = record(command_line("benchmarks.tui_render", argv), engines=["textual"],
-                  packages=("textual", "rich", "tandem-assistant"))  # fmt: skip
+    prov = record(
+        command_line("benchmarks.tui_render", argv),
+        engines=["textual"],
+        packages=("textual", "rich", "tandem-assistant"),
+    )
     if args.interval is not None:
         AnswerView.STREAM_INTERVAL = args.interval
     print(f"AnswerView.STREAM_INTERVAL = {AnswerView.STREAM_INTERVAL} s")
@@ -261,13 +264,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(_report(paced))
         print(f"  the TUI keeps {core:.0f}% of one core busy while an answer streams at that rate")
     result = {
-        "config": {"stream_interval_s": AnswerView.STREAM_INTERVAL, "size": [100, 40],
-                   **{k: v for k, v in vars(args).items() if k != "out"}},
+        "config": {
+            "stream_interval_s": AnswerView.STREAM_INTERVAL,
+            "size": [100, 40],
+            **{k: v for k, v in vars(args).items() if k != "out"},
+        },
         "as_fast_as_possible": [short, long],
         "paced": paced,
         "growth": ratio,
         "target_ms_per_token": TARGET_MS_PER_TOKEN,
-    }  # fmt: skip
+    }
     out = write_result(args.out or default_out("tui-render", "stream", args.quick), prov, result)
     print(f"written to {out}")
     return result

@@ -23,9 +23,18 @@ from collab import protocol as p
 T = TypeVar("T")
 TOKEN = "test-token-0123456789"
 FROM_CLOUD = (
-    p.HelloAck, p.TokenChunk, p.Verdict, p.DragonDraft, p.DragonTarget, p.DragonSequence,
-    p.Ping, p.Pong, p.Error, p.Done, p.Citations,
-)  # fmt: skip
+    p.HelloAck,
+    p.TokenChunk,
+    p.Verdict,
+    p.DragonDraft,
+    p.DragonTarget,
+    p.DragonSequence,
+    p.Ping,
+    p.Pong,
+    p.Error,
+    p.Done,
+    p.Citations,
+)
 
 
 class _Collect(logging.Handler):
@@ -50,10 +59,14 @@ class ServerThread:
         ready: list[str] = []
         started = threading.Event()
         settings = ServerConfig(
-            port=0, token=TOKEN, limits=limits, idle_timeout_s=120, hello_timeout_s=120,
+            port=0,
+            token=TOKEN,
+            limits=limits,
+            idle_timeout_s=120,
+            hello_timeout_s=120,
             heartbeat_s=120,  # the client's loop is still between calls: no pongs then
             **config,
-        )  # fmt: skip
+        )
 
         def on_ready(url: str) -> None:
             ready.append(url)
@@ -119,8 +132,9 @@ class Link:
             if self.ws.closed:
                 return []
             with contextlib.suppress(ConnectionError):
-                await (self.ws.send_str(frame.decode("latin-1")) if text
-                       else self.ws.send_bytes(frame))  # fmt: skip
+                await (
+                    self.ws.send_str(frame.decode("latin-1")) if text else self.ws.send_bytes(frame)
+                )
             out = await self.listen(self.drain_s)
             while too_big and self.closed_with is None:
                 got = await self.listen(10.0)

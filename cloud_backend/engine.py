@@ -496,9 +496,13 @@ class EngineSession(CloudSequence):
         return 0 if self.state is None else int(self.state.lengths[0])
 
     async def feed(
-        self, kind: str, rows: Sequence[Sequence[int]], *, fresh: bool = False,
+        self,
+        kind: str,
+        rows: Sequence[Sequence[int]],
+        *,
+        fresh: bool = False,
         last_only: bool = False,
-    ) -> np.ndarray:  # fmt: skip
+    ) -> np.ndarray:
         held = None if self.state is None else self.state.lengths.tolist()
         batch, lengths = self.checked(rows, fresh, held)
         step = _Step(self, kind, batch, fresh=fresh, last_only=last_only, before=lengths)
@@ -525,8 +529,15 @@ class EngineSession(CloudSequence):
     ) -> np.ndarray:
         held = [int(p.lengths[0]) if p else 0 for p in prefixes]
         batch, lengths = self.checked(rows, False, held)
-        step = _Step(self, "prefill", batch, fresh=True, last_only=True, before=lengths,
-                     prefixes=list(prefixes))  # fmt: skip
+        step = _Step(
+            self,
+            "prefill",
+            batch,
+            fresh=True,
+            last_only=True,
+            before=lengths,
+            prefixes=list(prefixes),
+        )
         self.held = None
         logits: np.ndarray = await self.engine._submit(step)
         return logits[:, 0]

@@ -86,9 +86,12 @@ class CloudSequence(AsyncSequence):
     verifies_inside = False  # whether `draw` is there (an engine that samples itself)
 
     async def draw(
-        self, feed: Sequence[int], first: int, targets: Sequence[DraftTarget | None],
+        self,
+        feed: Sequence[int],
+        first: int,
+        targets: Sequence[DraftTarget | None],
         params: SamplingParams,
-    ) -> list[int]:  # fmt: skip
+    ) -> list[int]:
         """Split verification inside the engine, token ids out (vLLM): `feed` goes into the
         sequence (as `forward`'s tokens do) and at each of its positions first, first + 1, …
         (one per target) the engine draws one token — target None: from the model's

@@ -77,8 +77,12 @@ def build_engine(config: ServerConfig) -> CloudEngine:
         dtype = torch.bfloat16 if config.torch_dtype == "bfloat16" else torch.float32
         lm = TorchCausalLM(model_dir, dtype=dtype, threads=config.threads)
     return LLMEngine(
-        lm, tokenizer, name, kv_budget_bytes=config.kv_budget_bytes,
+        lm,
+        tokenizer,
+        name,
+        kv_budget_bytes=config.kv_budget_bytes,
         kv_tenant_bytes=config.kv_budget_per_token_bytes,
-        prefill_chunk=config.prefill_chunk, max_batch_sequences=config.max_batch_sequences,
+        prefill_chunk=config.prefill_chunk,
+        max_batch_sequences=config.max_batch_sequences,
         document_cache_bytes=config.document_cache_bytes,
-    )  # fmt: skip
+    )

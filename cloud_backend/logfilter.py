@@ -97,9 +97,13 @@ class RepeatLimiter(logging.Filter):
             self.handler.handle(summary)
 
     def _count(
-        self, record: logging.LogRecord, event: str, session: str, now: float,
+        self,
+        record: logging.LogRecord,
+        event: str,
+        session: str,
+        now: float,
         due: list[logging.LogRecord],
-    ) -> bool:  # fmt: skip
+    ) -> bool:
         key = (record.name, event)
         if key not in self._events and len(self._events) >= MAX_KEYS:
             key = (record.name, OTHER)
@@ -150,10 +154,14 @@ class RepeatLimiter(logging.Filter):
             return
         name, event = key
         summary = logging.LogRecord(
-            name, window.level, __file__, 0,
+            name,
+            window.level,
+            __file__,
+            0,
             kv("log_suppressed", event=event, lines=window.suppressed, window_s=self.window_s),
-            None, None,
-        )  # fmt: skip
+            None,
+            None,
+        )
         setattr(summary, SUMMARY, True)
         due.append(summary)
         window.suppressed = 0

@@ -87,16 +87,18 @@ def _refused(state: AppState, status: int, why: str, reason: str) -> web.Respons
     """A session refused before its websocket exists, counted, with when to retry."""
     state.metrics.refusals.labels(reason=why).inc()
     return web.Response(
-        status=status, text=f"{reason}; retry after {RETRY_AFTER_S} s\n",
+        status=status,
+        text=f"{reason}; retry after {RETRY_AFTER_S} s\n",
         headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)},
-    )  # fmt: skip
+    )
 
 
 def _throttled(wait: float) -> web.Response:
     return web.Response(
-        status=429, text="too many wrong access tokens from this address; wait\n",
+        status=429,
+        text="too many wrong access tokens from this address; wait\n",
         headers={hdrs.RETRY_AFTER: str(max(1, round(wait)))},
-    )  # fmt: skip
+    )
 
 
 def _token_full(state: AppState, user: str) -> web.Response:
@@ -306,11 +308,15 @@ async def run_server(
         url = _url(host, port, tls is not None)
         log.info(
             kv(
-                "serving", url=url, model=engine.name, runtime=type(engine.lm).__name__,
-                max_sessions=config.max_sessions, idle_timeout_s=config.idle_timeout_s,
+                "serving",
+                url=url,
+                model=engine.name,
+                runtime=type(engine.lm).__name__,
+                max_sessions=config.max_sessions,
+                idle_timeout_s=config.idle_timeout_s,
                 corpus="on" if corpus is not None else "off",
             )
-        )  # fmt: skip
+        )
         if config.metrics_port is not None:
             runners.append(await _serve_metrics(app, config))
         if ready is not None:

@@ -187,10 +187,13 @@ class Session:
     async def _error(self, code: ErrorCode, message: str, request_id: int = 0) -> bool:
         log.info(
             kv(
-                "error_frame", session=self.id, request=request_id, code=code.name,
+                "error_frame",
+                session=self.id,
+                request=request_id,
+                code=code.name,
                 message=message,
             )
-        )  # fmt: skip
+        )
         return await self._try_send(Error(code, message, request_id=request_id))
 
     def _count_in(self, n: int, request_id: int | None = None) -> None:
@@ -323,12 +326,16 @@ class Session:
         ack = HelloAck(True, limits=self.limits, model_name=engine.name)
         log.info(
             kv(
-                "session_open", session=self.id, peer=self.peer, user=self.user,
-                mode=hello.mode.name.lower(), variant=variant or "-",
+                "session_open",
+                session=self.id,
+                peer=self.peer,
+                user=self.user,
+                mode=hello.mode.name.lower(),
+                variant=variant or "-",
                 device_model=hello.model_name or "-",
                 sessions=len(self.state.sessions),
             )
-        )  # fmt: skip
+        )
         return await self._try_send(ack)
 
     async def _refuse(self, why: str, reason: str) -> bool:
@@ -378,10 +385,14 @@ class Session:
         if isinstance(msg, Ping):
             return await self._try_send(
                 Pong(
-                    msg.sent_ns, received_ns, time.monotonic_ns(),
-                    request_id=msg.request_id, epoch=msg.epoch, step=msg.step,
+                    msg.sent_ns,
+                    received_ns,
+                    time.monotonic_ns(),
+                    request_id=msg.request_id,
+                    epoch=msg.epoch,
+                    step=msg.step,
                 )
-            )  # fmt: skip
+            )
         if isinstance(msg, Generate):
             self.last_activity = time.monotonic()
             return await self._start_request(msg, len(frame))
@@ -390,10 +401,13 @@ class Session:
         if isinstance(msg, Error):
             log.info(
                 kv(
-                    "device_error", session=self.id, request=msg.request_id,
-                    code=_error_label(msg.code), message=msg.message,
+                    "device_error",
+                    session=self.id,
+                    request=msg.request_id,
+                    code=_error_label(msg.code),
+                    message=msg.message,
                 )
-            )  # fmt: skip
+            )
             return True
         if isinstance(msg, Pong):
             self._on_pong(msg, received_ns)
@@ -437,10 +451,12 @@ class Session:
         if msg.request_id <= self.last_request_id:
             log.debug(
                 kv(
-                    "stale_frame", session=self.id, request=msg.request_id,
+                    "stale_frame",
+                    session=self.id,
+                    request=msg.request_id,
                     frame=type(msg).__name__,
                 )
-            )  # fmt: skip
+            )
             return True
         return await self._error(
             ErrorCode.MALFORMED, f"no active request {msg.request_id}", msg.request_id
@@ -451,8 +467,15 @@ class Session:
         Done follows as for a Cancel); the session and other sessions go on."""
         inbox = req.inbox
         req.overflowed = True
-        log.info(kv("request_flooded", session=self.id, request=req.id, frames=inbox.qsize(),
-                    bytes=inbox.nbytes))  # fmt: skip
+        log.info(
+            kv(
+                "request_flooded",
+                session=self.id,
+                request=req.id,
+                frames=inbox.qsize(),
+                bytes=inbox.nbytes,
+            )
+        )
         inbox.replace_all(Cancel(request_id=req.id))
         if self.engine_session is not None:
             self.engine_session.cancel()
@@ -475,19 +498,27 @@ class Session:
         active = self.request
         if active is not None and not active.finished:
             return await self._turn_down(
-                gen, ErrorCode.BUSY,
+                gen,
+                ErrorCode.BUSY,
                 f"request {active.id} is still running: cancel it or wait for its Done",
-            )  # fmt: skip
+            )
         wait = self.state.request_rate.take(self.user)
         if wait > 0:
             self.state.metrics.refusals.labels(reason="rate").inc()
-            log.info(kv("request_rate_limited", session=self.id, user=self.user,
-                        retry_after_s=round(wait, 1)))  # fmt: skip
+            log.info(
+                kv(
+                    "request_rate_limited",
+                    session=self.id,
+                    user=self.user,
+                    retry_after_s=round(wait, 1),
+                )
+            )
             return await self._turn_down(
-                gen, ErrorCode.RATE_LIMITED,
+                gen,
+                ErrorCode.RATE_LIMITED,
                 f"this access token has used its {self.state.config.requests_per_minute} "
                 f"requests per minute: retry in {max(1, math.ceil(wait))} s",
-            )  # fmt: skip
+            )
         assert self.mode is not None and self.engine_session is not None
         self.last_request_id = gen.request_id
         self.requests += 1
@@ -553,16 +584,22 @@ class Session:
             assert m is not None
             log.info(
                 kv(
-                    "request_done", session=self.id, request=req.id, mode=req.mode,
-                    variant=self.variant or "-", outcome=outcome,
+                    "request_done",
+                    session=self.id,
+                    request=req.id,
+                    mode=req.mode,
+                    variant=self.variant or "-",
+                    outcome=outcome,
                     tokens=done.tokens if done else m.n_tokens,
                     rounds=done.rounds if done else m.n_rounds,
-                    drafted=m.n_drafted, accepted=m.n_accepted,
-                    bytes_up=req.bytes_up, bytes_down=req.bytes_down,
+                    drafted=m.n_drafted,
+                    accepted=m.n_accepted,
+                    bytes_up=req.bytes_up,
+                    bytes_down=req.bytes_down,
                     ttft_s=m.ttft_s if m.ttft_s is not None else "-",
                     elapsed_s=time.perf_counter() - start,
                 )
-            )  # fmt: skip
+            )
 
     async def _internal_error(
         self, gen: Generate, req: _Request, start: float, exc: BaseException
@@ -586,12 +623,17 @@ class Session:
                 self.engine_session.release(keep=False)
             await self.send(
                 Done(
-                    FinishReason.ERROR, tokens=m.n_tokens, rounds=m.n_rounds,
-                    drafted=m.n_drafted, accepted=m.n_accepted, bytes_up=req.bytes_up,
-                    bytes_down=req.bytes_down, elapsed_s=time.perf_counter() - start,
+                    FinishReason.ERROR,
+                    tokens=m.n_tokens,
+                    rounds=m.n_rounds,
+                    drafted=m.n_drafted,
+                    accepted=m.n_accepted,
+                    bytes_up=req.bytes_up,
+                    bytes_down=req.bytes_down,
+                    elapsed_s=time.perf_counter() - start,
                     request_id=req.id,
                 )
-            )  # fmt: skip
+            )
 
     # ---- eviction and cleanup --------------------------------------------------------------
     def _cache_salt(self) -> bytes:
@@ -615,10 +657,12 @@ class Session:
         # an idle session's kept conversation going is the budget at work, not a problem
         (log.warning if req is not None else log.info)(
             kv(
-                "kv_evicted", session=self.id, request=req.id if req else "-",
+                "kv_evicted",
+                session=self.id,
+                request=req.id if req else "-",
                 kv_budget_bytes=self.state.engine.kv_budget_bytes,
             )
-        )  # fmt: skip
+        )
 
     async def _teardown(self) -> None:
         req = self.request
@@ -637,10 +681,14 @@ class Session:
         if was_open:
             log.info(
                 kv(
-                    "session_closed", session=self.id, requests=self.requests,
-                    bytes_in=self.bytes_in, bytes_out=self.bytes_out,
-                    frames_in=self.frames_in, frames_out=self.frames_out,
+                    "session_closed",
+                    session=self.id,
+                    requests=self.requests,
+                    bytes_in=self.bytes_in,
+                    bytes_out=self.bytes_out,
+                    frames_in=self.frames_in,
+                    frames_out=self.frames_out,
                     elapsed_s=time.monotonic() - self.opened,
                     close_code=self.ws.close_code,
                 )
-            )  # fmt: skip
+            )

@@ -42,8 +42,9 @@ class Draws(NamedTuple):
             for s in self.steps
         ]
         p = self.params
-        return {KEY: {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p,
-                      "steps": steps}}  # fmt: skip
+        return {
+            KEY: {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "steps": steps}
+        }
 
     @classmethod
     def read(cls, extra: dict[str, Any]) -> Draws:
@@ -57,9 +58,15 @@ class Draws(NamedTuple):
                 steps.append(None)
                 continue
             draft, ids, probs, eta, coin = s
-            steps.append(DraftTarget(int(draft), np.asarray(ids, dtype=np.int64),
-                                     np.asarray(probs, dtype=np.float64), float(eta),
-                                     bool(coin)))  # fmt: skip
+            steps.append(
+                DraftTarget(
+                    int(draft),
+                    np.asarray(ids, dtype=np.int64),
+                    np.asarray(probs, dtype=np.float64),
+                    float(eta),
+                    bool(coin),
+                )
+            )
         return cls(params, steps)
 
 

@@ -166,9 +166,13 @@ class VllmEngine:
         return row, int(final.num_cached_tokens or 0)
 
     async def top(
-        self, prompt: list[int], k: int, temperature: float, salt: str,
+        self,
+        prompt: list[int],
+        k: int,
+        temperature: float,
+        salt: str,
         token_ids: Sequence[int] = (),
-    ) -> tuple[np.ndarray, np.ndarray, int]:  # fmt: skip
+    ) -> tuple[np.ndarray, np.ndarray, int]:
         """The k likeliest next tokens after `prompt` (or, with `token_ids`, those tokens)
         and log softmax(logits / T) there (T 0: 1, vLLM's greedy logprobs), normalised over
         the whole vocabulary (vLLM's processed logprobs); and the prompt tokens vLLM took from
@@ -178,14 +182,19 @@ class VllmEngine:
 
         asked = [int(t) for t in token_ids]
         sampling = VllmParams(
-            max_tokens=1, temperature=temperature, logprobs=None if asked else k,
-            logprob_token_ids=asked or None, flat_logprobs=True, detokenize=False,
-        )  # fmt: skip
+            max_tokens=1,
+            temperature=temperature,
+            logprobs=None if asked else k,
+            logprob_token_ids=asked or None,
+            flat_logprobs=True,
+            detokenize=False,
+        )
         final = None
         async for out in self.llm.generate(
-            TokensPrompt(prompt_token_ids=prompt, cache_salt=salt), sampling,
+            TokensPrompt(prompt_token_ids=prompt, cache_salt=salt),
+            sampling,
             f"tandem-{next(self._ids)}",
-        ):  # fmt: skip
+        ):
             final = out
         if final is None or not final.outputs or not final.outputs[0].logprobs:
             raise RuntimeError("vLLM returned no logprobs")
@@ -194,8 +203,11 @@ class VllmEngine:
         got = dict(zip(flat.token_ids[start:end], flat.logprobs[start:end], strict=True))
         # the sampled token comes too and may be neither asked for nor in the top k
         ids = asked if asked else sorted(got, key=lambda t: (-got[t], t))[:k]
-        return (np.asarray(ids, dtype=np.int64), np.asarray([got[t] for t in ids]),
-                int(final.num_cached_tokens or 0))  # fmt: skip
+        return (
+            np.asarray(ids, dtype=np.int64),
+            np.asarray([got[t] for t in ids]),
+            int(final.num_cached_tokens or 0),
+        )
 
     async def sample(
         self, prompt: list[int], params: SamplingParams, n: int, salt: str
@@ -227,9 +239,12 @@ class VllmEngine:
             seen = len(tokens)
 
     async def draw(
-        self, prompts: list[list[int]], targets: Sequence[DraftTarget | None],
-        params: SamplingParams, salt: str,
-    ) -> list[int]:  # fmt: skip
+        self,
+        prompts: list[list[int]],
+        targets: Sequence[DraftTarget | None],
+        params: SamplingParams,
+        salt: str,
+    ) -> list[int]:
         """Verification draws inside vLLM (`cloud_backend.vllm_draws`): the token drawn after
         each prompt (prompts[k] = the one before plus target k-1's draft), up to the first
         that is not its target's draft. `fanout`: one single-token request per prompt, all
@@ -247,13 +262,17 @@ class VllmEngine:
         def request(first: int, n: int) -> AsyncGenerator[Any, None]:
             extra = None if greedy else Draws(params, list(targets[first : first + n]))
             sampling = VllmParams(
-                max_tokens=n, temperature=0.0 if greedy else 1.0, ignore_eos=True,
-                detokenize=False, extra_args=None if extra is None else extra.extra_args(),
-            )  # fmt: skip
+                max_tokens=n,
+                temperature=0.0 if greedy else 1.0,
+                ignore_eos=True,
+                detokenize=False,
+                extra_args=None if extra is None else extra.extra_args(),
+            )
             return self.llm.generate(
-                TokensPrompt(prompt_token_ids=prompts[first], cache_salt=salt), sampling,
+                TokensPrompt(prompt_token_ids=prompts[first], cache_salt=salt),
+                sampling,
                 f"tandem-{next(self._ids)}",
-            )  # fmt: skip
+            )
 
         drafts = [None if t is None else t.draft for t in targets]
         tokens: list[int] = []
@@ -266,8 +285,9 @@ class VllmEngine:
                 assert final is not None
                 return int(final.outputs[0].token_ids[0])
 
-            for token, draft in zip(await asyncio.gather(*map(one, range(len(targets)))), drafts,
-                                    strict=True):  # fmt: skip
+            for token, draft in zip(
+                await asyncio.gather(*map(one, range(len(targets)))), drafts, strict=True
+            ):
                 tokens.append(token)
                 if token != draft:
                     break
@@ -310,9 +330,13 @@ class VllmSequence(CloudSequence):
         return self.salt if self.documents_salt is None else self.documents_salt
 
     async def feed(
-        self, kind: str, rows: Sequence[Sequence[int]], *, fresh: bool = False,
+        self,
+        kind: str,
+        rows: Sequence[Sequence[int]],
+        *,
+        fresh: bool = False,
         last_only: bool = False,
-    ) -> np.ndarray:  # fmt: skip
+    ) -> np.ndarray:
         if self.closed:
             raise RuntimeError("session closed")
         batch, _ = self.checked(rows, fresh, [len(r) for r in self.rows] if self.rows else None)
@@ -362,9 +386,12 @@ class VllmSequence(CloudSequence):
         self.rows = [list(ids)]
 
     async def draw(
-        self, feed: Sequence[int], first: int, targets: Sequence[DraftTarget | None],
+        self,
+        feed: Sequence[int],
+        first: int,
+        targets: Sequence[DraftTarget | None],
         params: SamplingParams,
-    ) -> list[int]:  # fmt: skip
+    ) -> list[int]:
         if self.closed:
             raise RuntimeError("session closed")
         if len(self.rows) != 1:
@@ -387,18 +414,27 @@ class VllmSequence(CloudSequence):
     tops_inside = True
 
     async def feed_top(
-        self, kind: str, rows: Sequence[Sequence[int]], k: int, temperature: float, *,
+        self,
+        kind: str,
+        rows: Sequence[Sequence[int]],
+        k: int,
+        temperature: float,
+        *,
         fresh: bool = False,
-    ) -> TopDocuments:  # fmt: skip
+    ) -> TopDocuments:
         if self.closed:
             raise RuntimeError("session closed")
         batch, _ = self.checked(rows, fresh, [len(r) for r in self.rows] if self.rows else None)
         base = self.rows if self.rows and not fresh else [[] for _ in batch]
         start = time.perf_counter()
-        got = await self._cancellable(asyncio.gather(
-            *(self.engine.top(old + row, k, temperature, self.step_salt)
-              for old, row in zip(base, batch, strict=True))
-        ))  # fmt: skip
+        got = await self._cancellable(
+            asyncio.gather(
+                *(
+                    self.engine.top(old + row, k, temperature, self.step_salt)
+                    for old, row in zip(base, batch, strict=True)
+                )
+            )
+        )
         if kind == "prefill":
             self.reused_tokens += sum(hit for _, _, hit in got)
         self.rows = [old + new for old, new in zip(base, batch, strict=True)]
@@ -415,9 +451,11 @@ class VllmSequence(CloudSequence):
             got = await self.engine.top(ids, 0, temperature, self.step_salt, wanted.tolist())
             return got[1]
 
-        logp = await self._cancellable(asyncio.gather(
-            *(values(ids, wanted) for ids, wanted in zip(self.rows, token_ids, strict=True))
-        ))  # fmt: skip
+        logp = await self._cancellable(
+            asyncio.gather(
+                *(values(ids, wanted) for ids, wanted in zip(self.rows, token_ids, strict=True))
+            )
+        )
         return list(token_ids), list(logp)
 
     async def last_rows(self) -> np.ndarray:
@@ -523,9 +561,13 @@ def build_vllm_engine(
     except (TypeError, ValueError) as exc:  # a bad [cloud.vllm] setting
         raise ConfigError(f"vLLM refused its settings: {exc}") from None
     return VllmEngine(
-        llm, tokenizer, name, _kv_bytes_per_token(hf_config, config.torch_dtype),
-        kv_budget_bytes=config.kv_budget_bytes, verify=config.vllm_verify,
-    )  # fmt: skip
+        llm,
+        tokenizer,
+        name,
+        _kv_bytes_per_token(hf_config, config.torch_dtype),
+        kv_budget_bytes=config.kv_budget_bytes,
+        verify=config.vllm_verify,
+    )
 
 
 def _cpu_environment(config: ServerConfig) -> None:

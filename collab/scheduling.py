@@ -249,18 +249,32 @@ def choose_draft_length(
     gammas = np.arange(1, gamma_max + 1)
     if pipelined:
         tokens = expected_tokens_per_round(alpha, gammas - 1)
-        times = np.array([
-            picospec_expected_round_time(alpha, int(g), int(g) * (t_draft + t_uplink_per_token),
-                                         t_rtt, verify_time(t_verify, int(g)))
-            for g in gammas
-        ])  # fmt: skip
+        times = np.array(
+            [
+                picospec_expected_round_time(
+                    alpha,
+                    int(g),
+                    int(g) * (t_draft + t_uplink_per_token),
+                    t_rtt,
+                    verify_time(t_verify, int(g)),
+                )
+                for g in gammas
+            ]
+        )
     else:
         tokens = expected_tokens_per_round(alpha, gammas)
-        times = np.array([
-            speculative_round_time(int(g), t_draft=t_draft, t_rtt=t_rtt, t_verify=t_verify,
-                                   t_uplink_per_token=t_uplink_per_token)
-            for g in gammas
-        ])  # fmt: skip
+        times = np.array(
+            [
+                speculative_round_time(
+                    int(g),
+                    t_draft=t_draft,
+                    t_rtt=t_rtt,
+                    t_verify=t_verify,
+                    t_uplink_per_token=t_uplink_per_token,
+                )
+                for g in gammas
+            ]
+        )
     if np.any(times <= 0):
         raise ValueError("round times must be > 0")
     rates = tokens / times

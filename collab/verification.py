@@ -305,9 +305,13 @@ def picospec_topk_bias_tv(p: np.ndarray, q: np.ndarray, k: int) -> float:
 
 
 def draw_distribution(
-    p: np.ndarray, draft: int, q_ids: np.ndarray, q_probs: np.ndarray, eta: float = 0.0,
+    p: np.ndarray,
+    draft: int,
+    q_ids: np.ndarray,
+    q_probs: np.ndarray,
+    eta: float = 0.0,
     coin: bool = False,
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """One verification of draft x ~ q as ONE draw from a distribution, for an engine that
     samples tokens itself (vLLM: docs/architecture.md#split-on-vllm): the token drawn equals x
     exactly when x is accepted.

@@ -354,8 +354,11 @@ class CloudClient:
         self._reader = asyncio.create_task(self._read_loop(ws, inbox), name="tandem-cloud-reader")
         log.info(
             "connected to %s: model=%s mode=%s variant=%s",
-            self.shown_url, ack.model_name, self.mode.name.lower(), self.variant or "-",
-        )  # fmt: skip
+            self.shown_url,
+            ack.model_name,
+            self.mode.name.lower(),
+            self.variant or "-",
+        )
         return ack
 
     def _auth_message(self, exc: aiohttp.WSServerHandshakeError) -> str:
@@ -519,9 +522,13 @@ class CloudClient:
                         self._on_pong(msg, received_ns)
                     elif isinstance(msg, Ping):
                         await self.send(
-                            Pong(msg.sent_ns, received_ns, time.monotonic_ns(),
-                                 request_id=msg.request_id)
-                        )  # fmt: skip
+                            Pong(
+                                msg.sent_ns,
+                                received_ns,
+                                time.monotonic_ns(),
+                                request_id=msg.request_id,
+                            )
+                        )
                     else:
                         await self._queue(inbox, msg, len(wsmsg.data))
                 elif wsmsg.type == WSMsgType.TEXT:

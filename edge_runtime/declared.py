@@ -131,7 +131,18 @@ def figure_parts(stats: Mapping[str, Any]) -> list[str]:
 
 
 CORE_FIGURES = (
-    "mode", "variant", "tokens", "ttft_s", "elapsed_s", "rounds", "drafted", "accepted",
-    "bytes_up", "bytes_down", "finish", "acceptance", "tokens_per_s",
-)  # fmt: skip
+    "mode",
+    "variant",
+    "tokens",
+    "ttft_s",
+    "elapsed_s",
+    "rounds",
+    "drafted",
+    "accepted",
+    "bytes_up",
+    "bytes_down",
+    "finish",
+    "acceptance",
+    "tokens_per_s",
+)
 """What every answer measures (`edge_runtime.events.Stats`'s own fields)."""

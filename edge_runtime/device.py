@@ -26,9 +26,12 @@ class DeviceModel(WorkerSequence):
     """The device's `CausalLM` with its tokenizer: one sequence, stepped from asyncio."""
 
     def __init__(
-        self, lm: CausalLM, tokenizer: PreTrainedTokenizerBase, name: str,
+        self,
+        lm: CausalLM,
+        tokenizer: PreTrainedTokenizerBase,
+        name: str,
         document_cache_bytes: int = DOCUMENT_CACHE_BYTES,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.lm = lm
         self.tokenizer = tokenizer
         self.name = name

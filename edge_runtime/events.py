@@ -111,8 +111,13 @@ class Stats:
 
     def __copy__(self) -> Stats:
         """A snapshot: its figures no longer change with the answer's."""
-        return replace(self, per_round=list(self.per_round), token_ids=list(self.token_ids),
-                       figures=dict(self.figures), sent=copy.deepcopy(self.sent))  # fmt: skip
+        return replace(
+            self,
+            per_round=list(self.per_round),
+            token_ids=list(self.token_ids),
+            figures=dict(self.figures),
+            sent=copy.deepcopy(self.sent),
+        )
 
     @property
     def acceptance(self) -> float | None:

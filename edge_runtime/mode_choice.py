@@ -81,9 +81,9 @@ class Speeds:
         if tokens_per_s is None or tokens_per_s <= 0:
             return
         old = self.tokens_per_s.get(mode)
-        self.tokens_per_s[mode] = tokens_per_s if old is None else (
-            (1 - weight) * old + weight * tokens_per_s
-        )  # fmt: skip
+        self.tokens_per_s[mode] = (
+            tokens_per_s if old is None else ((1 - weight) * old + weight * tokens_per_s)
+        )
 
     def cloud_far_slower(self, rtt_s: float | None, tokens: int) -> bool:
         """Whether an answer of `tokens` from the cloud (its round trip, then its measured

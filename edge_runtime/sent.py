@@ -109,14 +109,19 @@ def _dssd(msg: DssdDraft) -> list[Part]:
 
 def _topk(msg: TopKDraft) -> list[Part]:
     ids = msg.token_ids.size + msg.topk_ids.size  # the drafts, and each position's support
-    return [Part(TOKEN_IDS, _ID * ids, ids),
-            Part(PROBABILITIES, msg.topk_probs.nbytes, msg.topk_probs.size)]  # fmt: skip
+    return [
+        Part(TOKEN_IDS, _ID * ids, ids),
+        Part(PROBABILITIES, msg.topk_probs.nbytes, msg.topk_probs.size),
+    ]
 
 
 def _dragon_draft(msg: DragonDraft) -> list[Part]:
     ids = 1 + msg.ids.size  # the draft token, and its mixture's support
-    return [Part(TOKEN_IDS, _ID * ids, ids), Part(PROBABILITIES, msg.probs.nbytes, msg.probs.size),
-            Part(WEIGHTS, _H, 1)]  # fmt: skip
+    return [
+        Part(TOKEN_IDS, _ID * ids, ids),
+        Part(PROBABILITIES, msg.probs.nbytes, msg.probs.size),
+        Part(WEIGHTS, _H, 1),
+    ]
 
 
 def _dragon_target(msg: DragonTarget) -> list[Part]:
@@ -129,8 +134,11 @@ def _dragon_score(msg: DragonScore) -> list[Part]:
 
 def _dragon_sequence(msg: DragonSequence) -> list[Part]:
     n = msg.tokens.size
-    return [Part(TOKEN_IDS, _ID * n, n), Part(PROBABILITIES, msg.logprobs.nbytes, n),
-            Part(WEIGHTS, _H, 1)]  # fmt: skip
+    return [
+        Part(TOKEN_IDS, _ID * n, n),
+        Part(PROBABILITIES, msg.logprobs.nbytes, n),
+        Part(WEIGHTS, _H, 1),
+    ]
 
 
 CLASSIFY: dict[type[Message], Callable[[Any], list[Part]]] = {

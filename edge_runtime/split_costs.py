@@ -36,9 +36,14 @@ class SplitCosts:
         return self.accepted / (self.accepted + self.rejected)
 
     def observe_round(
-        self, gamma: int, n: int, draft_s: float, link_s: float | None, compute_s: float,
+        self,
+        gamma: int,
+        n: int,
+        draft_s: float,
+        link_s: float | None,
+        compute_s: float,
         scored: int = 0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """One verified batch: γ drafts, n accepted, the device's drafting time, the round's
         time on the link (None where it cannot be told apart: a pipelined batch that queued
         behind another at the cloud) and the cloud's compute time for the pass that scored

@@ -49,8 +49,9 @@ def main() -> None:
 
         seeds, test_one = frames.seeds(), frames.test_one
     elif args.target == "parsers":
-        with atheris.instrument_imports(include=["personal_index", "retrieval", "pypdf", "docx",
-                                                 "bs4", "html"]):  # fmt: skip
+        with atheris.instrument_imports(
+            include=["personal_index", "retrieval", "pypdf", "docx", "bs4", "html"]
+        ):
             from fuzzing import parsers
 
         seeds, test_one = parsers.seeds(), parsers.test_one

@@ -126,8 +126,9 @@ class Harness:
                 seen += link.ping(next(self.pings))
             else:
                 assert link.closed_with == 1009, link.closed_with
-            internal = [m for m in seen if isinstance(m, p.Error)
-                        and m.code == p.ErrorCode.INTERNAL]  # fmt: skip
+            internal = [
+                m for m in seen if isinstance(m, p.Error) and m.code == p.ErrorCode.INTERNAL
+            ]
             assert not internal, internal
         finally:
             link.close()

@@ -44,9 +44,13 @@ class AsyncSequence(ABC):
 
     @abstractmethod
     async def feed(
-        self, kind: str, rows: Sequence[Sequence[int]], *, fresh: bool = False,
+        self,
+        kind: str,
+        rows: Sequence[Sequence[int]],
+        *,
+        fresh: bool = False,
         last_only: bool = False,
-    ) -> np.ndarray:  # fmt: skip
+    ) -> np.ndarray:
         """`CausalLM.feed` on these sequences: logits [B, K, V]. `kind` (prefill, decode,
         verify) names the step for metrics."""
 
@@ -73,9 +77,14 @@ class AsyncSequence(ABC):
     tops_inside = False  # `feed_top` and `last_rows` work (an engine that samples itself)
 
     async def feed_top(
-        self, kind: str, rows: Sequence[Sequence[int]], k: int, temperature: float, *,
+        self,
+        kind: str,
+        rows: Sequence[Sequence[int]],
+        k: int,
+        temperature: float,
+        *,
         fresh: bool = False,
-    ) -> TopDocuments:  # fmt: skip
+    ) -> TopDocuments:
         """`feed` with `last_only`, returning each sequence's k likeliest next tokens with
         their log-probabilities at `temperature` (0: at 1) instead of its whole row: DRAGON's
         per-document rows where an engine hands rows out at a price (vLLM)."""
@@ -167,15 +176,20 @@ class WorkerSequence(AsyncSequence):
         return await self._worker.run(fn)
 
     async def feed(
-        self, kind: str, rows: Sequence[Sequence[int]], *, fresh: bool = False,
+        self,
+        kind: str,
+        rows: Sequence[Sequence[int]],
+        *,
+        fresh: bool = False,
         last_only: bool = False,
-    ) -> np.ndarray:  # fmt: skip
+    ) -> np.ndarray:
         batch = [list(row) for row in rows]
         held, self.held = self.held, None  # unknown until the step completes
         logits = await self.step(
-            kind, sum(map(len, batch)),
+            kind,
+            sum(map(len, batch)),
             lambda: self.lm.feed(batch, fresh=fresh, last_only=last_only),
-        )  # fmt: skip
+        )
         self.held = held
         self._fed(batch, fresh)
         return logits
@@ -202,9 +216,10 @@ class WorkerSequence(AsyncSequence):
 
     async def snapshot(self, lengths: Sequence[int]) -> list[SequenceState | None]:
         return await self.step(
-            "snapshot", 0,
+            "snapshot",
+            0,
             lambda: [self.lm.prefix_state(b, n) if n else None for b, n in enumerate(lengths)],
-        )  # fmt: skip
+        )
 
 
 class DocumentBatch:

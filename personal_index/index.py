@@ -215,8 +215,12 @@ class PersonalIndex:
             others = [self.watches.real_path(f.path) for f in self.store.folders()]
             held = any(is_under(before.real_path, o) for o in others if o != now.real_path)
             if not held and self.store.remove_prefix(before.real_path):
-                log.info("%s now leads to %s: dropped the documents of %s", path,
-                         now.real_path, before.real_path)  # fmt: skip
+                log.info(
+                    "%s now leads to %s: dropped the documents of %s",
+                    path,
+                    now.real_path,
+                    before.real_path,
+                )
                 self._removed([before.real_path])
         return path
 

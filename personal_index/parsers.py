@@ -558,11 +558,36 @@ _HTML_DROP = ("script", "style", "nav", "noscript", "template", "head", "iframe"
 _HTML_HEADINGS = frozenset({"h1", "h2", "h3", "h4", "h5", "h6"})
 _HTML_BLOCKS = frozenset(
     {
-        "address", "article", "aside", "blockquote", "br", "dd", "details", "div", "dl", "dt",
-        "figcaption", "figure", "footer", "form", "header", "hr", "li", "main", "ol", "p",
-        "pre", "section", "summary", "table", "td", "th", "tr", "ul",
+        "address",
+        "article",
+        "aside",
+        "blockquote",
+        "br",
+        "dd",
+        "details",
+        "div",
+        "dl",
+        "dt",
+        "figcaption",
+        "figure",
+        "footer",
+        "form",
+        "header",
+        "hr",
+        "li",
+        "main",
+        "ol",
+        "p",
+        "pre",
+        "section",
+        "summary",
+        "table",
+        "td",
+        "th",
+        "tr",
+        "ul",
     }
-)  # fmt: skip
+)
 
 
 def _parse_html(data: bytes, limits: ParseLimits) -> _Parsed:

@@ -111,9 +111,13 @@ class FolderWatcher:
             relay = asyncio.ensure_future(_relay(interrupt, stop, self._reload))
             try:
                 async for changes in watchfiles.awatch(
-                    *existing, stop_event=interrupt, watch_filter=visible_under(existing),
-                    debounce=DEBOUNCE_MS, step=50, recursive=True,
-                ):  # fmt: skip
+                    *existing,
+                    stop_event=interrupt,
+                    watch_filter=visible_under(existing),
+                    debounce=DEBOUNCE_MS,
+                    step=50,
+                    recursive=True,
+                ):
                     changed = [path for _change, path in changes]
                     for real in folders_touched(changed, existing):
                         await self.sync(live[real])

@@ -288,9 +288,11 @@ class WatchBook:
             st = os.stat(real)
         except OSError as exc:
             return FolderCheck(
-                folder, "moved", real, f"{folder} now leads to {real}, which cannot be opened "
-                f"({exc.strerror}). {follow}",
-            )  # fmt: skip
+                folder,
+                "moved",
+                real,
+                f"{folder} now leads to {real}, which cannot be opened ({exc.strerror}). {follow}",
+            )
         if not stat.S_ISDIR(st.st_mode):
             return FolderCheck(folder, "moved", real, f"{folder} is no longer a folder. {follow}")
         if rec is None:
@@ -300,14 +302,20 @@ class WatchBook:
             return FolderCheck(folder, "ok", real, upgraded=upgrade)
         if real != rec.real_path:
             return FolderCheck(
-                folder, "moved", real, f"{folder} now leads to {real}, not to "
+                folder,
+                "moved",
+                real,
+                f"{folder} now leads to {real}, not to "
                 f"{rec.real_path} where it led when you watched it. {follow}",
-            )  # fmt: skip
+            )
         if (st.st_dev, st.st_ino) != (rec.dev, rec.ino):
             return FolderCheck(
-                folder, "moved", real, f"{folder} was replaced by another folder of the same "
+                folder,
+                "moved",
+                real,
+                f"{folder} was replaced by another folder of the same "
                 f"name since you watched it. {follow}",
-            )  # fmt: skip
+            )
         return FolderCheck(folder, "ok", real)
 
     def folder_holding(self, path: str, folders: Iterable[str]) -> str | None:

@@ -183,9 +183,15 @@ class Hit:
     def source(self, number: int, side: Side) -> Source:
         """This hit as citation `number`, titled by its heading path."""
         return Source(
-            self.label, self.location, float(self.score), self.text, number, side, self.path,
+            self.label,
+            self.location,
+            float(self.score),
+            self.text,
+            number,
+            side,
+            self.path,
             found_by=self.found_by,
-        )  # fmt: skip
+        )
 
 
 @dataclass(frozen=True)
@@ -939,9 +945,21 @@ class IndexStore:
         (doc_id, path, size, mtime, sha, status, error, title, kind, n, at, fmt, ocr, unread) = r
         ocr_pages = None if ocr is None else _pages(ocr)
         return DocumentRow(
-            doc_id, path, size, mtime, sha, status, error, title, kind, n, at, fmt, ocr_pages,
+            doc_id,
+            path,
+            size,
+            mtime,
+            sha,
+            status,
+            error,
+            title,
+            kind,
+            n,
+            at,
+            fmt,
+            ocr_pages,
             _pages(unread),
-        )  # fmt: skip
+        )
 
     def documents(self) -> list[DocumentRow]:
         """All documents (indexed and failed), by path."""

@@ -14,16 +14,40 @@ def test_ask_reads_the_settings_file_and_flags_override_it(tmp_path, monkeypatch
     )
     plain = settings_for(build_parser().parse_args(["ask", "q"]))
     assert (plain.max_tokens, plain.variant, plain.k, plain.temperature, plain.cloud_engine) == (
-        3, "dssd", 5, 0.5, "torch",
-    )  # fmt: skip
+        3,
+        "dssd",
+        5,
+        0.5,
+        "torch",
+    )
     assert plain.aggregator == "cloud" and plain.eta == 2.5 and not plain.pipeline
-    flags = ["ask", "q", "--max-tokens", "9", "--variant", "dsd", "-k", "1", "--temperature",
-             "0", "--cloud-engine", "ort", "--aggregator", "device", "--eta", "0",
-             "--pipeline"]  # fmt: skip
+    flags = [
+        "ask",
+        "q",
+        "--max-tokens",
+        "9",
+        "--variant",
+        "dsd",
+        "-k",
+        "1",
+        "--temperature",
+        "0",
+        "--cloud-engine",
+        "ort",
+        "--aggregator",
+        "device",
+        "--eta",
+        "0",
+        "--pipeline",
+    ]
     given = settings_for(build_parser().parse_args(flags))
     assert (given.max_tokens, given.variant, given.k, given.temperature, given.cloud_engine) == (
-        9, "dsd", 1, 0.0, "ort",
-    )  # fmt: skip
+        9,
+        "dsd",
+        1,
+        0.0,
+        "ort",
+    )
     assert given.aggregator == "device" and given.eta == 0.0 and given.pipeline
 
 
@@ -35,8 +59,10 @@ def test_without_a_file_ask_uses_the_shared_defaults(tmp_path, monkeypatch):
     s = settings_for(build_parser().parse_args(["ask", "q"]))
     assert s == Settings()
     assert (s.max_tokens, s.temperature, s.k) == (
-        DEFAULTS.max_new_tokens, DEFAULTS.temperature, DEFAULTS.k,
-    )  # fmt: skip
+        DEFAULTS.max_new_tokens,
+        DEFAULTS.temperature,
+        DEFAULTS.k,
+    )
 
 
 async def test_the_aggregator_reaches_dragon_mode_from_the_file_the_flag_and_the_screen(

@@ -31,8 +31,9 @@ def Signals(private: float | None, public: float | None, **kw) -> _Signals:
     """The signals with one best passage a side (None: none passed the floor); the public
     corpus counts as consulted where a public passage is given, unless told."""
     kw.setdefault("consulted", public is not None)
-    return _Signals(() if private is None else (private,), () if public is None else (public,),
-                    **kw)  # fmt: skip
+    return _Signals(
+        () if private is None else (private,), () if public is None else (public,), **kw
+    )
 
 
 def measured(cloud: float, device: float) -> Speeds:

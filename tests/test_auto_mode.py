@@ -56,8 +56,11 @@ async def cloud_url(cloud_engine, public_corpus):
 def context(device, index, url: str | None, *, embedded: bool = True, **settings) -> ModeContext:
     """A loopback cloud standing in for the embedded one (on-device: no consent needed) unless
     told; public passages judged by the private index's embedder, as the Assistant does."""
-    cloud = CloudSettings(url, TOKEN, retries=0, connect_timeout_s=2.0,
-                          embedded=embedded) if url else None  # fmt: skip
+    cloud = (
+        CloudSettings(url, TOKEN, retries=0, connect_timeout_s=2.0, embedded=embedded)
+        if url
+        else None
+    )
     judge = partial(question_cosines, index.embedder.embed) if index is not None else None
     return ModeContext(device=device, index=index, cloud=cloud, settings=settings, judge=judge)
 

@@ -56,9 +56,22 @@ class Replicas:
             f"max_sessions = {MAX_SESSIONS[name]}\nauth_failures = {AUTH_FAILURES}\n"
             'trusted_proxies = ["127.0.0.1"]\n'
         )
-        return Served([sys.executable, "-m", "app.cli", "serve", "--config", str(config),
-                       "--engine", "ort", "--model-dir", str(self.tiny["onnx-fp32"]),
-                       "--threads", "1"])  # fmt: skip
+        return Served(
+            [
+                sys.executable,
+                "-m",
+                "app.cli",
+                "serve",
+                "--config",
+                str(config),
+                "--engine",
+                "ort",
+                "--model-dir",
+                str(self.tiny["onnx-fp32"]),
+                "--threads",
+                "1",
+            ]
+        )
 
     def revive(self) -> None:
         """Start whichever replica is not running (both at once: ~10 s of imports each)."""
@@ -185,9 +198,14 @@ def test_the_shipped_config_passes_haproxys_check_and_the_copy_keeps_its_lines(t
         body = line.split("#")[0].rstrip()
         if body and not body.strip().startswith(adapted):
             assert body in kept, f"the tested copy lost the shipped line {body!r}"
-    for setting in ("balance leastconn", "retry-on 503", "option httpchk GET /healthz",
-                    "option forwardfor", "inter 5s fall 2 rise 2",
-                    "timeout http-request 10s"):  # fmt: skip
+    for setting in (
+        "balance leastconn",
+        "retry-on 503",
+        "option httpchk GET /healthz",
+        "option forwardfor",
+        "inter 5s fall 2 rise 2",
+        "timeout http-request 10s",
+    ):
         assert setting in copy
 
 
@@ -251,8 +269,9 @@ async def status_of(
     connector = aiohttp.TCPConnector(local_addr=(source, 0))
     async with aiohttp.ClientSession(connector=connector) as http:
         try:
-            ws = await http.ws_connect(url, headers={"Authorization": f"Bearer {token}",
-                                                     **(headers or {})})  # fmt: skip
+            ws = await http.ws_connect(
+                url, headers={"Authorization": f"Bearer {token}", **(headers or {})}
+            )
         except aiohttp.WSServerHandshakeError as exc:
             return exc.status
         await ws.close()

@@ -59,8 +59,9 @@ def test_users_batched_get_what_each_gets_alone(lm):
         for u, user_rows in enumerate(rows):
             want, ref_states[u] = alone(lm, ref_states[u], user_rows)
             for b, row in enumerate(user_rows):
-                np.testing.assert_allclose(got[u][b, : len(row)], want[b, : len(row)],
-                                           rtol=1e-4, atol=1e-4)  # fmt: skip
+                np.testing.assert_allclose(
+                    got[u][b, : len(row)], want[b, : len(row)], rtol=1e-4, atol=1e-4
+                )
             assert states[u].lengths.tolist() == ref_states[u].lengths.tolist()
             assert states[u].nbytes == ref_states[u].nbytes  # no padding kept
 
@@ -96,8 +97,7 @@ def engine(tiny):
     from cloud_backend.engine import LLMEngine
     from model_runtime.tokenizer import load_tokenizer
 
-    eng = LLMEngine(TorchCausalLM(tiny["hf"]), load_tokenizer(tiny["hf"]), "tiny",
-                    prefill_chunk=32)  # fmt: skip
+    eng = LLMEngine(TorchCausalLM(tiny["hf"]), load_tokenizer(tiny["hf"]), "tiny", prefill_chunk=32)
     yield eng
     eng.close()
 
@@ -240,8 +240,9 @@ async def test_max_batch_one_is_a_step_a_pass(tiny):
     from cloud_backend.engine import LLMEngine
     from model_runtime.tokenizer import load_tokenizer
 
-    engine = LLMEngine(TorchCausalLM(tiny["hf"]), load_tokenizer(tiny["hf"]), "tiny",
-                       max_batch_sequences=1)  # fmt: skip
+    engine = LLMEngine(
+        TorchCausalLM(tiny["hf"]), load_tokenizer(tiny["hf"]), "tiny", max_batch_sequences=1
+    )
     try:
         sessions = [engine.open_session() for _ in range(3)]
         await asyncio.gather(*(s.prefill(ids(5)) for s in sessions))

@@ -55,24 +55,47 @@ def test_an_answer_is_right_only_with_every_fact():
 def rows_for(auto_picks: dict[str, str]) -> list[dict]:
     """Synthetic rows: each fixed mode right exactly on its own group (dragon on both), auto
     answering as the mode it picks, every answer 1 s (auto's `slow` s on public questions)."""
-    good = {"private": {"local", "dragon"}, "public": {"cloud", "dragon"}, "both": {"dragon"},
-            "chat": {"local", "cloud", "split", "dragon"}}  # fmt: skip
+    good = {
+        "private": {"local", "dragon"},
+        "public": {"cloud", "dragon"},
+        "both": {"dragon"},
+        "chat": {"local", "cloud", "split", "dragon"},
+    }
     rows = []
     for g in bench.GROUPS:
         for i in range(5):
             q = f"{g}-{i}"
             for m in bench.FIXED:
-                rows.append({"method": m, "question": q, "group": g, "right": m in good[g],
-                             "elapsed_s": 1.0, "ttft_s": 0.1, "chose": None})  # fmt: skip
+                rows.append(
+                    {
+                        "method": m,
+                        "question": q,
+                        "group": g,
+                        "right": m in good[g],
+                        "elapsed_s": 1.0,
+                        "ttft_s": 0.1,
+                        "chose": None,
+                    }
+                )
             pick = auto_picks[g]
-            rows.append({"method": "auto", "question": q, "group": g, "right": pick in good[g],
-                         "elapsed_s": 1.02, "ttft_s": 0.12, "chose": pick})  # fmt: skip
+            rows.append(
+                {
+                    "method": "auto",
+                    "question": q,
+                    "group": g,
+                    "right": pick in good[g],
+                    "elapsed_s": 1.02,
+                    "ttft_s": 0.12,
+                    "chose": pick,
+                }
+            )
     return rows
 
 
 def test_the_summary_passes_a_good_router_and_fails_a_bad_one():
-    good = bench.summarise(rows_for({"private": "local", "public": "cloud", "both": "dragon",
-                                     "chat": "cloud"}))  # fmt: skip
+    good = bench.summarise(
+        rows_for({"private": "local", "public": "cloud", "both": "dragon", "chat": "cloud"})
+    )
     assert good["accuracy"]["auto"]["all"] == good["accuracy"]["oracle"]["all"] == 1.0
     assert good["best_fixed"] == "dragon"
     assert good["confusion"]["both"] == {"dragon": 5}
@@ -80,8 +103,9 @@ def test_the_summary_passes_a_good_router_and_fails_a_bad_one():
     lines = bench.verdicts(good, {"questions": 20, "sockets_opened": 0, "chose": ["local"]})
     assert len(lines) == 4 and all(line.startswith("PASS") for line in lines), lines
     # a router that sends the public questions to the device: worse than dragon alone
-    bad = bench.summarise(rows_for({"private": "local", "public": "local", "both": "dragon",
-                                    "chat": "cloud"}))  # fmt: skip
+    bad = bench.summarise(
+        rows_for({"private": "local", "public": "local", "both": "dragon", "chat": "cloud"})
+    )
     lines = bench.verdicts(bad, {"questions": 20, "sockets_opened": 1, "chose": ["local"]})
     assert [line[:4] for line in lines] == ["FAIL", "FAIL", "PASS", "FAIL"], lines
     assert bad["auto_vs"]["dragon"]["verdict"] == "auto worse"
@@ -148,23 +172,33 @@ async def test_every_method_answers_every_question_and_the_policy_pass_opens_not
 
 
 def test_pieces_pool_with_the_later_answer_winning(tmp_path):
-    first = {"rows": [{"method": "auto", "question": "chat-00", "right": False},
-                      {"method": "auto", "question": "both-00", "right": True}]}  # fmt: skip
-    second = {"rows": [{"method": "auto", "question": "chat-00", "right": True}],
-              "device_only": {"questions": 60, "sockets_opened": 0}}  # fmt: skip
+    first = {
+        "rows": [
+            {"method": "auto", "question": "chat-00", "right": False},
+            {"method": "auto", "question": "both-00", "right": True},
+        ]
+    }
+    second = {
+        "rows": [{"method": "auto", "question": "chat-00", "right": True}],
+        "device_only": {"questions": 60, "sockets_opened": 0},
+    }
     paths = [tmp_path / "a.json", tmp_path / "b.json"]
     for path, data in zip(paths, (first, second), strict=True):
         path.write_text(bench.json.dumps(data))
     rows, private_pass = bench.pooled(paths)
-    assert sorted((r["question"], r["right"]) for r in rows) == [("both-00", True),
-                                                                  ("chat-00", True)]  # fmt: skip
+    assert sorted((r["question"], r["right"]) for r in rows) == [
+        ("both-00", True),
+        ("chat-00", True),
+    ]
     assert private_pass == second["device_only"]
 
 
 def test_the_decision_bound_is_the_slowest_decision_on_each_cloud_answer():
     times = {"public-00": 10.0, "public-01": 2.0, "chat-00": 1.0}
-    rows = [{"method": "cloud", "question": q, "group": q.split("-")[0], "elapsed_s": t}
-            for q, t in times.items()]  # fmt: skip
+    rows = [
+        {"method": "cloud", "question": q, "group": q.split("-")[0], "elapsed_s": t}
+        for q, t in times.items()
+    ]
     slow = (("public-00", 0.1), ("public-00", 0.5), ("public-01", 0.1), ("chat-00", 9.0))
     decided = [{"question": q, "decide_s": t} for q, t in slow]
     bound = bench.decision_bound(rows, decided)
@@ -192,7 +226,10 @@ def test_a_piece_in_some_methods_judges_only_what_it_measured():
     assert summary["methods"] == ["cloud", "auto"] and summary["best_fixed"] == "cloud"
     lines = bench.verdicts(summary, None)
     assert [line.split(" ")[:3] for line in lines] == [["PASS", "public", "questions:"]], lines
-    crossed = [r for r in piece if (r["method"], r["question"]) in
-               (("cloud", "public-0"), ("auto", "public-1"))]  # fmt: skip
+    crossed = [
+        r
+        for r in piece
+        if (r["method"], r["question"]) in (("cloud", "public-0"), ("auto", "public-1"))
+    ]
     assert len(crossed) == 2 and bench.summarise(crossed) == {}
     bench.print_summary({}, None)  # a save with nothing to judge prints, not fails

@@ -32,10 +32,22 @@ TOKEN = "bench-token-0123456789"
 
 
 def _row(method: str, latency: float, per_token_ms: float, ttft_ms: float, **kw) -> dict:
-    row = {"engine": "ort", "sampling": "greedy", "latency_ms": latency, "method": method,
-           "per_token_s": per_token_ms / 1000, "ttft_s": ttft_ms / 1000, "switches": 0,
-           "device_drafted": 10, "device_accepted": 5, "cloud_drafted": 0, "cloud_accepted": 0,
-           "up_bytes_per_token": 100.0, "down_bytes_per_token": 50.0, "failures": []}  # fmt: skip
+    row = {
+        "engine": "ort",
+        "sampling": "greedy",
+        "latency_ms": latency,
+        "method": method,
+        "per_token_s": per_token_ms / 1000,
+        "ttft_s": ttft_ms / 1000,
+        "switches": 0,
+        "device_drafted": 10,
+        "device_accepted": 5,
+        "cloud_drafted": 0,
+        "cloud_accepted": 0,
+        "up_bytes_per_token": 100.0,
+        "down_bytes_per_token": 50.0,
+        "failures": [],
+    }
     return row | kw
 
 
@@ -63,12 +75,16 @@ def _verdicts(rows):
 def test_targets_pass_and_fail_at_their_bounds():
     # auto 50 vs TW 100: 50 % faster; vs the better pinned (48): +4.2 %; TTFT 1.05× local
     assert _verdicts(_cells(50, 100, 48, 80, 105, 100)) == [
-        (True, 0.5), (True, 0.042), (True, 0.05)
-    ]  # fmt: skip
+        (True, 0.5),
+        (True, 0.042),
+        (True, 0.05),
+    ]
     # auto 60 vs TW 100: 40 %; vs the better pinned (cloud, 55): +9.1 %; TTFT 1.2× local
     assert _verdicts(_cells(60, 100, 70, 55, 120, 100)) == [
-        (False, 0.4), (False, 0.091), (False, 0.2)
-    ]  # fmt: skip
+        (False, 0.4),
+        (False, 0.091),
+        (False, 0.2),
+    ]
 
 
 def test_targets_average_over_the_band_and_skip_missing_methods():
@@ -89,8 +105,11 @@ def test_groups_and_pooled_acceptance():
     rows += [r | {"sampling": "sampled", "device_accepted": 10} for r in rows]
     summary = summarise(rows)
     assert set(summary) == {"ort/greedy", "ort/sampled", "all/all"}
-    cell = next(c for c in summary["all/all"]["cells"]
-                if c["method"] == "dragon-auto" and c["latency_ms"] == 100)  # fmt: skip
+    cell = next(
+        c
+        for c in summary["all/all"]["cells"]
+        if c["method"] == "dragon-auto" and c["latency_ms"] == 100
+    )
     assert cell["answers"] == 2 and cell["device_acceptance"] == 0.75
     assert cell["cloud_acceptance"] is None
 
@@ -132,8 +151,9 @@ async def test_every_method_measured_over_the_link(
     await warm_up(device, index, cloud_url, TOKEN, k=2)
     rows = []
     for latency in (0.0, 40.0):
-        rows += await run_latency(device, index, cloud_url, TOKEN, latency, PROMPTS,
-                                  engine="torch", max_tokens=8)  # fmt: skip
+        rows += await run_latency(
+            device, index, cloud_url, TOKEN, latency, PROMPTS, engine="torch", max_tokens=8
+        )
     index.close()
     assert len(rows) == 2 * 2 * 2 * len(METHODS)  # latencies × samplings × prompts × methods
     for r in rows:
@@ -158,13 +178,21 @@ async def test_every_method_measured_over_the_link(
     # greedy: every DRAGON variant commits the argmax of the same mixture, token for token
     for latency in (0.0, 40.0):
         for p in PROMPTS:
-            answers = {r["method"]: r["token_ids"] for r in rows
-                       if r["sampling"] == "greedy" and r["prompt"] == p.id
-                       and r["latency_ms"] == latency and r["method"] in DRAGONS}  # fmt: skip
+            answers = {
+                r["method"]: r["token_ids"]
+                for r in rows
+                if r["sampling"] == "greedy"
+                and r["prompt"] == p.id
+                and r["latency_ms"] == latency
+                and r["method"] in DRAGONS
+            }
             assert len(answers) == 4 and len({tuple(a) for a in answers.values()}) == 1, answers
     # synchronous DRDG/TW waits a round trip for every token (40 ms added, ≥ 20 ms each way)
-    tw = [r["per_token_s"] for r in rows
-          if r["method"] == "drdg-tw" and r["latency_ms"] == 40 and r["per_token_s"]]  # fmt: skip
+    tw = [
+        r["per_token_s"]
+        for r in rows
+        if r["method"] == "drdg-tw" and r["latency_ms"] == 40 and r["per_token_s"]
+    ]
     assert tw and min(tw) >= 0.040
     summary = summarise(rows)
     assert {t["name"] for t in summary["all/all"]["targets"]} and summary["torch/greedy"]["cells"]
@@ -237,8 +265,11 @@ def test_trace_summary_times_each_segment_from_the_commits():
             commits.append((t, n))
         return {"method": method, "commits": commits}
 
-    rows = [row("dragon-auto", [0.1] * 10 + [0.3] * 10), row("dragon-device", [0.2] * 20),
-            row("dragon-cloud", [0.4] * 20)]  # fmt: skip
+    rows = [
+        row("dragon-auto", [0.1] * 10 + [0.3] * 10),
+        row("dragon-device", [0.2] * 20),
+        row("dragon-cloud", [0.4] * 20),
+    ]
     out = trace_summary(rows, trace=((0, 20.0), (10, 250.0)))
     first, second = (s["ms_per_token"] for s in out["segments"])
     assert first == pytest.approx({"dragon-auto": 100, "dragon-device": 200, "dragon-cloud": 400})
@@ -254,8 +285,9 @@ async def test_trace_run_retunes_the_link_during_each_answer(
 
     index = build_private_index(tmp_path, embedder_dir)
     trace = ((0, 0.0), (3, 400.0), (9, 0.0))
-    rows = await run_trace(device, index, cloud_url, TOKEN, PROMPTS[:1], engine="torch",
-                           trace=trace, max_tokens=16)  # fmt: skip
+    rows = await run_trace(
+        device, index, cloud_url, TOKEN, PROMPTS[:1], engine="torch", trace=trace, max_tokens=16
+    )
     index.close()
     assert [r["method"] for r in rows] == list(TRACE_METHODS)
     assert all(not r["failures"] and r["commits"] for r in rows)
@@ -277,12 +309,19 @@ def test_pooled_rows_count_each_prompt_once_per_cell(tmp_path):
     from benchmarks.dragon import pooled_rows
 
     def row(method: str, prompt: str, ms: float) -> dict:
-        return {"engine": "ort", "sampling": "greedy", "method": method, "latency_ms": 100.0,
-                "prompt": prompt, "per_token_s": ms / 1000}  # fmt: skip
+        return {
+            "engine": "ort",
+            "sampling": "greedy",
+            "method": method,
+            "latency_ms": 100.0,
+            "prompt": prompt,
+            "per_token_s": ms / 1000,
+        }
 
     first, second = tmp_path / "a.json", tmp_path / "b.json"
     first.write_text(json.dumps({"rows": [row("dragon-auto", "p1", 160)]}))
-    second.write_text(json.dumps({"rows": [row("dragon-auto", "p1", 999),
-                                           row("drdg-sw", "p1", 300)]}))  # fmt: skip
+    second.write_text(
+        json.dumps({"rows": [row("dragon-auto", "p1", 999), row("drdg-sw", "p1", 300)]})
+    )
     rows, repeats = pooled_rows([first, second])
     assert repeats == 1 and [r["per_token_s"] for r in rows] == [0.16, 0.3]

@@ -97,16 +97,24 @@ def _client_frame(payload: bytes, opcode: int = 0x2) -> bytes:
 
 
 def test_the_tap_decodes_the_device_s_frames_split_anywhere():
-    draft = TopKDraft(np.array([7, 9]), np.array([[7, 3], [9, 4]]),
-                      np.array([[0.75, 0.25], [1.0, 0.0]]), request_id=1)  # fmt: skip
-    dragon = DragonDraft(5, np.array([5, 6, 2]), np.array([0.5, 0.5, 0.0]), 0.0, 0.01,
-                         request_id=1)  # fmt: skip
+    draft = TopKDraft(
+        np.array([7, 9]),
+        np.array([[7, 3], [9, 4]]),
+        np.array([[0.75, 0.25], [1.0, 0.0]]),
+        request_id=1,
+    )
+    dragon = DragonDraft(5, np.array([5, 6, 2]), np.array([0.5, 0.5, 0.0]), 0.0, 0.01, request_id=1)
     big = TopKDraft(np.arange(1, 31), np.arange(1, 31).reshape(30, 1), np.ones((30, 1)),
                     request_id=1)  # fmt: skip  # over 125 bytes: the 16-bit length
     hello = Hello(b"\0" * 32, Mode.SPLIT, "tk-slt")
-    stream = (b"GET /v1/session HTTP/1.1\r\nHost: x\r\n\r\n" + _client_frame(encode(hello))
-              + _client_frame(b"ping", opcode=0x9) + _client_frame(encode(draft))
-              + _client_frame(encode(big)) + _client_frame(encode(dragon)))  # fmt: skip
+    stream = (
+        b"GET /v1/session HTTP/1.1\r\nHost: x\r\n\r\n"
+        + _client_frame(encode(hello))
+        + _client_frame(b"ping", opcode=0x9)
+        + _client_frame(encode(draft))
+        + _client_frame(encode(big))
+        + _client_frame(encode(dragon))
+    )
     reader, got = _FrameReader(), []
     for i in range(0, len(stream), 7):  # TCP may cut anywhere
         got += reader.feed(stream[i : i + 7])
@@ -121,17 +129,33 @@ def test_the_tap_decodes_the_device_s_frames_split_anywhere():
 
 def test_summary_per_method_and_condition():
     def trial(method, condition, longest, answer_longest=0, **kw):
-        return {"method": method, "condition": condition, "secret_in_prompt": True,
-                "guide_in_prompt": True, "secret_tokens": 30, "drafted": 50,
-                "draft_longest": longest, "draft_covered": longest if longest >= 3 else 0,
-                "listed_longest": longest + 1, "listed_covered": 0,
-                "answer_longest": answer_longest, "answer_covered": 0, "draft_facts": 0,
-                "answer_facts": 0, "failures": [], "bytes_up": 900,
-                "tapped_bytes": 900} | kw  # fmt: skip
+        return {
+            "method": method,
+            "condition": condition,
+            "secret_in_prompt": True,
+            "guide_in_prompt": True,
+            "secret_tokens": 30,
+            "drafted": 50,
+            "draft_longest": longest,
+            "draft_covered": longest if longest >= 3 else 0,
+            "listed_longest": longest + 1,
+            "listed_covered": 0,
+            "answer_longest": answer_longest,
+            "answer_covered": 0,
+            "draft_facts": 0,
+            "answer_facts": 0,
+            "failures": [],
+            "bytes_up": 900,
+            "tapped_bytes": 900,
+        } | kw
 
-    cells = summarise([trial("split-greedy", "hostile", 8, 6), trial("split-greedy", "hostile", 2),
-                       trial("split-greedy", "control", 1, secret_in_prompt=False,
-                             tapped_bytes=800)])  # fmt: skip
+    cells = summarise(
+        [
+            trial("split-greedy", "hostile", 8, 6),
+            trial("split-greedy", "hostile", 2),
+            trial("split-greedy", "control", 1, secret_in_prompt=False, tapped_bytes=800),
+        ]
+    )
     hostile, control = cells["split-greedy/hostile"], cells["split-greedy/control"]
     assert hostile["draft_longest_mean"] == 5 and hostile["draft_longest_max"] == 8
     assert hostile["draft_covered_mean"] == 4 and hostile["draft_run5_share"] == 0.5
@@ -144,8 +168,17 @@ def test_quick_run_on_the_tiny_pair_reads_the_drafts_off_the_wire(
     tiny, embedder_dir, tmp_path, capsys
 ):
     out = tmp_path / "quick.json"
-    main(["--quick", "--tiny-root", str(tiny["tokenizer"].parent),
-          "--embedder-dir", str(embedder_dir), "--out", str(out)])  # fmt: skip
+    main(
+        [
+            "--quick",
+            "--tiny-root",
+            str(tiny["tokenizer"].parent),
+            "--embedder-dir",
+            str(embedder_dir),
+            "--out",
+            str(out),
+        ]
+    )
     result = json.loads(out.read_text())
     env = result["provenance"]
     assert len(env["commit"]) == 40 and env["command"].startswith("python -m benchmarks.injection")
@@ -169,7 +202,11 @@ def test_quick_run_on_the_tiny_pair_reads_the_drafts_off_the_wire(
         # the tap decoded every byte the device's client counted as sent for the answer
         assert t["tapped_bytes"] == t["bytes_up"], t
         assert 0 <= t["draft_longest"] <= t["listed_longest"] <= t["secret_tokens"]
-    assert set(result["summary"]) == {"split-greedy/hostile", "split-greedy/control",
-                                      "dragon-greedy/hostile", "dragon-greedy/control"}  # fmt: skip
+    assert set(result["summary"]) == {
+        "split-greedy/hostile",
+        "split-greedy/control",
+        "dragon-greedy/hostile",
+        "dragon-greedy/control",
+    }
     printed = capsys.readouterr().out
     assert "split-greedy/hostile" in printed and "written to" in printed

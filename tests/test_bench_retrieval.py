@@ -25,8 +25,12 @@ def test_ranking_metrics_on_known_lists() -> None:
     assert m["hit@1"] == 0.0 and m["hit@5"] == 1.0 and m["mrr"] == 0.5
     dcg = 1 / math.log2(3) + 1 / math.log2(5)
     assert m["ndcg@5"] == pytest.approx(dcg / (1 + 1 / math.log2(3)))
-    assert ranking_metrics([True], ideal=1) == {"hit@1": 1.0, "hit@5": 1.0, "mrr": 1.0,
-                                                 "ndcg@5": 1.0}  # fmt: skip
+    assert ranking_metrics([True], ideal=1) == {
+        "hit@1": 1.0,
+        "hit@5": 1.0,
+        "mrr": 1.0,
+        "ndcg@5": 1.0,
+    }
     assert ranking_metrics([False] * 10, ideal=3)["mrr"] == 0.0
 
 
@@ -38,14 +42,18 @@ def test_a_chunk_answers_only_from_its_page_with_the_phrase() -> None:
 
 
 def test_floors_are_calibrated_from_both_populations() -> None:
-    cited = [{"kind": "offtopic", "scores": [0.1 + 0.01 * i], "relevant": [False]}
-             for i in range(20)]  # fmt: skip
-    cited += [{"kind": "semantic", "scores": [0.5 + 0.01 * i], "relevant": [True]}
-              for i in range(20)]  # fmt: skip
+    cited = [
+        {"kind": "offtopic", "scores": [0.1 + 0.01 * i], "relevant": [False]} for i in range(20)
+    ]
+    cited += [
+        {"kind": "semantic", "scores": [0.5 + 0.01 * i], "relevant": [True]} for i in range(20)
+    ]
     m = margin_floor(cited)
     assert m["offtopic_p95"] < m["floor"] < m["answer_p5"]
-    rows = [{"floor": f, "offtopic_cites": c, "answer_kept": 1.0}
-            for f, c in ((0.1, 0.5), (0.2, 0.04), (0.3, 0.0))]  # fmt: skip
+    rows = [
+        {"floor": f, "offtopic_cites": c, "answer_kept": 1.0}
+        for f, c in ((0.1, 0.5), (0.2, 0.04), (0.3, 0.0))
+    ]
     assert lowest_safe_floor(rows)["floor"] == 0.2
     low, high = wilson(17, 20)
     assert low < 0.85 < high and low >= 0 and high <= 1

@@ -13,8 +13,9 @@ import pytest
 from benchmarks import report
 
 
-def _rendered(monkeypatch: pytest.MonkeyPatch, results: Path, build: Callable[[], report.Built]
-              ) -> str:  # fmt: skip
+def _rendered(
+    monkeypatch: pytest.MonkeyPatch, results: Path, build: Callable[[], report.Built]
+) -> str:
     monkeypatch.setattr(report, "RESULTS", results)
     return report.render("t", build())
 
@@ -30,8 +31,14 @@ def _check(out: Path, module: str, argv: list[str]) -> dict:
 def test_an_absent_result_is_unmeasured_with_the_command_that_measures_it(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    builders = (report.device_runtime, report.device_quantisation, report.tui_render,
-                report.index, report.collab_math, report.batched_decode)  # fmt: skip
+    builders = (
+        report.device_runtime,
+        report.device_quantisation,
+        report.tui_render,
+        report.index,
+        report.collab_math,
+        report.batched_decode,
+    )
     for build in builders:
         text = _rendered(monkeypatch, tmp_path, build)
         assert report.UNMEASURED in text and "no saved result" in text

@@ -37,9 +37,15 @@ def test_search_finds_questions_and_answers_best_first(store: ConversationStore)
     other = store.create("Bikes").id
     store.add_message(other, "user", "bicycle bicycle bicycle tyres", "local")
     (question,) = store.search("breakfast")
-    assert question == SearchHit(cid, "Lisbon trip", 1, "user",
-                                 "Where was «breakfast» served at the café?",
-                                 question.created_at, store.get(cid).updated_at)  # fmt: skip
+    assert question == SearchHit(
+        cid,
+        "Lisbon trip",
+        1,
+        "user",
+        "Where was «breakfast» served at the café?",
+        question.created_at,
+        store.get(cid).updated_at,
+    )
     (answer,) = store.search("casa azul")  # an answer's words, written while it streamed
     assert (answer.conversation_id, answer.role, answer.message_id) == (cid, "assistant", 2)
     assert "«Casa» «Azul»" in answer.snippet
@@ -183,16 +189,19 @@ def test_chats_list_show_search_export(home: Path, capsys) -> None:
     code, out, _ = _tandem(capsys, "chats", "export", str(cid), "--format", "json")
     assert code == 0 and json.loads(out) == exported
     target = home / "trip.json"
-    code, out, err = _tandem(capsys, "chats", "export", str(cid), "--format", "json",
-                             "--out", str(target))  # fmt: skip
+    code, out, err = _tandem(
+        capsys, "chats", "export", str(cid), "--format", "json", "--out", str(target)
+    )
     assert (code, out, err) == (0, "", f"exported to {target}\n")
     assert json.loads(target.read_text()) == exported
     assert target.stat().st_mode & 0o777 == 0o600
     folder = home / "exports"
     folder.mkdir()
     assert _tandem(capsys, "chats", "export", str(cid), "--out", str(folder))[0] == 0
-    assert sorted(p.name for p in folder.iterdir()) == [f"lisbon-trip-{cid}.json",
-                                                        f"lisbon-trip-{cid}.md"]  # fmt: skip
+    assert sorted(p.name for p in folder.iterdir()) == [
+        f"lisbon-trip-{cid}.json",
+        f"lisbon-trip-{cid}.md",
+    ]
     for argv in (["show", "999"], ["export", "999"], ["export", "999", "--format", "json"]):
         assert _tandem(capsys, "chats", *argv) == (2, "", "error: no conversation with id 999\n")
 
@@ -244,8 +253,10 @@ async def test_ask_continue_twice_keeps_one_conversation(
     monkeypatch.setattr(LocalMode, "generate", spy)
     save_settings(Settings(device_model=str(tiny["onnx-quant"]), k=1, max_tokens=6))
     parser = build_parser()
-    assert await run_ask(parser.parse_args(["ask", "Who owns the kayak?", "--continue",
-                                            "--json"])) == 0  # fmt: skip
+    assert (
+        await run_ask(parser.parse_args(["ask", "Who owns the kayak?", "--continue", "--json"]))
+        == 0
+    )
     first = json.loads(capsys.readouterr().out)
     assert first["answer"] and isinstance(first["conversation_id"], int)
     assert await run_ask(parser.parse_args(["ask", "And the tent?", "-c"])) == 0
@@ -256,16 +267,22 @@ async def test_ask_continue_twice_keeps_one_conversation(
         (only,) = s.list()
         messages = s.messages(only.id)
     assert only.id == first["conversation_id"]
-    assert [(m.role, m.status) for m in messages] == [("user", "complete"),
-                                                      ("assistant", "complete")] * 2  # fmt: skip
+    assert [(m.role, m.status) for m in messages] == [
+        ("user", "complete"),
+        ("assistant", "complete"),
+    ] * 2
     assert [messages[0].text, messages[2].text] == ["Who owns the kayak?", "And the tent?"]
     assert messages[1].text == first["answer"]
     assert histories == [[], [("Who owns the kayak?", first["answer"])]]
 
     assert await run_ask(parser.parse_args(["ask", "Fresh?", "--json"])) == 0
     assert "conversation_id" not in json.loads(capsys.readouterr().out)
-    assert await run_ask(parser.parse_args(["ask", "Third?", "--conversation",
-                                            str(only.id), "--json"])) == 0  # fmt: skip
+    assert (
+        await run_ask(
+            parser.parse_args(["ask", "Third?", "--conversation", str(only.id), "--json"])
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["conversation_id"] == only.id
     with ConversationStore(conversations_path()) as s:
         assert [c.messages for c in s.list()] == [6]  # "Fresh?" was not saved

@@ -74,8 +74,15 @@ async def test_the_embedded_cloud_starts_from_a_hostile_folder(tiny, tmp_path, m
     folder, marker = hostile_folder(tmp_path, "packages")
     monkeypatch.setenv("TANDEM_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.chdir(folder)
-    serve = ["--engine", "torch", "--dtype", "float32", "--model-dir", str(tiny["hf"]),
-             "--no-corpus"]  # fmt: skip
+    serve = [
+        "--engine",
+        "torch",
+        "--dtype",
+        "float32",
+        "--model-dir",
+        str(tiny["hf"]),
+        "--no-corpus",
+    ]
     async with await EmbeddedCloud.start(serve, timeout_s=120) as cloud:
         health = cloud.url.replace("ws://", "http://").rsplit("/v1/", 1)[0] + "/healthz"
         async with aiohttp.ClientSession() as http, http.get(health) as resp:
@@ -99,8 +106,12 @@ def test_tandem_ingest_runs_from_a_hostile_folder(tmp_path, embedder_dir):
     tandem = Path(sys.executable).with_name("tandem")
     done = subprocess.run(
         [str(tandem), "ingest", str(docs), "--json"],
-        cwd=folder, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     assert [r["outcome"] for r in json.loads(done.stdout)] == ["indexed"], done.stdout
     assert not marker.exists(), marker.read_text()

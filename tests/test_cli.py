@@ -87,15 +87,27 @@ async def test_ask_dragon_json_and_last_line_carry_its_figures_and_both_sides_so
     (docs / "garage.txt").write_text("The tandem bicycle in the garage belongs to Ada.\n")
     with PersonalIndex(*index_paths(), chunk_tokens=48, overlap_tokens=8) as index:
         index.ingest([docs])
-    corpus = PublicCorpus.open(tmp_path / "public", embedder_dir, limit=40, progress=False,
-                               chunk_tokens=48, overlap_tokens=8)  # fmt: skip
+    corpus = PublicCorpus.open(
+        tmp_path / "public",
+        embedder_dir,
+        limit=40,
+        progress=False,
+        chunk_tokens=48,
+        overlap_tokens=8,
+    )
     engine = LLMEngine(TorchCausalLM(tiny["hf"]), load_tokenizer(tiny["tokenizer"]), "tiny")
     server = TestServer(create_app(ServerConfig(token="t" * 24), engine, corpus), host="127.0.0.1")
     await server.start_server()
     try:
-        save_settings(Settings(device_model=str(tiny["onnx-quant"]), k=1, max_tokens=10,
-                               cloud_url=f"ws://127.0.0.1:{server.port}/v1/session",
-                               cloud_token="t" * 24))  # fmt: skip
+        save_settings(
+            Settings(
+                device_model=str(tiny["onnx-quant"]),
+                k=1,
+                max_tokens=10,
+                cloud_url=f"ws://127.0.0.1:{server.port}/v1/session",
+                cloud_token="t" * 24,
+            )
+        )
         question = "Who owns the tandem bicycle, and what was the 1755 Lisbon earthquake?"
         parser = build_parser()
         # a cloud that is not this device's own: dragon takes part only with consent
@@ -105,8 +117,18 @@ async def test_ask_dragon_json_and_last_line_carry_its_figures_and_both_sides_so
         assert any("answered on this device alone" in n for n in out["notices"])
         assert out["stats"]["aggregator"] is None and out["stats"]["bytes_up"] == 0
         assert question not in [t for row in out["sent"] for t in row.get("texts", [])]
-        args = parser.parse_args(["ask", question, "--mode", "dragon", "--aggregator", "cloud",
-                                  "--json", "--allow-private-in-cloud"])  # fmt: skip
+        args = parser.parse_args(
+            [
+                "ask",
+                question,
+                "--mode",
+                "dragon",
+                "--aggregator",
+                "cloud",
+                "--json",
+                "--allow-private-in-cloud",
+            ]
+        )
         assert await run_ask(args) == 0
         out = json.loads(capsys.readouterr().out)
         stats = out["stats"]
@@ -121,8 +143,17 @@ async def test_ask_dragon_json_and_last_line_carry_its_figures_and_both_sides_so
         cited = [(c["number"], c["side"]) for c in out["citations"]]
         assert cited == sorted(cited) and {side for _, side in cited} == {"device", "cloud"}
 
-        args = parser.parse_args(["ask", question, "--mode", "dragon", "--aggregator", "device",
-                                  "--allow-private-in-cloud"])  # fmt: skip
+        args = parser.parse_args(
+            [
+                "ask",
+                question,
+                "--mode",
+                "dragon",
+                "--aggregator",
+                "device",
+                "--allow-private-in-cloud",
+            ]
+        )
         assert await run_ask(args) == 0
         printed = capsys.readouterr()
         last = printed.err.strip().splitlines()[-1]
@@ -147,8 +178,13 @@ def test_ask_json_is_valid_json_whatever_the_numbers_and_text():
         raise ValueError(f"not JSON: {name}")
 
     row = {"title": "\x1b]0;pwned\x07 notes \x9b2J", "score": math.nan}
-    out = safe_json({"citations": [row], "stats": {"tokens_per_s": math.inf, "ttft_s": 0.5,
-                     "rates": (1.0, -math.inf)}, "answer": "é\tok\n"})  # fmt: skip
+    out = safe_json(
+        {
+            "citations": [row],
+            "stats": {"tokens_per_s": math.inf, "ttft_s": 0.5, "rates": (1.0, -math.inf)},
+            "answer": "é\tok\n",
+        }
+    )
     parsed = json.loads(out, parse_constant=refuse)
     assert parsed["citations"][0] == {"title": row["title"], "score": None}  # nothing lost
     assert parsed["stats"] == {"tokens_per_s": None, "ttft_s": 0.5, "rates": [1.0, None]}
@@ -184,15 +220,20 @@ async def test_ask_strips_control_characters_from_all_it_prints(
         index.ingest([docs])
     save_settings(Settings(device_model=str(tiny["onnx-quant"]), k=1, max_tokens=12))
     parser = build_parser()
-    assert await run_ask(parser.parse_args(["ask", "Where is the cabin key?", "--mode",
-                                            "local", "--json"])) == 0  # fmt: skip
+    assert (
+        await run_ask(
+            parser.parse_args(["ask", "Where is the cabin key?", "--mode", "local", "--json"])
+        )
+        == 0
+    )
     raw = capsys.readouterr().out
     assert all(c in "\n" or (c >= " " and not "\x7f" <= c <= "\x9f") for c in raw), repr(raw)
     out = json.loads(raw)
     assert out["citations"][0]["title"] == name  # escaped in the JSON, not lost
     assert out["sent"] == []  # local: nothing left the device
-    assert await run_ask(parser.parse_args(["ask", "Where is the cabin key?", "--mode",
-                                            "local"])) == 0  # fmt: skip
+    assert (
+        await run_ask(parser.parse_args(["ask", "Where is the cabin key?", "--mode", "local"])) == 0
+    )
     printed = capsys.readouterr()
     for stream in (printed.out, printed.err):
         assert all(c in "\n\t" or (c >= " " and not "\x7f" <= c <= "\x9f") for c in stream), repr(

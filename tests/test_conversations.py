@@ -146,10 +146,20 @@ def test_turns_pairs_finished_answers(store: ConversationStore) -> None:
     # what the cloud saw of an answer is kept with it (a prefix, in characters)
     store.add_message(cid, "user", "q5", "dragon")
     mid = store.add_message(cid, "assistant", "", "dragon", status="streaming")
-    store.update_message(mid, text="cloud part, device part", status="complete", shared_chars=10,
-                         shared_with="embedded")  # fmt: skip
-    assert store.turns(cid)[-1] == ("q5", "cloud part, device part", "dragon", "cloud part",
-                                    "embedded")  # fmt: skip
+    store.update_message(
+        mid,
+        text="cloud part, device part",
+        status="complete",
+        shared_chars=10,
+        shared_with="embedded",
+    )
+    assert store.turns(cid)[-1] == (
+        "q5",
+        "cloud part, device part",
+        "dragon",
+        "cloud part",
+        "embedded",
+    )
 
 
 def test_answers_stored_before_provenance_was_recorded_stay_private(tmp_path: Path) -> None:

@@ -83,8 +83,12 @@ print(json.dumps({"saved": saved, "error": error}))
 
 def _child(code: str, *args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args],
-                            stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def _intact(path: Path) -> sqlite3.Connection:

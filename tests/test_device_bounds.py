@@ -63,8 +63,9 @@ async def scripted_cloud() -> AsyncIterator[Callable[..., Awaitable[str]]]:
     runners: list[web.AppRunner] = []
     tasks: list[asyncio.Task[None]] = []
 
-    async def start(opening: Callable[[Send], Awaitable[None]] | None = None,
-                    on_frame: OnFrame | None = None) -> str:  # fmt: skip
+    async def start(
+        opening: Callable[[Send], Awaitable[None]] | None = None, on_frame: OnFrame | None = None
+    ) -> str:
         async def session(request: web.Request) -> web.WebSocketResponse:
             ws = web.WebSocketResponse(compress=False)
             await ws.prepare(request)

@@ -66,8 +66,11 @@ def test_every_relative_link_leads_to_a_file(page: Path) -> None:
 
 
 def test_every_included_table_exists() -> None:
-    included = {m.group(1) for page in DOCS.rglob("*.md") for m in SNIPPET.finditer(
-        page.read_text(encoding="utf-8"))}  # fmt: skip
+    included = {
+        m.group(1)
+        for page in DOCS.rglob("*.md")
+        for m in SNIPPET.finditer(page.read_text(encoding="utf-8"))
+    }
     assert included, "no page includes a generated table"
     assert not [name for name in included if not (DOCS / name).is_file()]
 

@@ -21,8 +21,16 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # above the study's own 1,500 s limit: it fails on that, with output
 def test_quick_study_with_the_real_models(tmp_path):
-    command = [sys.executable, "-m", "benchmarks.dragon_eval", "--quick", "--name", "q",
-               "--out-dir", str(tmp_path)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.dragon_eval",
+        "--quick",
+        "--name",
+        "q",
+        "--out-dir",
+        str(tmp_path),
+    ]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     grid = json.loads((tmp_path / "q-grid.json").read_text())
@@ -42,15 +50,23 @@ def test_quick_study_with_the_real_models(tmp_path):
     kv = json.loads((tmp_path / "drcg-kv-q.json").read_text())
     assert kv["ort (float32 cache)"]["bytes_per_token"] == 57_344  # 2·28·2·128·4
     figures = sorted(p.name for p in (tmp_path / "figures" / "q").iterdir())
-    assert figures == ["fig5-perplexity.png", "fig6-per-token-latency.png", "fig7-ttft.png",
-                       "fig8-scheduling.png"]  # fmt: skip
+    assert figures == [
+        "fig5-perplexity.png",
+        "fig6-per-token-latency.png",
+        "fig7-ttft.png",
+        "fig8-scheduling.png",
+    ]
 
 
 def test_drcg_kv_is_priced_from_the_cache_layout_and_the_link():
     from benchmarks.dragon_kv import kv_bytes_per_token, price
 
-    qwen_15b = {"num_hidden_layers": 28, "num_key_value_heads": 2, "hidden_size": 1536,
-                "num_attention_heads": 12}  # fmt: skip
+    qwen_15b = {
+        "num_hidden_layers": 28,
+        "num_key_value_heads": 2,
+        "hidden_size": 1536,
+        "num_attention_heads": 12,
+    }
     assert kv_bytes_per_token(qwen_15b, 2) == 2 * 28 * 2 * 128 * 2 == 28_672
     p = price([700, 900], 28_672, [100.0], [0, 300])
     assert p["mean_bytes"] == 800 * 28_672

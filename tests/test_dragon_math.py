@@ -66,9 +66,14 @@ def frame(
 ) -> DragonDraft:
     """A draft as it travels (float16 probabilities)."""
     return DragonDraft(
-        token, np.asarray(list(ids)), np.asarray(list(probs), dtype=np.float16), h, 0.0,
-        step=step, epoch=epoch,
-    )  # fmt: skip
+        token,
+        np.asarray(list(ids)),
+        np.asarray(list(probs), dtype=np.float16),
+        h,
+        0.0,
+        step=step,
+        epoch=epoch,
+    )
 
 
 def dense(ids: np.ndarray, probs: np.ndarray, v: int) -> np.ndarray:
@@ -245,8 +250,9 @@ def test_side_distribution_matches_the_definition(temperature):
         assert ids.tolist() == ref_ids[keep].tolist()
         assert ids.size <= cap and probs.dtype == np.float16 and np.all(probs > 0)
         assert np.all(np.diff(probs.astype(np.float64)) <= 0)  # most likely first
-        np.testing.assert_allclose(transmitted(probs), ref_probs[keep] / ref_probs[keep].sum(),
-                                   rtol=2e-3, atol=1e-4)  # fmt: skip
+        np.testing.assert_allclose(
+            transmitted(probs), ref_probs[keep] / ref_probs[keep].sum(), rtol=2e-3, atol=1e-4
+        )
         checked += 1
     assert checked > 250
 
@@ -329,39 +335,78 @@ def test_greedy_ties_are_broken_on_the_wire_values():
 
 def random_side(seed: int, v: int = 10) -> DragonDraft:
     rng = np.random.default_rng(seed)
-    ids, probs = side_distribution(rng.normal(scale=1.5, size=(2, v)), rng.normal(size=2),
-                                   SAMPLED, DRAGON_TOP_P, DRAGON_MAX_SPARSE)  # fmt: skip
+    ids, probs = side_distribution(
+        rng.normal(scale=1.5, size=(2, v)),
+        rng.normal(size=2),
+        SAMPLED,
+        DRAGON_TOP_P,
+        DRAGON_MAX_SPARSE,
+    )
     return DragonDraft(int(ids[0]), ids, probs, 0.0, 0.0)
 
 
 V_AGG = 10
 # (name, device frame, cloud frame, whether the target differs from each side's own p^s)
 CASES: list[tuple[str, DragonDraft, DragonDraft, bool, bool]] = [
-    ("random", dataclasses.replace(random_side(1), h=0.3),
-     dataclasses.replace(random_side(2), h=-0.2), True, True),
+    (
+        "random",
+        dataclasses.replace(random_side(1), h=0.3),
+        dataclasses.replace(random_side(2), h=-0.2),
+        True,
+        True,
+    ),
     ("disjoint", frame(0, [0, 1, 2], [0.5, 0.3, 0.2]), frame(5, [5, 6], [0.7, 0.3]), True, True),
-    ("identical", frame(1, [1, 4, 2], [0.5, 0.3, 0.2], 1.0),
-     frame(1, [1, 4, 2], [0.5, 0.3, 0.2], -2.0), False, False),
+    (
+        "identical",
+        frame(1, [1, 4, 2], [0.5, 0.3, 0.2], 1.0),
+        frame(1, [1, 4, 2], [0.5, 0.3, 0.2], -2.0),
+        False,
+        False,
+    ),
     ("one-hot", frame(3, [3], [1.0], np.log(0.3)), frame(4, [4], [1.0], np.log(0.7)), True, True),
-    ("one-hot vs spread", frame(2, [2], [1.0], 0.0),
-     frame(2, [2, 3, 8, 9], [0.25, 0.25, 0.25, 0.25], 0.5), True, True),
-    ("ties", frame(0, [0, 1, 2, 3], [0.25] * 4, 0.0), frame(3, [3, 2], [0.5, 0.5], 0.0),
-     True, True),
-    ("zeros on the wire", frame(0, [0, 1, 7], [0.6, 0.4, 0.0], 0.0),
-     frame(7, [7, 1, 0], [0.5, 0.5, 0.0], 0.0), True, True),
-    ("η^d ≈ 0", frame(0, [0, 1], [0.9, 0.1], 0.0), frame(1, [1, 2], [0.5, 0.5], 12.0),
-     True, False),
-    ("η^d ≈ 1", frame(0, [0, 1], [0.9, 0.1], 12.0), frame(1, [1, 2], [0.5, 0.5], 0.0),
-     False, True),
-    ("h^d = −inf", frame(0, [0, 1], [0.9, 0.1], -np.inf), frame(1, [1, 2], [0.5, 0.5], 0.0),
-     True, False),
-    ("h^c = −inf", frame(0, [0, 1], [0.9, 0.1], 0.0), frame(1, [1, 2], [0.5, 0.5], -np.inf),
-     False, True),
-]  # fmt: skip
+    (
+        "one-hot vs spread",
+        frame(2, [2], [1.0], 0.0),
+        frame(2, [2, 3, 8, 9], [0.25, 0.25, 0.25, 0.25], 0.5),
+        True,
+        True,
+    ),
+    (
+        "ties",
+        frame(0, [0, 1, 2, 3], [0.25] * 4, 0.0),
+        frame(3, [3, 2], [0.5, 0.5], 0.0),
+        True,
+        True,
+    ),
+    (
+        "zeros on the wire",
+        frame(0, [0, 1, 7], [0.6, 0.4, 0.0], 0.0),
+        frame(7, [7, 1, 0], [0.5, 0.5, 0.0], 0.0),
+        True,
+        True,
+    ),
+    ("η^d ≈ 0", frame(0, [0, 1], [0.9, 0.1], 0.0), frame(1, [1, 2], [0.5, 0.5], 12.0), True, False),
+    ("η^d ≈ 1", frame(0, [0, 1], [0.9, 0.1], 12.0), frame(1, [1, 2], [0.5, 0.5], 0.0), False, True),
+    (
+        "h^d = −inf",
+        frame(0, [0, 1], [0.9, 0.1], -np.inf),
+        frame(1, [1, 2], [0.5, 0.5], 0.0),
+        True,
+        False,
+    ),
+    (
+        "h^c = −inf",
+        frame(0, [0, 1], [0.9, 0.1], 0.0),
+        frame(1, [1, 2], [0.5, 0.5], -np.inf),
+        False,
+        True,
+    ),
+]
 
 
-@pytest.mark.parametrize(("name", "device", "cloud", "vs_device", "vs_cloud"), CASES,
-                         ids=[c[0] for c in CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "device", "cloud", "vs_device", "vs_cloud"), CASES, ids=[c[0] for c in CASES]
+)
 def test_sampled_target_follows_the_exact_mixture(name, device, cloud, vs_device, vs_cloud):
     expected = exact_target(device, cloud, V_AGG)
     support, mix = target_distribution(device, cloud)
@@ -623,11 +668,17 @@ async def dragon_pair(
         ledger = Ledger(side, Transcript(max_new, stop_ids), aggregator=first_aggregator(setup))
         decoder = ToyDecoder(toy(question, side), ledger.transcript, delays, max_delay)
         peers[side] = DragonPeer(
-            ledger, decoder, MemoryLink(out, into, side, targets), setup, params,
-            TOY_SCORES[side], request_id=1, rng=np.random.default_rng([seed, int(side)]),
+            ledger,
+            decoder,
+            MemoryLink(out, into, side, targets),
+            setup,
+            params,
+            TOY_SCORES[side],
+            request_id=1,
+            rng=np.random.default_rng([seed, int(side)]),
             coin=np.random.default_rng([seed, int(side), 99]),
             scheduler=(Alternating if alternate else Scheduler)(setup.policy),
-        )  # fmt: skip
+        )
         ledgers[side] = ledger
 
     async def drive(side: Side) -> list[int]:
@@ -648,16 +699,22 @@ async def dragon_pair(
 
 
 def side_dense(question: int, side: Side, prefix: Iterable[int], params: SamplingParams):
-    ids, probs = side_distribution(toy(question, side).logits(prefix), TOY_SCORES[side], params,
-                                   DRAGON_TOP_P, DRAGON_MAX_SPARSE)  # fmt: skip
+    ids, probs = side_distribution(
+        toy(question, side).logits(prefix),
+        TOY_SCORES[side],
+        params,
+        DRAGON_TOP_P,
+        DRAGON_MAX_SPARSE,
+    )
     return dense(ids, probs, V_TOY)
 
 
 def toy_mixture(question: int, prefix: Iterable[int], params: SamplingParams) -> np.ndarray:
     """The single-process reference: η^d p^d + η^c p^c from both sides' side_distribution."""
     prefix = list(prefix)
-    eta_d, eta_c = side_etas(side_weight(TOY_SCORES[Side.DEVICE]),
-                             side_weight(TOY_SCORES[Side.CLOUD]))  # fmt: skip
+    eta_d, eta_c = side_etas(
+        side_weight(TOY_SCORES[Side.DEVICE]), side_weight(TOY_SCORES[Side.CLOUD])
+    )
     return eta_d * side_dense(question, Side.DEVICE, prefix, params) + eta_c * side_dense(
         question, Side.CLOUD, prefix, params
     )
@@ -690,16 +747,23 @@ async def test_greedy_loop_equals_the_single_process_reference(policy, lookahead
         expected = reference_greedy(question, 12, stop)
         for seed in range(3):
             run = await dragon_pair(
-                question, pol, GREEDY, seed=seed, max_new=12, lookahead=lookahead,
-                stop_ids=stop, alternate=alternate,
-            )  # fmt: skip
+                question,
+                pol,
+                GREEDY,
+                seed=seed,
+                max_new=12,
+                lookahead=lookahead,
+                stop_ids=stop,
+                alternate=alternate,
+            )
             assert run.tokens == expected, (question, seed)
             ledger = run.ledgers[Side.DEVICE]
             rejected += sum(ledger.epochs.values())
             senders = [s for s, _ in run.targets]
             if policy == "switching":
-                assert senders == [Side.DEVICE if i // 2 % 2 == 0 else Side.CLOUD
-                                   for i in range(len(senders))]  # fmt: skip
+                assert senders == [
+                    Side.DEVICE if i // 2 % 2 == 0 else Side.CLOUD for i in range(len(senders))
+                ]
                 assert ledger.switches == run.ledgers[Side.CLOUD].switches > 0
             else:
                 assert set(senders) == {Side.CLOUD if policy == "cloud" else Side.DEVICE}
@@ -713,9 +777,14 @@ Q_SAMPLED = 2
 
 
 async def sampled_runs(policy: AggregatorPolicy) -> list[Run]:
-    return list(await asyncio.gather(*[
-        dragon_pair(Q_SAMPLED, policy, SAMPLED, seed=1000 + i, max_new=2) for i in range(N_LOOP)
-    ]))  # fmt: skip
+    return list(
+        await asyncio.gather(
+            *[
+                dragon_pair(Q_SAMPLED, policy, SAMPLED, seed=1000 + i, max_new=2)
+                for i in range(N_LOOP)
+            ]
+        )
+    )
 
 
 def first_token_pvalues(runs: list[Run]) -> tuple[float, float, float]:
@@ -740,8 +809,9 @@ def after_rejection_pvalues(runs: list[Run]) -> tuple[float, float, float]:
     assert sum(map(len, groups.values())) > N_LOOP // 3
 
     def combined(expected: Callable[[list[int]], np.ndarray]) -> float:
-        return fisher_pvalue([chi2_pvalue(hist(ts, V_TOY), expected([x0]))
-                              for x0, ts in groups.items()])  # fmt: skip
+        return fisher_pvalue(
+            [chi2_pvalue(hist(ts, V_TOY), expected([x0])) for x0, ts in groups.items()]
+        )
 
     return (
         combined(lambda prefix: toy_mixture(Q_SAMPLED, prefix, SAMPLED)),
@@ -858,8 +928,10 @@ def fed_scheduler(
     sched = Scheduler(AggregatorPolicy.AUTO)
     for step in range(6):
         for side in sides:
-            sched.observe_draft(side, DragonDraft(0, np.array([0]), np.array([1.0], np.float16),
-                                                  0.0, c[side], step=step))  # fmt: skip
+            sched.observe_draft(
+                side,
+                DragonDraft(0, np.array([0]), np.array([1.0], np.float16), 0.0, c[side], step=step),
+            )
     for step in range(10):
         sched.observe_target(target(0, accepted[Side.DEVICE], accepted[Side.CLOUD], step))
     if rtt is not None:
@@ -948,8 +1020,9 @@ def test_sequence_choice_greedy_and_sampled():
     p = 0.3875 / (0.3875 + 0.125)
     assert stats.binomtest(n_cloud, 4000, p).pvalue > 1e-3
     impossible = (-np.inf, -np.inf)
-    assert all(sequence_choice(impossible, cloud_answer, h, False, rng) == Side.CLOUD
-               for _ in range(200))  # fmt: skip
+    assert all(
+        sequence_choice(impossible, cloud_answer, h, False, rng) == Side.CLOUD for _ in range(200)
+    )
 
 
 def test_the_first_draft_s_prefill_time_is_not_a_decode_time():
@@ -960,7 +1033,6 @@ def test_the_first_draft_s_prefill_time_is_not_a_decode_time():
     sched.observe_draft(Side.CLOUD, DragonDraft(0, np.array([0]), probs, 0.0, 11.0, step=0))
     assert sched.profiles[Side.CLOUD].mean is None
     for step in range(1, 6):
-        sched.observe_draft(Side.CLOUD, DragonDraft(0, np.array([0]), probs, 0.0, 0.15,
-                                                    step=step))  # fmt: skip
+        sched.observe_draft(Side.CLOUD, DragonDraft(0, np.array([0]), probs, 0.0, 0.15, step=step))
     assert sched.profiles[Side.CLOUD].mean == pytest.approx(0.15)
     assert sched.profiles[Side.CLOUD].decode_at(20) == pytest.approx(0.15)

@@ -106,8 +106,13 @@ async def ask(mode, question, options, history=()):
 
 def dragon(device, url, index, aggregator="auto", **kw):
     # a loopback cloud standing in for the embedded one: on-device, no consent asked
-    ctx = ModeContext(device=device, index=index, cloud=CloudSettings(url, TOKEN, embedded=True),
-                      aggregator=aggregator, **kw)  # fmt: skip
+    ctx = ModeContext(
+        device=device,
+        index=index,
+        cloud=CloudSettings(url, TOKEN, embedded=True),
+        aggregator=aggregator,
+        **kw,
+    )
     return build_mode("dragon", ctx)
 
 
@@ -153,22 +158,40 @@ def alternate_every_3(self, current, step, frame_bytes=200):
 @pytest.mark.parametrize("docs", ["both", "none"])
 @pytest.mark.parametrize("aggregator", ["device", "cloud", "switching"])
 async def test_greedy_dragon_equals_the_single_process_reference(
-    docs, aggregator, tiny, device_dir, device, tiny_tokenizer, cloud_url, private_index,
-    public_corpus, monkeypatch,
-):  # fmt: skip
+    docs,
+    aggregator,
+    tiny,
+    device_dir,
+    device,
+    tiny_tokenizer,
+    cloud_url,
+    private_index,
+    public_corpus,
+    monkeypatch,
+):
     if aggregator == "switching":
         monkeypatch.setattr(Scheduler, "choose", alternate_every_3)
     index = private_index if docs == "both" else None
-    mode = dragon(device, cloud_url, index, "auto" if aggregator == "switching" else aggregator,
-                  retrieve_public=docs == "both")  # fmt: skip
+    mode = dragon(
+        device,
+        cloud_url,
+        index,
+        "auto" if aggregator == "switching" else aggregator,
+        retrieve_public=docs == "both",
+    )
     n = 20
     options = AnswerOptions(max_new_tokens=n, temperature=0.0, k=2)
     _, stats, events = await ask(mode, QUESTION, options)
     await mode.close()
     expected = reference_answer(
-        device_dir, tiny["hf"], tiny_tokenizer, QUESTION, index,
-        public_corpus if docs == "both" else None, n,
-    )  # fmt: skip
+        device_dir,
+        tiny["hf"],
+        tiny_tokenizer,
+        QUESTION,
+        index,
+        public_corpus if docs == "both" else None,
+        n,
+    )
     assert stats.token_ids == expected
     assert stats.device_drafted > 0 and stats.cloud_drafted > 0
     if aggregator == "switching":
@@ -198,8 +221,9 @@ def mixture_after(device_dir, cloud_dir, tokenizer, prefix, params, which="mix")
         logits = lm.prefill([prompt])
         for t in prefix:
             logits = lm.decode([t])
-        ids, probs = side_distribution(logits, relevance(np.zeros(1)), params, DRAGON_TOP_P,
-                                       DRAGON_MAX_SPARSE)  # fmt: skip
+        ids, probs = side_distribution(
+            logits, relevance(np.zeros(1)), params, DRAGON_TOP_P, DRAGON_MAX_SPARSE
+        )
         p = probs.astype(np.float64)
         out[ids] += p / p.sum()
     return out / out.sum()
@@ -361,7 +385,7 @@ async def test_stale_drafts_from_an_old_epoch_are_dropped(
                 epoch=msg.epoch - 1,
                 step=msg.step,
             )
-            await send(self, stale)  # fmt: skip
+            await send(self, stale)
             injected += 1
         await send(self, msg)
 
@@ -382,12 +406,20 @@ async def test_cloud_killed_mid_answer_is_reported_and_the_device_finishes(
     from edge_runtime.events import Failure, Notice
 
     monkeypatch.setenv("TANDEM_DATA_DIR", str(tmp_path))
-    serve = ["--engine", "torch", "--dtype", "float32", "--model-dir", str(tiny["hf"]),
-             "--no-corpus"]  # fmt: skip
+    serve = [
+        "--engine",
+        "torch",
+        "--dtype",
+        "float32",
+        "--model-dir",
+        str(tiny["hf"]),
+        "--no-corpus",
+    ]
     cloud = await EmbeddedCloud.start(serve, timeout_s=120)
     try:
-        ctx = ModeContext(device, private_index,
-                          CloudSettings(cloud.url, cloud.token, embedded=True))  # fmt: skip
+        ctx = ModeContext(
+            device, private_index, CloudSettings(cloud.url, cloud.token, embedded=True)
+        )
         mode = build_mode("dragon", ctx)
         events, killed = [], False
         options = AnswerOptions(max_new_tokens=60, temperature=0.0, k=2)
@@ -482,14 +514,18 @@ async def test_drdg_sw_keeps_the_whole_answer_the_two_mixtures_find_likelier(
     hits = searched(private_index, QUESTION, k, FLOOR)
     d_docs = [h.source(k + i, "device") for i, h in enumerate(hits, 1)]
     c_docs = public_docs(public_corpus, QUESTION, k)
-    sides = [_side(f, tiny_tokenizer, QUESTION, docs, n)
-             for f, docs in ((device_dir, d_docs), (tiny["hf"], c_docs))]  # fmt: skip
+    sides = [
+        _side(f, tiny_tokenizer, QUESTION, docs, n)
+        for f, docs in ((device_dir, d_docs), (tiny["hf"], c_docs))
+    ]
     answers = [_alone(*side, n) for side in sides]
     assert answers[0] != answers[1]  # different weights, different answers: the pick matters
     h = np.array([np.log(np.exp(s).sum()) for _, _, s in sides])
     eta = np.exp(h - h.max()) / np.exp(h - h.max()).sum()
-    likelihood = [sum(e * np.exp(_log_likelihood(*side, y)) for e, side in zip(eta, sides,
-                  strict=True)) for y in answers]  # fmt: skip
+    likelihood = [
+        sum(e * np.exp(_log_likelihood(*side, y)) for e, side in zip(eta, sides, strict=True))
+        for y in answers
+    ]
     kept = answers[int(np.argmax(likelihood))]
     assert stats.token_ids == [t for t in kept if t != IM_END_ID]
     assert stats.aggregator == ("device" if np.argmax(likelihood) == 0 else "cloud")
@@ -539,10 +575,12 @@ async def test_teacher_forced_cloud_mixture_across_the_link_equals_one_process(
 @pytest.fixture
 async def caching_cloud(tiny, tiny_tokenizer, public_corpus):
     """A cloud whose engine keeps public documents' prefix KV (the product's default)."""
-    engine = LLMEngine(TorchCausalLM(tiny["hf"]), tiny_tokenizer, "tiny-cloud",
-                       document_cache_bytes=2**30)  # fmt: skip
-    config = ServerConfig(token=TOKEN, metrics_token=METRICS_TOKEN, corpus_enabled=False,
-                          corpus_k=2)  # fmt: skip
+    engine = LLMEngine(
+        TorchCausalLM(tiny["hf"]), tiny_tokenizer, "tiny-cloud", document_cache_bytes=2**30
+    )
+    config = ServerConfig(
+        token=TOKEN, metrics_token=METRICS_TOKEN, corpus_enabled=False, corpus_k=2
+    )
     app = create_app(config, engine, public_corpus)
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
@@ -552,8 +590,13 @@ async def caching_cloud(tiny, tiny_tokenizer, public_corpus):
 
 
 async def test_cached_documents_give_the_same_greedy_answer_token_for_token(
-    caching_cloud, device_dir, tiny_tokenizer, private_index, tiny, public_corpus,
-):  # fmt: skip
+    caching_cloud,
+    device_dir,
+    tiny_tokenizer,
+    private_index,
+    tiny,
+    public_corpus,
+):
     """Float32: the answer with both sides' document KV reused (the second and a later
     question) equals the answer with every document prefilled, and the single-process
     reference; the caches are really hit on both sides."""
@@ -571,14 +614,17 @@ async def test_cached_documents_give_the_same_greedy_answer_token_for_token(
     finally:
         await mode.close()
     assert warm.token_ids == cold.token_ids
-    expected = reference_answer(device_dir, tiny["hf"], tiny_tokenizer, QUESTION, private_index,
-                                public_corpus, 16)  # fmt: skip
+    expected = reference_answer(
+        device_dir, tiny["hf"], tiny_tokenizer, QUESTION, private_index, public_corpus, 16
+    )
     assert cold.token_ids == expected
 
 
 async def test_a_second_turn_reusing_the_conversation_answers_as_a_fresh_session(
-    caching_cloud, device, tiny_tokenizer,
-):  # fmt: skip
+    caching_cloud,
+    device,
+    tiny_tokenizer,
+):
     """Cloud and split mode: turn 2 in the session that kept turn 1's KV gives the same greedy
     tokens as turn 2 asked in a new session (every token prefilled), and reused tokens."""
     from edge_runtime.modes.base import Turn
@@ -586,19 +632,30 @@ async def test_a_second_turn_reusing_the_conversation_answers_as_a_fresh_session
     url, _ = caching_cloud
     options = AnswerOptions(max_new_tokens=12, temperature=0.0, k=0)
     for name in ("cloud", "split"):
-        ctx = ModeContext(device=device, index=None, cloud=CloudSettings(url, TOKEN),
-                          retrieve_public=False)  # fmt: skip
+        ctx = ModeContext(
+            device=device, index=None, cloud=CloudSettings(url, TOKEN), retrieve_public=False
+        )
         mode = build_mode(name, ctx)
         try:
             text1, _, _ = await ask(mode, "Tell me about the sea.", options)
-            history = [Turn("Tell me about the sea.", text1, name, shared=text1,
-                            shared_with=mode.cloud_identity())]  # fmt: skip
+            history = [
+                Turn(
+                    "Tell me about the sea.",
+                    text1,
+                    name,
+                    shared=text1,
+                    shared_with=mode.cloud_identity(),
+                )
+            ]
             _, kept, _ = await ask(mode, "And the mountains?", options, history)
         finally:
             await mode.close()
-        fresh = build_mode(name, ModeContext(device=device, index=None,
-                                             cloud=CloudSettings(url, TOKEN),
-                                             retrieve_public=False))  # fmt: skip
+        fresh = build_mode(
+            name,
+            ModeContext(
+                device=device, index=None, cloud=CloudSettings(url, TOKEN), retrieve_public=False
+            ),
+        )
         try:
             device.held = None  # the device prefills its own prompt afresh too
             _, again, _ = await ask(fresh, "And the mountains?", options, history)

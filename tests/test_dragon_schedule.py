@@ -106,11 +106,16 @@ async def timed_answer(
         ledger = Ledger(side, Transcript(n, frozenset()), aggregator=first_aggregator(setup))
         seconds = costs.decode(side, 0)
         peers[side] = DragonPeer(
-            ledger, TimedDecoder(toy(seed, side), seconds), TimedLink(out, into, targets),
-            setup, params, TOY_SCORES[side], request_id=1,
+            ledger,
+            TimedDecoder(toy(seed, side), seconds),
+            TimedLink(out, into, targets),
+            setup,
+            params,
+            TOY_SCORES[side],
+            request_id=1,
             rng=np.random.default_rng([seed, int(side)]),
             coin=np.random.default_rng([seed, int(side), 5]),
-        )  # fmt: skip
+        )
 
     async def drive(side: Side) -> float:
         async for _ in peers[side].run(toy(seed, side).logits(()), seconds):
@@ -176,15 +181,22 @@ def test_live_scheduler_on_a_changing_link_beats_both_static_choices():
     for extra in (0.02, 0.25):
         fixed = {}
         for policy in totals:
-            fixed[policy] = np.mean([simulate(costs, bernoulli_verdicts(60, (0.72, 0.85),
-                                     np.random.default_rng(i)), lambda t, e=extra: e / 2,
-                                     policy).total_s for i in range(20)])  # fmt: skip
+            fixed[policy] = np.mean(
+                [
+                    simulate(
+                        costs,
+                        bernoulli_verdicts(60, (0.72, 0.85), np.random.default_rng(i)),
+                        lambda t, e=extra: e / 2,
+                        policy,
+                    ).total_s
+                    for i in range(20)
+                ]
+            )
         assert fixed["auto"] <= 1.05 * min(fixed["device"], fixed["cloud"]), (extra, fixed)
 
 
 def test_figure_8_grid_has_every_policy_and_auto_never_loses_by_much():
-    rows = grid(Costs((0.085, 0.0), (0.15, 0.0)), (0.72, 0.85), [0, 300], tokens=60,
-                sequences=8)  # fmt: skip
+    rows = grid(Costs((0.085, 0.0), (0.15, 0.0)), (0.72, 0.85), [0, 300], tokens=60, sequences=8)
     assert {(r["extra_ms"], r["policy"]) for r in rows} == {
         (e, p) for e in (0, 300) for p in ("device", "cloud", "random", "auto")
     }

@@ -55,8 +55,13 @@ def test_settled_top_tokens_give_the_rows_distribution_exactly(temperature, docs
             alone += 1
         except Unsettled:
             try:
-                got = side_distribution(asked(top, logits, temperature, scores), scores,
-                                        params, DRAGON_TOP_P, DRAGON_MAX_SPARSE)  # fmt: skip
+                got = side_distribution(
+                    asked(top, logits, temperature, scores),
+                    scores,
+                    params,
+                    DRAGON_TOP_P,
+                    DRAGON_MAX_SPARSE,
+                )
             except Unsettled:
                 continue
         settled += 1
@@ -84,8 +89,9 @@ def test_an_unlisted_token_may_beat_a_listed_one_and_is_not_ignored():
     with pytest.raises(Unsettled):
         top.settle(np.zeros(2), 0.5, 32)
     assert [m.tolist() for m in top.missing(np.zeros(2))] == [[3, 4], [1, 2]]
-    told = top.with_values([np.array([3, 4]), np.array([1, 2])],
-                           [np.log([0.05, 0.01]), np.log([0.2, 0.01])])  # fmt: skip
+    told = top.with_values(
+        [np.array([3, 4]), np.array([1, 2])], [np.log([0.05, 0.01]), np.log([0.2, 0.01])]
+    )
     ids, values = told.settle(np.zeros(2), 0.5, 32)  # 1: 0.4, 3: 0.325, then 2 and 4
     assert ids.tolist() == [1, 3] and values == pytest.approx([0.4, 0.325])
     sure = TopDocuments.of([np.array([1, 2])] * 2, [np.log([0.9, 0.05]), np.log([0.8, 0.1])])

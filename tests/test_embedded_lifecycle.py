@@ -107,8 +107,7 @@ def test_the_child_watches_its_stdin_without_the_death_signal(tmp_path):
     """The parent is still alive (no parent-death signal): the closed pipe alone ends it."""
     code = "from app.embedded import tie_to_parent; tie_to_parent(); import time; time.sleep(60)"
     env = {**os.environ, PARENT_ENV: str(os.getpid())}
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env,
-                            stdin=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdin=subprocess.PIPE)
     try:
         time.sleep(1.0)
         assert proc.poll() is None  # waiting while the pipe is open
@@ -123,8 +122,14 @@ def test_the_child_watches_its_stdin_without_the_death_signal(tmp_path):
 def test_a_child_whose_parent_is_already_gone_does_not_start():
     code = "from app.embedded import tie_to_parent; tie_to_parent(); import time; time.sleep(60)"
     env = {**os.environ, PARENT_ENV: "1" if os.getpid() != 1 else "2"}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, timeout=30,
-                          stdin=subprocess.PIPE, capture_output=True)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env=env,
+        timeout=30,
+        stdin=subprocess.PIPE,
+        capture_output=True,
+    )
     assert proc.returncode == 1
 
 

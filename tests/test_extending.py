@@ -50,8 +50,9 @@ def registered():
 @pytest.fixture
 async def cloud_url(tiny, tiny_tokenizer):
     engine = LLMEngine(TorchCausalLM(tiny["hf"]), tiny_tokenizer, "tiny-cloud")
-    server = TestServer(create_app(ServerConfig(token=TOKEN, corpus_enabled=False), engine),
-                        host="127.0.0.1")  # fmt: skip
+    server = TestServer(
+        create_app(ServerConfig(token=TOKEN, corpus_enabled=False), engine), host="127.0.0.1"
+    )
     await server.start_server()
     yield f"ws://127.0.0.1:{server.port}/v1/session"
     await server.close()
@@ -87,8 +88,9 @@ async def answer(mode, question: str, options: AnswerOptions) -> tuple[str, Stat
 
 async def test_a_registered_mode_answers_through_both_of_its_sides(registered, device, cloud_url):
     """Its setting reaches the cloud in its own message; its figures are the answer's."""
-    ctx = ModeContext(device=device, cloud=CloudSettings(cloud_url, TOKEN),
-                      settings={"shout_marks": 3})  # fmt: skip
+    ctx = ModeContext(
+        device=device, cloud=CloudSettings(cloud_url, TOKEN), settings={"shout_marks": 3}
+    )
     mode = device_modes.build_mode("shout", ctx)
     try:
         text, stats = await answer(mode, "what is a tandem?", AnswerOptions(max_new_tokens=40))
@@ -155,19 +157,29 @@ async def test_the_mode_s_setting_is_on_the_settings_screen(registered, tmp_path
     assert load_settings(tmp_path / "config" / "config.toml").shout_marks == 2
 
 
-async def test_ask_json_carries_the_mode_s_figures(registered, cloud_url, tiny, tmp_path,
-                                                  monkeypatch, capsys):  # fmt: skip
+async def test_ask_json_carries_the_mode_s_figures(
+    registered, cloud_url, tiny, tmp_path, monkeypatch, capsys
+):
     """`tandem ask --mode shout --json` end to end: the setting from the file, the figures in
     the JSON object and on the last line."""
     monkeypatch.setenv("TANDEM_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("TANDEM_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.delenv("TANDEM_CLOUD_URL", raising=False)
     monkeypatch.delenv("TANDEM_CLOUD_TOKEN", raising=False)
-    save_settings(Settings(device_model=str(tiny["onnx-quant"]), max_tokens=40,
-                           cloud_url=cloud_url, cloud_token=TOKEN, shout_marks=2))  # fmt: skip
+    save_settings(
+        Settings(
+            device_model=str(tiny["onnx-quant"]),
+            max_tokens=40,
+            cloud_url=cloud_url,
+            cloud_token=TOKEN,
+            shout_marks=2,
+        )
+    )
     parser = build_parser()
-    assert await run_ask(parser.parse_args(["ask", "what is a tandem?", "--mode", "shout",
-                                            "--json"])) == 0  # fmt: skip
+    assert (
+        await run_ask(parser.parse_args(["ask", "what is a tandem?", "--mode", "shout", "--json"]))
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["answer"] == "WHAT IS A TANDEM?!!" and not out["errors"]
     assert (out["stats"]["shout_marks"], out["stats"]["shout_raised"]) == (2, 13)

@@ -22,8 +22,13 @@ ABBA = (
 
 def test_sentences_are_cut_where_a_sentence_ends() -> None:
     assert sentences("Dr. Marsh is in. She left at 10.30 today! Why? 3 cats.\nNext line") == [
-        "Dr.", "Marsh is in.", "She left at 10.30 today!", "Why?", "3 cats.", "Next line",
-    ]  # fmt: skip
+        "Dr.",
+        "Marsh is in.",
+        "She left at 10.30 today!",
+        "Why?",
+        "3 cats.",
+        "Next line",
+    ]
 
 
 def test_the_lead_and_the_answering_sentence_are_kept_in_order() -> None:

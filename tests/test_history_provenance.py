@@ -100,8 +100,9 @@ async def test_the_device_only_continuation_never_reaches_the_cloud(
     try:
         # 1. the cloud vanishes mid-answer; the device finishes from its private passages
         # (the user lets this cloud take part in answers shaped by them: edge_runtime.consent)
-        options = assistant.options(max_new_tokens=48, temperature=1.0, seed=7, k=1,
-                                    allow_private_in_cloud=True)  # fmt: skip
+        options = assistant.options(
+            max_new_tokens=48, temperature=1.0, seed=7, k=1, allow_private_in_cloud=True
+        )
         exchange = assistant.exchange(QUESTION, first, options=options)
         events, deltas = [], 0
         async for event in exchange.events():
@@ -128,8 +129,9 @@ async def test_the_device_only_continuation_never_reaches_the_cloud(
         questions = []
         for mode in ("cloud", "split", "dragon"):
             questions.append(f"And what does that mean? ({mode})")
-            options = assistant.options(max_new_tokens=6, temperature=0.0, k=1,
-                                        allow_private_in_cloud=True)  # fmt: skip
+            options = assistant.options(
+                max_new_tokens=6, temperature=0.0, k=1, allow_private_in_cloud=True
+            )
             ex = assistant.exchange(questions[-1], mode, conversation_id=cid, options=options)
             later = [e async for e in ex.events()]
             assert not [e for e in later if isinstance(e, Failure)], mode

@@ -58,8 +58,12 @@ async def hostile_cloud() -> AsyncIterator[Callable[..., Awaitable[str]]]:
     returns its URL."""
     runners: list[web.AppRunner] = []
 
-    async def start(ack: HelloAck, frames: Sequence[Message] = (), reply: Reply | None = None,
-                    deaf: bool = False) -> str:  # fmt: skip
+    async def start(
+        ack: HelloAck,
+        frames: Sequence[Message] = (),
+        reply: Reply | None = None,
+        deaf: bool = False,
+    ) -> str:
         async def session(request: web.Request) -> web.WebSocketResponse:
             ws = web.WebSocketResponse(compress=False)
             await ws.prepare(request)
@@ -296,10 +300,11 @@ def _dragon_drafts(n: int) -> Reply:
         if not isinstance(msg, DragonSetup):
             return []
         return [
-            DragonDraft(FIRST_TOKEN, [FIRST_TOKEN], [1.0], 0.0, 0.01,
-                        request_id=msg.request_id, step=step)
+            DragonDraft(
+                FIRST_TOKEN, [FIRST_TOKEN], [1.0], 0.0, 0.01, request_id=msg.request_id, step=step
+            )
             for step in range(n)
-        ]  # fmt: skip
+        ]
 
     return reply
 

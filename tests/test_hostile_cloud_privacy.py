@@ -105,8 +105,9 @@ def remote(device, index, url: str, consent: Consent | None = None) -> ModeConte
     judge = partial(question_cosines, index.embedder.embed) if index is not None else None
     # no websocket heartbeat: every frame on the tap is then one of the protocol's
     cloud = CloudSettings(url, TOKEN, retries=0, connect_timeout_s=2.0, heartbeat_s=None)
-    return ModeContext(device=device, index=index, cloud=cloud, judge=judge,
-                       consent=consent or Consent())  # fmt: skip
+    return ModeContext(
+        device=device, index=index, cloud=cloud, judge=judge, consent=consent or Consent()
+    )
 
 
 def sent(tap: WireTap, since: int = 0) -> list[Message]:
@@ -215,8 +216,11 @@ def _same(a: list[Message], b: list[Message]) -> bool:
     """The same frames but for request ids (each answer has its own)."""
 
     def norm(ms: list[Message]) -> list[bytes]:
-        return [encode(dataclasses.replace(m, request_id=0)) for m in ms
-                if not isinstance(m, Hello | Cancel)]  # fmt: skip
+        return [
+            encode(dataclasses.replace(m, request_id=0))
+            for m in ms
+            if not isinstance(m, Hello | Cancel)
+        ]
 
     return norm(a) == norm(b)
 
@@ -234,8 +238,7 @@ async def test_without_consent_split_drafts_as_if_there_were_no_documents(
     start = len(tap.connections)
     split = build_mode("split", remote(device, private_index, url))
     events, _ = await ask(split, PRIVATE_Q, options=OPTIONS)
-    assert any("drafting without your documents" in e.text for e in events
-               if isinstance(e, Notice))  # fmt: skip
+    assert any("drafting without your documents" in e.text for e in events if isinstance(e, Notice))
     assert _same(sent(tap, start), reference)
     start = len(tap.connections)
     await split.close()
@@ -252,15 +255,21 @@ async def test_a_cloud_is_never_sent_turns_it_did_not_see(remote_cloud, device, 
     url, tap = await remote_cloud(claim=0.99)
     cloud = build_mode("cloud", remote(device, private_index, url))
     local = Turn("What is my salary?", "Jordan earns 81,250 euros.", "local")
-    elsewhere = Turn("Where is the key?", "Under the blue flowerpot.", "cloud",
-                     shared="Under the blue flowerpot.", shared_with=EMBEDDED)  # fmt: skip
+    elsewhere = Turn(
+        "Where is the key?",
+        "Under the blue flowerpot.",
+        "cloud",
+        shared="Under the blue flowerpot.",
+        shared_with=EMBEDDED,
+    )
     await ask(cloud, "And the year after?", [local, elsewhere], options=OPTIONS)
     (generate,) = [m for m in sent(tap) if isinstance(m, Generate)]
     assert generate.history == ()
     no_secret_in(tap)
     # the control: a turn this cloud saw itself does go back to it
-    mine = Turn("Name a city.", "Paris.", "cloud", shared="Paris.",
-                shared_with=cloud.cloud_identity())  # fmt: skip
+    mine = Turn(
+        "Name a city.", "Paris.", "cloud", shared="Paris.", shared_with=cloud.cloud_identity()
+    )
     await ask(cloud, "And another?", [local, mine], options=OPTIONS)
     await cloud.close()
     asked = [m for m in sent(tap) if isinstance(m, Generate)][-1]

@@ -165,8 +165,12 @@ def test_sigkill_leaves_the_keyword_index_level_with_the_chunks(tmp_path: Path) 
     for trial in range(4):
         proc = subprocess.Popen(
             [sys.executable, "-c", _CHILD, str(tmp_path), str(trial)],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         time.sleep(0.2 + 0.15 * trial)
         os.kill(proc.pid, signal.SIGKILL)

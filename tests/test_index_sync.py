@@ -50,9 +50,13 @@ def test_a_store_sees_what_another_connection_wrote_before_its_next_search(tmp_p
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args], capture_output=True, text=True, env=env,
-        timeout=300, cwd=Path(__file__).resolve().parents[1],
-    )  # fmt: skip
+        [sys.executable, "-m", "app.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[1],
+    )
 
 
 @pytest.fixture

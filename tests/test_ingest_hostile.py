@@ -320,8 +320,10 @@ def test_a_hostile_folder_next_to_100_ordinary_files(index, tmp_path: Path) -> N
         server.close()
     seconds = time.monotonic() - start
     got = {Path(r.path).name: (r.outcome, r.reason) for r in results}
-    print(f"\nhostile ingest: {len(results)} files ({len(ordinary)} ordinary) in {seconds:.1f} s,"
-          f" {worker.starts} worker start(s), {os.cpu_count()} CPUs")  # fmt: skip
+    print(
+        f"\nhostile ingest: {len(results)} files ({len(ordinary)} ordinary) in {seconds:.1f} s,"
+        f" {worker.starts} worker start(s), {os.cpu_count()} CPUs"
+    )
     assert {p.name for p in ordinary} <= {n for n, (o, _r) in got.items() if o == "indexed"}
     assert got["fifo.txt"] == ("skipped", "not a regular file (FIFO)")
     assert got["socket.txt"] == ("skipped", "not a regular file (socket)")

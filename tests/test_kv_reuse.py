@@ -113,8 +113,7 @@ def test_cache_drops_a_documents_entries_by_tag(ort_fp32):
     assert cache.nbytes == states[1].nbytes
 
 
-def test_a_removed_or_changed_documents_passages_are_forgotten(ort_fp32, tmp_path,
-                                                               embedder_dir):  # fmt: skip
+def test_a_removed_or_changed_documents_passages_are_forgotten(ort_fp32, tmp_path, embedder_dir):
     """Entries are tagged with their chunk's id (never reused by the store): removed or
     re-ingested with new text, here or by another process (another index on the same
     folder), the document's cached KV is dropped before the next DRAGON answer."""
@@ -214,8 +213,9 @@ def test_a_conversation_that_extends_the_last_prompt_is_not_prefilled_again(devi
 # ---- the cloud's engine --------------------------------------------------------------------
 @pytest.fixture
 def engine(tiny, tiny_tokenizer):
-    eng = LLMEngine(OrtCausalLM(tiny["onnx-fp32"]), tiny_tokenizer, "tiny",
-                    document_cache_bytes=10**9)  # fmt: skip
+    eng = LLMEngine(
+        OrtCausalLM(tiny["onnx-fp32"]), tiny_tokenizer, "tiny", document_cache_bytes=10**9
+    )
     yield eng
     eng.close()
 
@@ -294,9 +294,14 @@ def test_engine_documents_batch_from_the_cache(engine):
 # ---- the prompt's boundary -----------------------------------------------------------------
 @pytest.mark.parametrize(
     "text",
-    ["The dentist is on Tuesday at 3pm.", "ends mid-word: abc", "trailing spaces   \n\n",
-     "[/] <|im_end|> \x1b[31m markup", "日本語のテキスト。"],
-)  # fmt: skip
+    [
+        "The dentist is on Tuesday at 3pm.",
+        "ends mid-word: abc",
+        "trailing spaces   \n\n",
+        "[/] <|im_end|> \x1b[31m markup",
+        "日本語のテキスト。",
+    ],
+)
 def test_a_documents_tokens_are_the_same_whatever_the_question(tiny_tokenizer, text):
     doc = Source("Notes › Health", text=text, number=3)
     seen = set()
@@ -312,6 +317,7 @@ def test_a_documents_tokens_are_the_same_whatever_the_question(tiny_tokenizer, t
     # another entry
     plain = fit_prompt(tiny_tokenizer, "When?", [], [doc], 4000, sources_in_system=True)[0]
     assert document_prompt(tiny_tokenizer, "When?", [], doc, 4000)[0] == plain
-    again = document_prompt(tiny_tokenizer, "When?", [], Source(doc.title, text=text, number=9),
-                            4000)  # fmt: skip
+    again = document_prompt(
+        tiny_tokenizer, "When?", [], Source(doc.title, text=text, number=9), 4000
+    )
     assert tuple(again[0][: again[2]]) not in seen

@@ -34,8 +34,9 @@ class Rig:
 
     def __init__(self, engine, link: LinkEmulator, device) -> None:  # type: ignore[no-untyped-def]
         self.engine, self.link = engine, link
-        cloud = CloudSettings(f"ws://127.0.0.1:{link.port}/v1/session", TOKEN, heartbeat_s=BEAT,
-                              stall_timeout_s=10.0)  # fmt: skip
+        cloud = CloudSettings(
+            f"ws://127.0.0.1:{link.port}/v1/session", TOKEN, heartbeat_s=BEAT, stall_timeout_s=10.0
+        )
         self.ctx = ModeContext(device=device, cloud=cloud)
 
     async def kv_freed(self) -> bool:
@@ -144,10 +145,17 @@ async def test_a_fault_mid_answer_is_reported_the_device_finishes_and_the_cloud_
 
 
 CHAOS = [  # (mode, fault or None) per turn of one conversation
-    ("cloud", None), ("split", "reset"), ("dragon", None), ("cloud", "vanish"),
-    ("split", "partition 3 s"), ("dragon", "reset"), ("split", "bandwidth collapse"),
-    ("cloud", "partition 0.05 s"), ("dragon", "vanish"), ("split", None),
-]  # fmt: skip
+    ("cloud", None),
+    ("split", "reset"),
+    ("dragon", None),
+    ("cloud", "vanish"),
+    ("split", "partition 3 s"),
+    ("dragon", "reset"),
+    ("split", "bandwidth collapse"),
+    ("cloud", "partition 0.05 s"),
+    ("dragon", "vanish"),
+    ("split", None),
+]
 
 
 async def test_chaos_a_conversation_through_faults_loses_nothing(rig, tmp_path, monkeypatch):
@@ -165,10 +173,12 @@ async def test_chaos_a_conversation_through_faults_loses_nothing(rig, tmp_path, 
         for turn, (mode, fault) in enumerate(CHAOS):
             question = f"{QUESTIONS[turn % 2]} (turn {turn})"
             # the user agreed: dragon and split take part with the private turns in context
-            options = assistant.options(max_new_tokens=24, temperature=0.0,
-                                        allow_private_in_cloud=True)  # fmt: skip
-            exchange = assistant.exchange(question, mode, conversation_id=conversation,
-                                          options=options)  # fmt: skip
+            options = assistant.options(
+                max_new_tokens=24, temperature=0.0, allow_private_in_cloud=True
+            )
+            exchange = assistant.exchange(
+                question, mode, conversation_id=conversation, options=options
+            )
             conversation = exchange.conversation_id
             inject = FAULTS[fault][0] if fault else None
             text, cut = "", False

@@ -26,8 +26,9 @@ def test_quick_load_admits_to_capacity_and_serves_every_admitted_session(tiny, t
 def test_a_budget_smaller_than_the_load_evicts_and_holds(tiny, tmp_path):
     budget_mib = 0.05  # ~52 KB: about half of what 10 tiny sessions of 8 tokens hold at once
     out, root = tmp_path / "load.json", tiny["hf"].parent
-    summary = load.main(["--quick", "--kv-budget-mib", str(budget_mib), "--out", str(out),
-                         "--tiny-root", str(root)])  # fmt: skip
+    summary = load.main(
+        ["--quick", "--kv-budget-mib", str(budget_mib), "--out", str(out), "--tiny-root", str(root)]
+    )
     assert summary["errors"] == [] and summary["server_errors"] == []
     assert summary["admitted"] == 10 and 0 < summary["evicted"] < 10
     finished = [o for o in summary["outcomes"] if not (o["refused"] or o["evicted"])]

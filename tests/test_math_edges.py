@@ -114,12 +114,15 @@ def test_dragon_refuses_a_draft_listed_at_probability_zero():
         wire(DragonDraft(4, np.array([4, 9]), np.array([0.0, 1.0]), 0.0, 0.01))
 
 
-@pytest.mark.parametrize("q", [
-    np.eye(1, 50, 7)[0],  # one-hot
-    np.r_[np.full(4, 0.25), np.zeros(46)],  # ties
-    np.r_[1 - 1e-9, np.full(49, 1e-9 / 49)],  # near one-hot: the rest rounds to 0 in float16
-    np.r_[np.full(9, 0.999 / 9), 0.001 - 4e-8, np.full(40, 1e-9)],  # the cut falls in a tie
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "q",
+    [
+        np.eye(1, 50, 7)[0],  # one-hot
+        np.r_[np.full(4, 0.25), np.zeros(46)],  # ties
+        np.r_[1 - 1e-9, np.full(49, 1e-9 / 49)],  # near one-hot: the rest rounds to 0 in float16
+        np.r_[np.full(9, 0.999 / 9), 0.001 - 4e-8, np.full(40, 1e-9)],  # the cut falls in a tie
+    ],
+)
 def test_tkslt_drafts_never_list_themselves_at_zero(q):
     """Drafts are sampled from the float16 row as sent, so the frame always passes."""
     tk = get_variant("tk-slt")
@@ -132,9 +135,15 @@ def test_tkslt_drafts_never_list_themselves_at_zero(q):
 # ---- the rest of the math refuses garbage instead of returning garbage ---------------------
 
 
-@pytest.mark.parametrize("probs", [
-    [0.5, np.nan, 0.5], [0.5, np.inf, 0.5], [0.0, 0.0, 0.0], [0.7, -0.2, 0.5],
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "probs",
+    [
+        [0.5, np.nan, 0.5],
+        [0.5, np.inf, 0.5],
+        [0.0, 0.0, 0.0],
+        [0.7, -0.2, 0.5],
+    ],
+)
 @pytest.mark.parametrize("size", [3, 5000])  # the one-level and the two-level walk
 def test_sample_from_refuses_what_is_not_a_distribution(probs, size):
     """NaN/inf returned the last id; all zeros raised a bare IndexError."""
@@ -211,14 +220,16 @@ def test_optimal_draft_length_holds_on_its_whole_valid_range():
 # ---- several positions per round, context-dependent adversarial models, the wire path ------
 
 V = 5
-ROWS = np.array([
-    [1.0, 0.0, 0.0, 0.0, 0.0],  # one-hot
-    [0.0, 0.0, 0.5, 0.5, 0.0],  # a tie, disjoint from the row above
-    [0.2, 0.2, 0.2, 0.2, 0.2],  # uniform
-    [0.0, 0.7, 0.0, 0.0, 0.3],  # zeros
-    [1 - 1e-9, 0.0, 0.0, 0.0, 1e-9],  # near one-hot: the rest is lost in float16
-    [0.05, 0.45, 0.05, 0.0, 0.45],  # ties among the likely ones
-])  # fmt: skip
+ROWS = np.array(
+    [
+        [1.0, 0.0, 0.0, 0.0, 0.0],  # one-hot
+        [0.0, 0.0, 0.5, 0.5, 0.0],  # a tie, disjoint from the row above
+        [0.2, 0.2, 0.2, 0.2, 0.2],  # uniform
+        [0.0, 0.7, 0.0, 0.0, 0.3],  # zeros
+        [1 - 1e-9, 0.0, 0.0, 0.0, 1e-9],  # near one-hot: the rest is lost in float16
+        [0.05, 0.45, 0.05, 0.0, 0.45],  # ties among the likely ones
+    ]
+)
 
 
 def toy_model(salt: int) -> Callable[[tuple[int, ...]], np.ndarray]:
@@ -243,8 +254,9 @@ def draft_round(variant, gamma: int, out: list[int], rng: np.random.Generator) -
     return drafts, frame, [d.token for d in drafts]
 
 
-def split_answer(variant, gamma: int, length: int, rng: np.random.Generator,
-                 keep_after_rejection: bool = False) -> tuple[int, ...]:  # fmt: skip
+def split_answer(
+    variant, gamma: int, length: int, rng: np.random.Generator, keep_after_rejection: bool = False
+) -> tuple[int, ...]:
     """The first `length` tokens of a split answer, every frame through bytes both ways.
     `keep_after_rejection` is DSSD's published code (drafts kept after a rejection): a
     negative control."""
@@ -267,8 +279,12 @@ def exact_answers(length: int) -> dict[tuple[int, ...], float]:
     """Every prefix of `length` tokens with its probability under the cloud model."""
     probs: dict[tuple[int, ...], float] = {(): 1.0}
     for _ in range(length):
-        probs = {(*s, x): w * P_MODEL(s)[x] for s, w in probs.items() for x in range(V)
-                 if w * P_MODEL(s)[x] > 0}  # fmt: skip
+        probs = {
+            (*s, x): w * P_MODEL(s)[x]
+            for s, w in probs.items()
+            for x in range(V)
+            if w * P_MODEL(s)[x] > 0
+        }
     return probs
 
 
@@ -300,8 +316,9 @@ def test_split_answers_follow_the_cloud_over_several_positions(name, gamma):
 
 def test_keeping_drafts_after_a_rejection_fails_the_same_test():
     variant, rng, length = get_variant("tk-slt"), np.random.default_rng(7), 3
-    counts = Counter(split_answer(variant, 3, length, rng, keep_after_rejection=True)
-                     for _ in range(3000))  # fmt: skip
+    counts = Counter(
+        split_answer(variant, 3, length, rng, keep_after_rejection=True) for _ in range(3000)
+    )
     assert chi2_against(counts, exact_answers(length)) < 1e-6
 
 
@@ -330,8 +347,9 @@ def test_rapid_round_follows_its_formula_through_the_wire(name):
     assert 0.5 * np.abs(law - P_CLOUD).sum() > 0.1
     out = []
     for _ in range(4000):
-        frame = wire(variant.draft_frame([variant.draft(Q_KNOWS, rng)], V + 1, request_id=1,
-                                         epoch=0, step=0))  # fmt: skip
+        frame = wire(
+            variant.draft_frame([variant.draft(Q_KNOWS, rng)], V + 1, request_id=1, epoch=0, step=0)
+        )
         P = np.stack([P_CLOUD, P_CLOUD])
         verdict = wire(variant.judge(frame, P, rng, eta=eta).verdict())
         out.append(int(frame.token_ids[0]) if verdict.accepted else verdict.token)

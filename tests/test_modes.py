@@ -62,8 +62,10 @@ def far_drafter(far_weights, tiny_tokenizer) -> DeviceModel:
 @pytest.fixture(scope="module")
 def far_drafters(far_weights, tiny_tokenizer) -> list[DeviceModel]:
     """The far drafter once per concurrent session (`tests.concurrent_answers`)."""
-    return [DeviceModel(TorchCausalLM(far_weights), tiny_tokenizer, f"tiny-far-{n}")
-            for n in range(WORKERS)]  # fmt: skip
+    return [
+        DeviceModel(TorchCausalLM(far_weights), tiny_tokenizer, f"tiny-far-{n}")
+        for n in range(WORKERS)
+    ]
 
 
 @pytest.fixture
@@ -390,13 +392,15 @@ async def test_split_never_sends_private_text(variant, near_drafter, cloud_url, 
     split = build_mode("split", context(near_drafter, url, variant, index=private_index))
     question = "And where is the spare key hidden?"  # a follow-up: it gets the history
     # the user agreed: the drafts come from a prompt holding the passages (what is tested)
-    options = AnswerOptions(max_new_tokens=24, temperature=0.7, seed=3, k=2,
-                            allow_private_in_cloud=True)  # fmt: skip
+    options = AnswerOptions(
+        max_new_tokens=24, temperature=0.7, seed=3, k=2, allow_private_in_cloud=True
+    )
     # an earlier turn answered locally may quote private text: it must not travel either
     this_cloud = CloudSettings(url, TOKEN).identity("tiny-cloud")  # the turn it saw goes back
-    history = [Turn("What is my locker code?", "Your locker code is 4417.", "local"),
-               Turn("Hi", "Hello there!", "cloud", shared="Hello there!",
-                    shared_with=this_cloud)]  # fmt: skip
+    history = [
+        Turn("What is my locker code?", "Your locker code is 4417.", "local"),
+        Turn("Hi", "Hello there!", "cloud", shared="Hello there!", shared_with=this_cloud),
+    ]
     _, stats, events = await ask(split, question, options, history)
     await split.close()
     await tap.close()
@@ -433,13 +437,15 @@ async def test_an_off_topic_question_cites_nothing_and_says_so(near_drafter, pri
 
     ctx = ModeContext(near_drafter, private_index, CloudSettings("ws://127.0.0.1:9/x", TOKEN))
     local = build_mode("local", ctx)
-    _, _, events = await ask(local, "Who won the football World Cup in 2010?",
-                             AnswerOptions(8, k=2))  # fmt: skip
+    _, _, events = await ask(
+        local, "Who won the football World Cup in 2010?", AnswerOptions(8, k=2)
+    )
     assert not [e for e in events if isinstance(e, Citation)]
     assert Notice(NOTHING_PRIVATE) in events
     # the same question with no floor cites the user's unrelated notes: the floor did it
-    _, _, events = await ask(local, "Who won the football World Cup in 2010?",
-                             AnswerOptions(8, k=2, min_score=None))  # fmt: skip
+    _, _, events = await ask(
+        local, "Who won the football World Cup in 2010?", AnswerOptions(8, k=2, min_score=None)
+    )
     assert [e for e in events if isinstance(e, Citation)]
     assert Notice(NOTHING_PRIVATE) not in events
 
@@ -475,8 +481,15 @@ async def test_server_killed_mid_answer_is_reported_and_finished_on_device(
     from app.embedded import EmbeddedCloud
 
     monkeypatch.setenv("TANDEM_DATA_DIR", str(tmp_path))
-    serve = ["--engine", "torch", "--dtype", "float32", "--model-dir", str(tiny["hf"]),
-             "--no-corpus"]  # fmt: skip
+    serve = [
+        "--engine",
+        "torch",
+        "--dtype",
+        "float32",
+        "--model-dir",
+        str(tiny["hf"]),
+        "--no-corpus",
+    ]
     cloud = await EmbeddedCloud.start(serve, timeout_s=120)
     try:
         ctx = ModeContext(near_drafter, None, CloudSettings(cloud.url, cloud.token))

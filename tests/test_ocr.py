@@ -151,8 +151,10 @@ def test_tandem_ingest_reads_scans_and_says_which_pages(
     assert [p for p, _ in pages] == [1, 2] and "roof repair" in pages[1][1]
     # A scan indexed before OCR existed ("0 chunks", its pages never looked at) is read again.
     with db:
-        db.execute("DELETE FROM chunks WHERE document_id IN (SELECT id FROM documents d "
-                   "WHERE d.path = ?)", [str(docs / "invoice scan.pdf")])  # fmt: skip
+        db.execute(
+            "DELETE FROM chunks WHERE document_id IN (SELECT id FROM documents d WHERE d.path = ?)",
+            [str(docs / "invoice scan.pdf")],
+        )
         db.execute(
             "UPDATE documents SET ocr_pages = NULL, chunk_count = 0 WHERE path = ?",
             [str(docs / "invoice scan.pdf")],

@@ -274,8 +274,10 @@ def test_cli_search_list_remove(tmp_path, embedder_dir, monkeypatch, capsys):
     hits = json.loads(tandem("search", "volcanoes", "-k", "2", "--json")[1])
     assert hits[0]["path"].endswith("geology.pdf") and hits[0]["page"] == 2
     assert hits[0]["found_by"] in ("meaning", "both") and hits[0]["cited"] is True
-    by = {m: json.loads(tandem("search", "volcanoes", "--mode", m, "--json")[1])
-          for m in ("keyword", "dense")}  # fmt: skip
+    by = {
+        m: json.loads(tandem("search", "volcanoes", "--mode", m, "--json")[1])
+        for m in ("keyword", "dense")
+    }
     assert by["keyword"] and {h["found_by"] for h in by["keyword"]} == {"keyword"}
     assert {h["found_by"] for h in by["dense"]} == {"meaning"}
     noise = tandem("search", "who won the football world cup in 2010")[1]

@@ -113,9 +113,14 @@ async def test_a_fresh_install_is_private_everywhere_tandem_wrote(
         logging.getLogger("tandem.test").info("asked about %s", SECRET)
 
         assert {
-            "index/index.sqlite", "index/index.sqlite-wal", "index/index.sqlite-shm",
-            "index/vectors.faiss", "index/.ingest.lock", "conversations.sqlite", "tandem.log",
-        } <= written(dirs)  # fmt: skip
+            "index/index.sqlite",
+            "index/index.sqlite-wal",
+            "index/index.sqlite-shm",
+            "index/vectors.faiss",
+            "index/.ingest.lock",
+            "conversations.sqlite",
+            "tandem.log",
+        } <= written(dirs)
         assert loose(dirs) == []
         assert loose(tmp_path / "exports") == [] and {md.name, js.name} <= written(exports)
         assert SECRET in js.read_text()  # the JSON export quotes the cited passage
@@ -261,8 +266,9 @@ def test_a_removal_held_back_by_a_reader_is_scrubbed_at_the_next_flush(tmp_path)
     dim = 8
     with IndexStore(tmp_path, dim) as store:
         meta = DocumentMeta(path="/docs/a.txt", size=1, mtime=0.0, sha256="1")
-        store.replace_document(meta, [ChunkRecord(n, f"{SECRET} {n}") for n in range(20)],
-                               vectors(20, dim))  # fmt: skip
+        store.replace_document(
+            meta, [ChunkRecord(n, f"{SECRET} {n}") for n in range(20)], vectors(20, dim)
+        )
         store.flush()
         reader = sqlite3.connect(tmp_path / "index.sqlite", isolation_level=None)
         reader.execute("BEGIN")
@@ -282,8 +288,9 @@ def test_a_replaced_documents_old_text_is_gone_after_the_flush(tmp_path):
     dim = 8
     with IndexStore(tmp_path, dim) as store:
         meta = DocumentMeta(path="/docs/a.txt", size=1, mtime=0.0, sha256="1")
-        store.replace_document(meta, [ChunkRecord(n, f"{SECRET} {n}") for n in range(20)],
-                               vectors(20, dim))  # fmt: skip
+        store.replace_document(
+            meta, [ChunkRecord(n, f"{SECRET} {n}") for n in range(20)], vectors(20, dim)
+        )
         store.flush()
         meta = DocumentMeta(path="/docs/a.txt", size=2, mtime=1.0, sha256="2")
         store.replace_document(meta, [ChunkRecord(0, "nothing secret now")], vectors(1, dim))
@@ -302,8 +309,13 @@ def test_a_deleted_conversations_text_is_gone_from_the_history_file(tmp_path):
         keep = store.create("kept")
         store.add_message(keep.id, "user", "an ordinary question", "local")
         gone = store.create("secret")
-        store.add_message(gone.id, "user", f"tell me about {SECRET} " * 30, "local",
-                          citations=[{"title": "notes", "text": SECRET * 20}])  # fmt: skip
+        store.add_message(
+            gone.id,
+            "user",
+            f"tell me about {SECRET} " * 30,
+            "local",
+            citations=[{"title": "notes", "text": SECRET * 20}],
+        )
         assert sum(_raw(tmp_path, path.name).values()) > 0
         store.delete(gone.id)
         assert sum(_raw(tmp_path, path.name).values()) == 0

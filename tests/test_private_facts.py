@@ -25,12 +25,16 @@ def test_an_answer_is_right_when_it_holds_the_fact():
 
 def test_summary_picks_the_best_eta_and_compares_it_with_local_and_cloud():
     def rows(method, right, tps, acc=None):
-        return [{"method": method, "right": r, "tokens_per_s": tps, "acceptance": acc}
-                for r in right]  # fmt: skip
+        return [
+            {"method": method, "right": r, "tokens_per_s": tps, "acceptance": acc} for r in right
+        ]
 
-    data = (rows("local", [1, 1, 1, 0], 20.0) + rows("cloud", [0, 0, 0, 0], 4.0)
-            + rows("split-eta-0", [0, 0, 0, 0], 8.0, 0.5)
-            + rows("split-eta-2", [1, 1, 0, 0], 7.0, 0.7))  # fmt: skip
+    data = (
+        rows("local", [1, 1, 1, 0], 20.0)
+        + rows("cloud", [0, 0, 0, 0], 4.0)
+        + rows("split-eta-0", [0, 0, 0, 0], 8.0, 0.5)
+        + rows("split-eta-2", [1, 1, 0, 0], 7.0, 0.7)
+    )
     out = summarise(data)
     assert out["best_split"] == "split-eta-2"
     assert out["right_vs_local"] == 2 / 3 and out["speed_vs_cloud"] == 7.0 / 4.0
@@ -42,12 +46,16 @@ def test_report_pools_runs_made_in_pieces_per_engine_and_note_set(tmp_path, caps
     from benchmarks.private_facts import report
 
     def run(engine, notes, method, right):
-        rows = [{"method": method, "right": r, "tokens_per_s": 5.0, "acceptance": None}
-                for r in right]  # fmt: skip
+        rows = [
+            {"method": method, "right": r, "tokens_per_s": 5.0, "acceptance": None} for r in right
+        ]
         return {"config": {"engine": engine, "notes": notes}, "rows": rows}
 
-    runs = [run("ort", 2, "local", [1, 1]), run("ort", 2, "split-eta-20", [1, 0]),
-            run("torch", 2, "local", [1, 0])]  # fmt: skip
+    runs = [
+        run("ort", 2, "local", [1, 1]),
+        run("ort", 2, "split-eta-20", [1, 0]),
+        run("torch", 2, "local", [1, 0]),
+    ]
     paths = []
     for i, data in enumerate(runs):
         paths.append(tmp_path / f"{i}.json")

@@ -107,11 +107,15 @@ def messages(draw, kind: p.MsgType) -> p.Message:
         return p.DragonTarget(draw(st.integers(0, v - 1)), b[0], b[1], side, **hdr)
     if kind is p.MsgType.DRAGON_SETUP:
         return p.DragonSetup(
-            draw(st.integers(0, 16)), draw(st.sampled_from(p.AggregatorPolicy)),
-            draw(st.sampled_from(p.Side)), draw(st.floats(0.0625, 1.0, width=32)),
-            draw(st.integers(1, SMALL.max_sparse)), draw(st.integers(0, SMALL.max_draft_tokens)),
-            draw(st.integers(0, 1000)), **hdr,
-        )  # fmt: skip
+            draw(st.integers(0, 16)),
+            draw(st.sampled_from(p.AggregatorPolicy)),
+            draw(st.sampled_from(p.Side)),
+            draw(st.floats(0.0625, 1.0, width=32)),
+            draw(st.integers(1, SMALL.max_sparse)),
+            draw(st.integers(0, SMALL.max_draft_tokens)),
+            draw(st.integers(0, 1000)),
+            **hdr,
+        )
     if kind is p.MsgType.DRAGON_SCORE:
         return p.DragonScore(rng.integers(0, v, draw(st.integers(0, 40))), **hdr)
     if kind is p.MsgType.DRAGON_SEQUENCE:
@@ -121,8 +125,9 @@ def messages(draw, kind: p.MsgType) -> p.Message:
             logprobs[0] = draw(st.sampled_from([0.0, -np.inf, float(logprobs[0])]))
         h = draw(st.floats(allow_nan=False, allow_infinity=False) | st.just(-np.inf))
         dt = draw(st.floats(0, 10, width=32))
-        return p.DragonSequence(rng.integers(0, v, size), logprobs, h, dt, draw(st.booleans()),
-                                **hdr)  # fmt: skip
+        return p.DragonSequence(
+            rng.integers(0, v, size), logprobs, h, dt, draw(st.booleans()), **hdr
+        )
     if kind is p.MsgType.PING:
         return p.Ping(draw(u64), **hdr)
     if kind is p.MsgType.PONG:
@@ -340,8 +345,17 @@ def _nonfinite_messages() -> dict[str, p.Message]:
 def _unchecked(msg: p.Message) -> bytes:
     """The frame `encode` would write if it did not refuse: what a lying peer sends."""
     body = msg.body()
-    head = struct.pack("<2sBBHIIII", p.MAGIC, p.PROTOCOL_VERSION, msg.TYPE, msg.header_flags(),
-                       msg.request_id, msg.epoch, msg.step, len(body))  # fmt: skip
+    head = struct.pack(
+        "<2sBBHIIII",
+        p.MAGIC,
+        p.PROTOCOL_VERSION,
+        msg.TYPE,
+        msg.header_flags(),
+        msg.request_id,
+        msg.epoch,
+        msg.step,
+        len(body),
+    )
     return head + body
 
 

@@ -107,8 +107,16 @@ def test_second_prepare_does_nothing_and_says_so(capsys):
 def test_cli_ask_through_the_embedded_cloud(mode, capsys):
     """The real pair over the embedded backend (started on loopback by `tandem ask`); cloud
     mode answers from the public corpus and cites it as cloud."""
-    code, out, err = tandem(capsys, "ask", "What is the capital of France?", "--mode", mode,
-                            "--max-tokens", "24", "--json")  # fmt: skip
+    code, out, err = tandem(
+        capsys,
+        "ask",
+        "What is the capital of France?",
+        "--mode",
+        mode,
+        "--max-tokens",
+        "24",
+        "--json",
+    )
     assert code == 0, err
     result = json.loads(out)
     assert "Paris" in result["answer"], result
@@ -128,8 +136,10 @@ def _batch_and_alone(lm: OrtCausalLM, enc) -> tuple[np.ndarray, np.ndarray]:
     as in DRAGON's per-document batches) and once alone."""
     long = enc("Albedo is the fraction of sunlight that is diffusely reflected by a body. " * 6)
     short = enc("The Amazon river flows through Brazil. " * 2)
-    fed = enc(" It is measured on a scale from zero to one, and it varies widely. Rivers carry "
-              "water to the sea, and the sea returns it as rain over the land.")  # fmt: skip
+    fed = enc(
+        " It is measured on a scale from zero to one, and it varies widely. Rivers carry "
+        "water to the sea, and the sea returns it as rain over the land."
+    )
     lm.prefill([long, short])
     both = log_softmax(lm.forward([fed, fed])[1])
     lm.prefill([short])

@@ -11,8 +11,16 @@ from pathlib import Path
 
 from tests.import_graph import REPO
 
-SHIPPED = ("app", "edge_runtime", "cloud_backend", "model_runtime", "retrieval",
-           "personal_index", "collab", "packaging")  # fmt: skip
+SHIPPED = (
+    "app",
+    "edge_runtime",
+    "cloud_backend",
+    "model_runtime",
+    "retrieval",
+    "personal_index",
+    "collab",
+    "packaging",
+)
 MARK = "Reference only"
 # collab's math: the modules both sides decode with (plumbing, protocol and sources are not math)
 MATH = ("verification", "sampling", "scheduling", "split", "dragon", "variants")

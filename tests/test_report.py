@@ -61,8 +61,21 @@ def test_a_difference_inside_its_interval_is_not_a_win() -> None:
 
 def test_provenance_has_every_field() -> None:
     prov = record("python -m benchmarks.x --y", {"cloud_core": 1}, {"cloud": 1}, ["cloud ort"])
-    for key in ("commit", "dirty", "date", "command", "cpu_model", "cpu_flags", "cpu_count",
-                "affinity", "pinning", "engines", "threads", "python", "packages"):  # fmt: skip
+    for key in (
+        "commit",
+        "dirty",
+        "date",
+        "command",
+        "cpu_model",
+        "cpu_flags",
+        "cpu_count",
+        "affinity",
+        "pinning",
+        "engines",
+        "threads",
+        "python",
+        "packages",
+    ):
         assert key in prov, key
     assert len(prov["commit"]) == 40 and prov["date"].endswith("+00:00")
     assert set(prov["cpu_flags"]) == set(FLAGS_OF_INTEREST)
@@ -78,8 +91,12 @@ def test_a_run_from_a_tree_with_changed_results_only_says_so_and_code_changes_do
     base = {"commit": "a" * 40, "date": "2026-12-02", "cpu_model": "x", "dirty": True}
     results = {**base, "changed": ["benchmarks/results/multiturn/ort-search.json"]}
     code = {**base, "changed": ["benchmarks/results/a.json", "edge_runtime/turns.py"]}
-    fixed = {**base, "corrections": [{"field": CHANGED, "value": results["changed"],
-                                      "by": "a session", "why": "file times"}]}  # fmt: skip
+    fixed = {
+        **base,
+        "corrections": [
+            {"field": CHANGED, "value": results["changed"], "by": "a session", "why": "file times"}
+        ],
+    }
     assert "changes to result files only" in caption([("r", results)])
     assert "changes to result files only" in caption([("r", fixed)])
     assert "uncommitted changes, 2026" in caption([("c", code)])

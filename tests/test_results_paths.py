@@ -16,8 +16,13 @@ ABSOLUTE_HOME = re.compile(r"/(home|root|work)/")
 def committed_results() -> list[Path]:
     """The files git tracks under benchmarks/results (every file there outside a checkout)."""
     try:
-        done = subprocess.run(["git", "ls-files", "-z", "benchmarks/results"], cwd=REPO,
-                              capture_output=True, check=True, timeout=30)  # fmt: skip
+        done = subprocess.run(
+            ["git", "ls-files", "-z", "benchmarks/results"],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+            timeout=30,
+        )
     except (OSError, subprocess.SubprocessError):
         return [p for p in (REPO / "benchmarks/results").rglob("*") if p.is_file()]
     return [REPO / name for name in done.stdout.decode().split("\0") if name]

@@ -55,8 +55,11 @@ def child(path: str, root: Path, script: str) -> str:
     """Run `script` after the prelude on FTS5 path `path`; its output, or its failure."""
     done = subprocess.run(
         [sys.executable, "-c", _CHILD + script, path, str(root)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 

@@ -149,14 +149,23 @@ def test_text_is_counted_by_its_own_bytes_and_kept() -> None:
 
 def test_a_ledger_adds_frames_up_by_kind_and_ends_with_its_answer() -> None:
     ledger = SentLedger()
-    frames = [Generate("Why?", request_id=1), Generate("Why?", history=("a", "b"), request_id=2),
-              DragonDraft(3, np.array([3, 4]), np.array([0.5, 0.5]), 0.25, 0.01),
-              Ping(1)]  # fmt: skip
+    frames = [
+        Generate("Why?", request_id=1),
+        Generate("Why?", history=("a", "b"), request_id=2),
+        DragonDraft(3, np.array([3, 4]), np.array([0.5, 0.5]), 0.25, 0.01),
+        Ping(1),
+    ]
     for msg in frames:
         assert ledger.record(msg, len(encode(msg)))
     rows = {r["kind"]: r for r in ledger.rows}
-    assert [r["kind"] for r in ledger.rows] == [QUESTION, HISTORY, TOKEN_IDS, PROBABILITIES,
-                                                 WEIGHTS, CONTROL]  # fmt: skip
+    assert [r["kind"] for r in ledger.rows] == [
+        QUESTION,
+        HISTORY,
+        TOKEN_IDS,
+        PROBABILITIES,
+        WEIGHTS,
+        CONTROL,
+    ]
     assert rows[QUESTION]["texts"] == ["Why?"] and rows[QUESTION]["items"] == 2  # sent twice
     assert rows[TOKEN_IDS]["items"] == 3 and rows[WEIGHTS]["bytes"] == 8
     assert rows[CONTROL]["frames"] == 4 and rows[CONTROL]["messages"]["Generate"] == 2
@@ -167,8 +176,9 @@ def test_a_ledger_adds_frames_up_by_kind_and_ends_with_its_answer() -> None:
         row_line(r) for r in ledger.rows
     ]
     assert summary([]) == NOTHING_SENT and summary(None) == NOT_RECORDED
-    assert summary(ledger.rows).endswith(": question text, earlier turns' text, token ids, "
-                                         "probabilities, weights and control")  # fmt: skip
+    assert summary(ledger.rows).endswith(
+        ": question text, earlier turns' text, token ids, probabilities, weights and control"
+    )
 
 
 @message
@@ -195,8 +205,10 @@ def test_a_frame_of_a_type_the_ledger_does_not_know_is_listed_whole() -> None:
 
 
 def test_stats_carry_the_ledger_and_read_it_back() -> None:
-    stats = Stats("cloud", sent=[{"kind": CONTROL, "frames": 1, "bytes": 30, "items": 1,
-                                  "messages": {"Ping": 1}}])  # fmt: skip
+    stats = Stats(
+        "cloud",
+        sent=[{"kind": CONTROL, "frames": 1, "bytes": 30, "items": 1, "messages": {"Ping": 1}}],
+    )
     row = stats.as_dict()
     assert row["sent"] == stats.sent
     assert Stats.from_dict(row).sent == stats.sent

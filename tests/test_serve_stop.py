@@ -94,8 +94,11 @@ async def stop_mid_answer(served: Served, device: DeviceModel, how: signal.Signa
         served.process.kill()
         pytest.fail(f"still running {STOP_BOUND_S} s after {how.name}:\n" + "".join(served.log))
     assert code == 0, "".join(served.log[-30:])
-    said = " ".join(e.message if isinstance(e, Failure) else e.text
-                    for e in events if isinstance(e, Failure | Notice))  # fmt: skip
+    said = " ".join(
+        e.message if isinstance(e, Failure) else e.text
+        for e in events
+        if isinstance(e, Failure | Notice)
+    )
     assert "shutting down" in said, events[-5:]
     time.sleep(0.5)  # a killed process is reaped by its parent, or by init, meanwhile
     left = [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
@@ -104,8 +107,16 @@ async def stop_mid_answer(served: Served, device: DeviceModel, how: signal.Signa
 
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
 async def test_builtin_cloud_stops_cleanly(how, tiny, tiny_tokenizer, tmp_path):
-    served = serve(sys.executable, tmp_path, "--engine", "ort", "--model-dir",
-                   str(tiny["onnx-fp32"]), "--threads", "1")  # fmt: skip
+    served = serve(
+        sys.executable,
+        tmp_path,
+        "--engine",
+        "ort",
+        "--model-dir",
+        str(tiny["onnx-fp32"]),
+        "--threads",
+        "1",
+    )
     device = DeviceModel(OrtCausalLM(tiny["onnx-quant"]), tiny_tokenizer, "tiny")
     await stop_mid_answer(served, device, how)
 

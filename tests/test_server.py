@@ -339,10 +339,15 @@ async def test_healthz_says_503_once_the_engine_is_down(start_cloud, tiny):
 async def test_metrics_are_prometheus_text_and_move(cloud):
     before = await cloud.metrics()
     for name in (
-        "tandem_sessions", "tandem_kv_cache_bytes", "tandem_rounds_total",
-        "tandem_drafted_tokens_total", "tandem_accepted_tokens_total", "tandem_evictions_total",
-        "tandem_round_seconds_count", "tandem_ttft_seconds_count",
-    ):  # fmt: skip
+        "tandem_sessions",
+        "tandem_kv_cache_bytes",
+        "tandem_rounds_total",
+        "tandem_drafted_tokens_total",
+        "tandem_accepted_tokens_total",
+        "tandem_evictions_total",
+        "tandem_round_seconds_count",
+        "tandem_ttft_seconds_count",
+    ):
         assert (name, ()) in before, name
     up = ("tandem_bytes_total", (("direction", "up"),))
     assert before[up] == 0
@@ -509,8 +514,9 @@ async def test_malformed_dragon_frames_get_errors_and_the_answer_goes_on(cloud):
     from collab.protocol import AggregatorPolicy, DragonDraft, DragonSetup, DragonTarget, Side
 
     def draft(step: int, epoch: int, token: int = 1000) -> DragonDraft:
-        return DragonDraft(token, [token, 1001], [0.75, 0.25], 0.0, 0.01, request_id=1,
-                           epoch=epoch, step=step)  # fmt: skip
+        return DragonDraft(
+            token, [token, 1001], [0.75, 0.25], 0.0, 0.01, request_id=1, epoch=epoch, step=step
+        )
 
     async with raw(cloud, greet=hello(cloud.engine, Mode.DRAGON)) as s:
         await s.send(Generate("Hi", max_new_tokens=4, retrieve=False, request_id=1))
@@ -614,9 +620,9 @@ async def test_ping_answered_while_a_request_runs_and_busy_and_cancel(cloud):
         await s.send(Ping(77))
         await s.send(Generate("another", request_id=6))
         seen: list[Message] = []
-        while not (any(isinstance(m, Pong) for m in seen) and any(
-            isinstance(m, Done) for m in seen
-        )):  # fmt: skip
+        while not (
+            any(isinstance(m, Pong) for m in seen) and any(isinstance(m, Done) for m in seen)
+        ):
             seen.append(await s.recv())
         # the second request is turned down, and ended (its Done), while the first runs on
         busy = next(m for m in seen if isinstance(m, Error))

@@ -103,15 +103,27 @@ class SessionMachine(RuleBasedStateMachine):
         step = data.draw(st.sampled_from([self.step, self.step + 1, self.step]) | small)
         return {"request_id": self._rid(data), "epoch": max(0, epoch), "step": max(0, step)}
 
-    @rule(n=st.integers(0, 5), temperature=st.sampled_from([0.0, 0.8]),
-          retrieve=st.booleans(), reuse=st.booleans())  # fmt: skip
+    @rule(
+        n=st.integers(0, 5),
+        temperature=st.sampled_from([0.0, 0.8]),
+        retrieve=st.booleans(),
+        reuse=st.booleans(),
+    )
     def generate(self, n: int, temperature: float, retrieve: bool, reuse: bool) -> None:
         if not reuse:
             self.rid += 1
             self.step = self.epoch = 0
         rid = max(self.rid, 1)
-        self._send(p.Generate("Hi there", max_new_tokens=n, temperature=temperature,
-                              retrieve=retrieve, seed=7, request_id=rid))  # fmt: skip
+        self._send(
+            p.Generate(
+                "Hi there",
+                max_new_tokens=n,
+                temperature=temperature,
+                retrieve=retrieve,
+                seed=7,
+                request_id=rid,
+            )
+        )
         self.rid = rid
         if self.mode[0] == "dragon":
             self._send(p.DragonSetup(1, p.AggregatorPolicy.CLOUD, lookahead=2, request_id=rid))
@@ -128,8 +140,7 @@ class SessionMachine(RuleBasedStateMachine):
         flags = {"more": more, "ahead": ahead and more == 0}
         variant = self.mode[1] or "tk-slt"
         if variant == "tk-slt" or self.mode[0] != "split":
-            msg: p.Message = p.TopKDraft(tokens, [[t] for t in tokens], [[1.0]] * n,
-                                         **hdr, **flags)  # fmt: skip
+            msg: p.Message = p.TopKDraft(tokens, [[t] for t in tokens], [[1.0]] * n, **hdr, **flags)
         elif variant == "dsd":
             width = max(tokens) + 1
             rows = np.zeros((n, width), dtype=np.float16)
@@ -190,8 +201,9 @@ class SessionMachine(RuleBasedStateMachine):
     def the_session_answers_and_nothing_failed_inside(self) -> None:
         self.pings += 1
         self._sent(self.link.ping(self.pings))
-        internal = [m for m in self.seen if isinstance(m, p.Error)
-                    and m.code == p.ErrorCode.INTERNAL]  # fmt: skip
+        internal = [
+            m for m in self.seen if isinstance(m, p.Error) and m.code == p.ErrorCode.INTERNAL
+        ]
         assert not internal, internal
         assert all(not isinstance(m, p.Error) or m.code in set(p.ErrorCode) for m in self.seen), (
             self.seen
@@ -210,16 +222,19 @@ def test_random_frame_sequences_never_break_a_session(server, mode):
     try:
         assert bystander.open("cloud", "").accepted
         machine = type(
-            "Machine", (SessionMachine,),
+            "Machine",
+            (SessionMachine,),
             {"server": server, "loop": loop, "bystander": bystander, "mode": mode},
-        )  # fmt: skip
+        )
         run_state_machine_as_test(
             machine,
             settings=settings(
-                max_examples=EXAMPLES, stateful_step_count=15, deadline=None,
+                max_examples=EXAMPLES,
+                stateful_step_count=15,
+                deadline=None,
                 suppress_health_check=list(HealthCheck),
             ),
-        )  # fmt: skip
+        )
     finally:
         bystander.close()
         loop.close()

@@ -41,11 +41,25 @@ def test_rows_round_trip_and_old_rows_load():
     src = Source("notes.md", "p. 2", 0.75, "full passage", 1, "device", "/d/notes.md")
     row = src.to_dict()
     assert list(row) == [
-        "number", "side", "title", "location", "score", "excerpt", "path", "text", "found_by"
-    ]  # fmt: skip
+        "number",
+        "side",
+        "title",
+        "location",
+        "score",
+        "excerpt",
+        "path",
+        "text",
+        "found_by",
+    ]
     assert Source.from_dict(row) == src
-    old = {"number": 1, "side": "device", "title": "a.md", "location": "", "score": 0.9,
-           "excerpt": "alpha"}  # fmt: skip
+    old = {
+        "number": 1,
+        "side": "device",
+        "title": "a.md",
+        "location": "",
+        "score": 0.9,
+        "excerpt": "alpha",
+    }
     loaded = Source.from_dict(old)
     assert (loaded.text, loaded.excerpt, loaded.path) == ("alpha", "alpha", None)
     kept = {**old, "text": "the whole chunk", "excerpt": "a preview"}

@@ -83,8 +83,11 @@ TEMPERATURES = [0.3, 0.7, 1.0]
 @pytest.mark.parametrize("temperature", TEMPERATURES)
 def test_the_engine_draws_what_the_reference_verification_outputs(name, temperature):
     rng = np.random.default_rng(hash((name, temperature)) % 2**32)
-    params = SamplingParams(temperature, top_k=30 if temperature == 0.7 else 0,
-                            top_p=0.95 if temperature == 0.3 else 1.0)  # fmt: skip
+    params = SamplingParams(
+        temperature,
+        top_k=30 if temperature == 0.7 else 0,
+        top_p=0.95 if temperature == 0.3 else 1.0,
+    )
     logits, p, x, q = case(name, rng, params)
     ids = np.flatnonzero(q)
     draws = Draws(params, [DraftTarget(x, ids, q[ids])])
@@ -145,8 +148,9 @@ def test_draws_survive_the_trip_through_extra_args():
 # ---- whole answers, several positions: rejections, corrections, bonus tokens ---------------
 
 
-def inside_answer(variant, gamma: int, length: int, rng: np.random.Generator,
-                  ignore_q: bool = False) -> tuple[int, ...]:  # fmt: skip
+def inside_answer(
+    variant, gamma: int, length: int, rng: np.random.Generator, ignore_q: bool = False
+) -> tuple[int, ...]:
     """As `tests.test_math_edges.split_answer`, verified the way the cloud does on vLLM: one
     draw per position from the processor's row (independent coins), the first token that is
     not its draft ends the round; a coin rejection takes P_j (DSSD: to the device).
@@ -225,8 +229,7 @@ def test_rapid_inside_follows_its_formula(name):
 def test_dssd_refuses_rapid_and_a_q_outside_zero_one_before_anything_is_drawn():
     dssd = get_variant("dssd")
     rng = np.random.default_rng(1)
-    frame = wire(dssd.draft_frame([dssd.draft(Q_KNOWS, rng)], V + 1, request_id=1, epoch=0,
-                                  step=0))  # fmt: skip
+    frame = wire(dssd.draft_frame([dssd.draft(Q_KNOWS, rng)], V + 1, request_id=1, epoch=0, step=0))
     with pytest.raises(ValueError, match="RAPID"):
         dssd.draft_targets(frame, np.asarray(frame.token_ids), V + 1, eta=1.0)
     bad = dataclasses.replace(frame, q=np.asarray([1.5], dtype=np.float32))

@@ -165,10 +165,13 @@ async def test_each_batch_is_pipelined_or_waits_as_the_costs_say(variant, far_dr
     _, want, _ = await ask(cloud, QUESTIONS[1], options)
     waits = {}
     # this machine's bf16 1.5B on one core; a GPU cloud 150 ms away
-    for name, costs in (("verify-bound", regime((0.65, 1.3), 0.05, 0.5)),
-                        ("link-bound", regime((0.02, 0.03), 0.3, 0.8))):  # fmt: skip
-        assert (costs.choose(24).tokens_per_second > costs.choose(24, pipelined=True)
-                .tokens_per_second) == (name == "verify-bound")  # fmt: skip
+    for name, costs in (
+        ("verify-bound", regime((0.65, 1.3), 0.05, 0.5)),
+        ("link-bound", regime((0.02, 0.03), 0.3, 0.8)),
+    ):
+        assert (
+            costs.choose(24).tokens_per_second > costs.choose(24, pipelined=True).tokens_per_second
+        ) == (name == "verify-bound")
         split.costs = costs
         _, got, _ = await ask(split, QUESTIONS[1], options)
         assert got.token_ids == want.token_ids
@@ -249,8 +252,9 @@ async def test_the_token_after_an_interrupting_rejection_follows_the_cloud(
     async def answer(split, seed: int) -> tuple[list[int] | None, bool, int]:
         """The prefix and the token after the first rejection (None if none), whether a
         rejection interrupted drafting, the batches verified before they were whole."""
-        options = AnswerOptions(max_new_tokens=7, temperature=1.0, top_k=12, seed=seed,
-                                pipeline=True)  # fmt: skip
+        options = AnswerOptions(
+            max_new_tokens=7, temperature=1.0, top_k=12, seed=seed, pipeline=True
+        )
         split.costs = SplitCosts(as2=False)  # unmeasured: γ = 4 per batch, never AS²
         _, stats, _ = await ask(split, question, options)
         assert stats.pipeline and stats.cloud_tokens == 0
@@ -282,8 +286,10 @@ async def test_the_token_after_an_interrupting_rejection_follows_the_cloud(
         pit_p.append(randomised_pit(token, p, order, u))
         pit_q.append(randomised_pit(token, q, order, u))
     fits, control = (scipy_stats.kstest(pits, "uniform").pvalue for pits in (pit_p, pit_q))
-    print(f"{variant}: {len(after)} tokens ({interrupted} interrupted, {early} verified early), "
-          f"KS p under P {fits:.3g}, under Q {control:.3g}")  # fmt: skip
+    print(
+        f"{variant}: {len(after)} tokens ({interrupted} interrupted, {early} verified early), "
+        f"KS p under P {fits:.3g}, under Q {control:.3g}"
+    )
     assert fits > 1e-3 and control < 1e-6
 
 
@@ -295,13 +301,24 @@ def test_pipelined_rounds_are_chosen_with_picospec_round_cost():
     def verify(g: int) -> float:
         return 0.06 + 0.004 * g
 
-    got = choose_draft_length(alpha, t_draft=t_draft, t_rtt=rtt, t_verify=verify,
-                              t_cloud_step=0.07, gamma_max=12, pipelined=True)  # fmt: skip
-    rates = [(1 - alpha**g) / (1 - alpha)
-             / picospec_expected_round_time(alpha, g, g * t_draft, rtt, verify(g))
-             for g in range(1, 13)]  # fmt: skip
+    got = choose_draft_length(
+        alpha,
+        t_draft=t_draft,
+        t_rtt=rtt,
+        t_verify=verify,
+        t_cloud_step=0.07,
+        gamma_max=12,
+        pipelined=True,
+    )
+    rates = [
+        (1 - alpha**g)
+        / (1 - alpha)
+        / picospec_expected_round_time(alpha, g, g * t_draft, rtt, verify(g))
+        for g in range(1, 13)
+    ]
     assert got.gamma == int(np.argmax(rates)) + 1
     assert got.tokens_per_second == pytest.approx(max(rates))
-    stop_and_wait = choose_draft_length(alpha, t_draft=t_draft, t_rtt=rtt, t_verify=verify,
-                                        t_cloud_step=0.07, gamma_max=12)  # fmt: skip
+    stop_and_wait = choose_draft_length(
+        alpha, t_draft=t_draft, t_rtt=rtt, t_verify=verify, t_cloud_step=0.07, gamma_max=12
+    )
     assert got.tokens_per_second > stop_and_wait.tokens_per_second  # the link is hidden

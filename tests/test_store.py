@@ -39,8 +39,14 @@ def make_doc(path: str, version: int) -> tuple[DocumentMeta, list[ChunkRecord], 
     """A deterministic document: everything (chunk count, texts, vectors) follows from
     (path, version), so a reader can verify that a stored document is complete."""
     n = 1 + version % 30
-    meta = DocumentMeta(path=path, size=100 * n, mtime=float(version), sha256=str(version),
-                        title=f"T {path}", kind="txt")  # fmt: skip
+    meta = DocumentMeta(
+        path=path,
+        size=100 * n,
+        mtime=float(version),
+        sha256=str(version),
+        title=f"T {path}",
+        kind="txt",
+    )
     chunks = [
         ChunkRecord(
             ordinal=i,

@@ -79,12 +79,17 @@ def test_a_follow_up_is_told_from_a_question_that_stands_alone(question, leans):
 
 
 def test_a_chain_of_follow_ups_keeps_its_topic_and_a_new_topic_starts_afresh():
-    asked = ["Where did we stay in Velmora?", "Where was breakfast served there?",
-             "And how much was it?", "What is the capital of Australia?"]  # fmt: skip
+    asked = [
+        "Where did we stay in Velmora?",
+        "Where was breakfast served there?",
+        "And how much was it?",
+        "What is the capital of Australia?",
+    ]
     searched = search_questions(asked)
     assert searched[1] == "Where did we stay in Velmora? Where was breakfast served there?"
-    assert searched[2] == ("Where did we stay in Velmora? Where was breakfast served there? "
-                           "And how much was it?")  # fmt: skip
+    assert searched[2] == (
+        "Where did we stay in Velmora? Where was breakfast served there? And how much was it?"
+    )
     assert searched[3] == asked[3]
     assert topic_start(asked[:3]) == 0 and topic_start(asked) == 3
     # a follow-up that names nothing a pronoun points at is searched with its topic as well
@@ -106,14 +111,18 @@ def test_the_best_of_several_searches_is_the_one_with_the_most_relevant_passage(
 
 
 def test_refused_turns_steer_nothing_and_every_other_turn_is_kept():
-    history = [Turn("What is 2 + 2?", "4.", "local"),
-               Turn("Where did we stay in Velmora?", "Casa Thornby.", "local"),
-               Turn("What did the dentist say?", "I'm sorry, but I can't assist with that.",
-                    "local"),
-               Turn("And the room?", "Room 312.", "local")]  # fmt: skip
+    history = [
+        Turn("What is 2 + 2?", "4.", "local"),
+        Turn("Where did we stay in Velmora?", "Casa Thornby.", "local"),
+        Turn("What did the dentist say?", "I'm sorry, but I can't assist with that.", "local"),
+        Turn("And the room?", "Room 312.", "local"),
+    ]
     kept = steering("And how much was breakfast there?", history)
-    assert [t.question for t in kept] == ["What is 2 + 2?", "Where did we stay in Velmora?",
-                                          "And the room?"]  # fmt: skip
+    assert [t.question for t in kept] == [
+        "What is 2 + 2?",
+        "Where did we stay in Velmora?",
+        "And the room?",
+    ]
     # a question that seems to stand alone may lean on the conversation all the same
     assert steering("Who's the client?", history) == kept
 
@@ -144,10 +153,13 @@ async def test_a_refusal_is_not_in_the_next_prompt_and_a_follow_up_gets_its_topi
     local = build_mode("local", context(near_drafter, "ws://127.0.0.1:9/x", index=private_index))
     options = AnswerOptions(max_new_tokens=4, temperature=0.0, k=2)
     refusal = "I'm sorry, but I can't assist with that."
-    history = [Turn("Where does the spare key hide?", "Under the blue flowerpot.", "local"),
-               Turn("What did my dentist say?", refusal, "local")]  # fmt: skip
-    prompt = await prompt_of(near_drafter, local, "And what is the locker code there?",
-                             history, options)  # fmt: skip
+    history = [
+        Turn("Where does the spare key hide?", "Under the blue flowerpot.", "local"),
+        Turn("What did my dentist say?", refusal, "local"),
+    ]
+    prompt = await prompt_of(
+        near_drafter, local, "And what is the locker code there?", history, options
+    )
     assert refusal not in prompt and "Under the blue flowerpot." in prompt
 
 
@@ -169,8 +181,9 @@ async def test_the_cloud_searches_with_turns_it_saw_and_never_a_private_one(
     url = f"ws://127.0.0.1:{await tap.start()}/v1/session"
     cloud = build_mode("cloud", context(near_drafter, url))
     this_cloud = cloud.ctx.cloud.identity("tiny-cloud")
-    seen = Turn("Who wrote Hamlet?", "Shakespeare.", "cloud", shared="Shakespeare.",
-                shared_with=this_cloud)  # fmt: skip
+    seen = Turn(
+        "Who wrote Hamlet?", "Shakespeare.", "cloud", shared="Shakespeare.", shared_with=this_cloud
+    )
     private = Turn("What is my locker code?", "4417.", "local")
     options = AnswerOptions(max_new_tokens=2, temperature=0.0)
     await ask(cloud, "And when was he born?", options, [seen])
@@ -188,8 +201,9 @@ def test_the_cloud_keeps_the_better_of_its_search_and_the_question(public_corpus
     title = public_corpus.search("history of the city", 1)[0].title
     question = "And when was that?"
     alone = public_corpus.search(question, 3, 0.30)
-    found = public_passages(public_corpus, Generate(question, search=f"{title}? {question}"),
-                            3, 0.30)  # fmt: skip
+    found = public_passages(
+        public_corpus, Generate(question, search=f"{title}? {question}"), 3, 0.30
+    )
     assert found and found[0].title == title and (not alone or alone[0].score < found[0].score)
     assert public_passages(public_corpus, Generate(question), 3, 0.30) == alone
 

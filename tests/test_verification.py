@@ -114,8 +114,10 @@ def test_accept_probability_is_p_over_q():
     assert accept_probability(0.0, 0.3) == 0.0
 
 
-@pytest.mark.parametrize(("p_x", "q_x"), [(0.3, 0.0), (0.0, 0.0), (0.3, -0.1), (np.nan, 0.5),
-                                          (0.5, np.nan), (-0.1, 0.5), (np.inf, 0.5)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("p_x", "q_x"),
+    [(0.3, 0.0), (0.0, 0.0), (0.3, -0.1), (np.nan, 0.5), (0.5, np.nan), (-0.1, 0.5), (np.inf, 0.5)],
+)
 def test_accept_probability_refuses_what_no_sampler_produces(p_x, q_x):
     """q(x) = 0 used to give 1 (any token through) and a NaN p(x) gave min(1, NaN) = 1."""
     with pytest.raises(ValueError):
@@ -325,8 +327,12 @@ def test_negative_control_draft_outside_transmitted_top_k_is_rejected(v):
     def old_accept(p_x: float, q_x: float) -> float:
         return 1.0 if q_x <= 0 else min(1.0, p_x / q_x)
 
-    first = [x if rng.random() < old_accept(P_rows[0, x], truncated[0, x])
-             else sample_from(residual(P_rows[0], truncated[0]), rng) for x in drafts]  # fmt: skip
+    first = [
+        x
+        if rng.random() < old_accept(P_rows[0, x], truncated[0, x])
+        else sample_from(residual(P_rows[0], truncated[0]), rng)
+        for x in drafts
+    ]
     assert chi2_pvalue(hist(first, v), P_rows[0]) < ALPHA
 
 

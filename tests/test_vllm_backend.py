@@ -58,8 +58,9 @@ def vllm_served(vllm_tiny, tmp_path_factory) -> Iterator[Served]:
     python = vllm_python()
     if python is None:
         pytest.skip(VLLM_INSTALL)
-    served = serve(python, tmp_path_factory.mktemp("vllm"), *VLLM_SERVE, str(vllm_tiny),
-                   more=VLLM_CONFIG)  # fmt: skip
+    served = serve(
+        python, tmp_path_factory.mktemp("vllm"), *VLLM_SERVE, str(vllm_tiny), more=VLLM_CONFIG
+    )
     yield served
     if served.process.poll() is None:
         served.process.terminate()
@@ -109,8 +110,10 @@ def far_drafter(tiny, tiny_tokenizer) -> DeviceModel:
 @pytest.fixture(scope="module")
 def far_drafters(tiny, tiny_tokenizer) -> list[DeviceModel]:
     """The far drafter once per concurrent session (`tests.concurrent_answers`)."""
-    return [DeviceModel(OrtCausalLM(tiny["onnx-quant"]), tiny_tokenizer, f"tiny-far-{n}")
-            for n in range(WORKERS)]  # fmt: skip
+    return [
+        DeviceModel(OrtCausalLM(tiny["onnx-quant"]), tiny_tokenizer, f"tiny-far-{n}")
+        for n in range(WORKERS)
+    ]
 
 
 @pytest.fixture
@@ -186,8 +189,9 @@ async def test_greedy_dragon_on_vllm_equals_dragon_on_the_builtin_engine(
     options = AnswerOptions(max_new_tokens=16, temperature=0.0, k=2)
     answers = []
     for url in (builtin_url, vllm_url):
-        mode = build_mode("dragon", context(far_drafter, url, index=private_index,
-                                            aggregator=aggregator))  # fmt: skip
+        mode = build_mode(
+            "dragon", context(far_drafter, url, index=private_index, aggregator=aggregator)
+        )
         _, stats = await ask(mode, "Where is the spare key hidden?", options)
         await mode.close()
         assert stats.device_drafted > 0 and stats.cloud_drafted > 0
@@ -273,8 +277,9 @@ async def test_sampled_split_tokens_follow_the_vllm_cloud_model(
     assert fits > 1e-3 and control < 1e-6
 
 
-async def test_sigterm_stops_the_vllm_cloud_and_its_engine_processes(vllm_served, tiny,
-                                                                      tiny_tokenizer):  # fmt: skip
+async def test_sigterm_stops_the_vllm_cloud_and_its_engine_processes(
+    vllm_served, tiny, tiny_tokenizer
+):
     """Last in this module (it stops the module's server): mid-answer, SIGTERM, as systemd or
     a balancer's drain sends it (both signals take one path in `app.serve`; SIGINT is
     tests/test_serve_stop.py's, on the built-in engine)."""

@@ -68,8 +68,11 @@ def indexed(tandem: Tandem) -> set[str]:
 
 
 def excluded(tandem: Tandem) -> set[str]:
-    return {r["path"] for r in json.loads(tandem("docs", "list", "--json")[1])
-            if r["status"] == "excluded"}  # fmt: skip
+    return {
+        r["path"]
+        for r in json.loads(tandem("docs", "list", "--json")[1])
+        if r["status"] == "excluded"
+    }
 
 
 def test_watch_sync_and_unwatch_from_the_cli(tandem: Tandem, notes: Path) -> None:
@@ -264,16 +267,48 @@ def test_an_excluded_subfolder_is_not_entered_and_removing_the_watched_folder_un
 
 def _citations(path: Path, other: str) -> list[dict]:
     return [
-        {"number": 1, "side": "device", "title": "apples.txt", "location": "line 1",
-         "score": 0.81, "excerpt": "Apples ripen…", "path": str(path),
-         "text": "Apples ripen in the orchard by late September.", "found_by": "both"},
-        {"number": 2, "side": "device", "title": "apples.txt.bak", "location": "",
-         "score": 0.5, "excerpt": "Backup", "path": str(path) + ".bak", "text": "Backup"},
-        {"number": 3, "side": "cloud", "title": "Apple", "location": "", "score": 0.6,
-         "excerpt": "The apple is…", "path": None, "text": "The apple is a fruit."},
-        {"number": 4, "side": "device", "title": "boats.md", "location": "lines 1–2",
-         "score": 0.7, "excerpt": "The sailing…", "path": other, "text": "The sailing boat"},
-    ]  # fmt: skip
+        {
+            "number": 1,
+            "side": "device",
+            "title": "apples.txt",
+            "location": "line 1",
+            "score": 0.81,
+            "excerpt": "Apples ripen…",
+            "path": str(path),
+            "text": "Apples ripen in the orchard by late September.",
+            "found_by": "both",
+        },
+        {
+            "number": 2,
+            "side": "device",
+            "title": "apples.txt.bak",
+            "location": "",
+            "score": 0.5,
+            "excerpt": "Backup",
+            "path": str(path) + ".bak",
+            "text": "Backup",
+        },
+        {
+            "number": 3,
+            "side": "cloud",
+            "title": "Apple",
+            "location": "",
+            "score": 0.6,
+            "excerpt": "The apple is…",
+            "path": None,
+            "text": "The apple is a fruit.",
+        },
+        {
+            "number": 4,
+            "side": "device",
+            "title": "boats.md",
+            "location": "lines 1–2",
+            "score": 0.7,
+            "excerpt": "The sailing…",
+            "path": other,
+            "text": "The sailing boat",
+        },
+    ]
 
 
 def _stored(message_id: int) -> list[dict]:
@@ -290,8 +325,13 @@ def test_removed_documents_leave_the_stored_citations(tandem: Tandem, notes: Pat
     with ConversationStore(conversations_path()) as store:
         cid = store.create().id
         store.add_message(cid, "user", "When do apples ripen?", "local")
-        mid = store.add_message(cid, "assistant", "In late September [1].", "local",
-                                citations=_citations(apples, str(boats)))  # fmt: skip
+        mid = store.add_message(
+            cid,
+            "assistant",
+            "In late September [1].",
+            "local",
+            citations=_citations(apples, str(boats)),
+        )
     assert tandem("docs", "remove", apples)[0] == 0
     first, backup, cloud, boat = _stored(mid)
     assert first["text"] == "" and first["excerpt"] == REMOVED_EXCERPT and first["removed"]
@@ -323,8 +363,13 @@ async def test_a_removal_made_in_the_app_drops_the_cited_text(
     try:
         store = assistant.conversations
         cid = store.create().id
-        mid = store.add_message(cid, "assistant", "Late September [1].", "local",
-                                citations=_citations(apples, "/elsewhere/b.md"))  # fmt: skip
+        mid = store.add_message(
+            cid,
+            "assistant",
+            "Late September [1].",
+            "local",
+            citations=_citations(apples, "/elsewhere/b.md"),
+        )
         opened = await asyncio.to_thread(assistant.open_index)
         await asyncio.to_thread(opened.ingest, [notes])
         await asyncio.to_thread(opened.remove, apples)

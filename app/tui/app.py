@@ -137,9 +137,11 @@ class TandemApp(App[None]):
         with Horizontal(id="main"):
             with Vertical(id="chat"):
                 yield ConversationView(id="conversation")
-                yield PromptInput(placeholder="Ask anything  (F1 help · ctrl+p commands)",
-                                  id="prompt",
-                                  suggester=ScopeSuggester(self._document_paths))  # fmt: skip
+                yield PromptInput(
+                    placeholder="Ask anything  (F1 help · ctrl+p commands)",
+                    id="prompt",
+                    suggester=ScopeSuggester(self._document_paths),
+                )
             yield SourcesPanel(id="sources")
         yield StatusBar(id="status")
         yield Footer()
@@ -162,16 +164,16 @@ class TandemApp(App[None]):
         self.query_one("#sources").display = self.size.width >= 110
         self.status.set_state(mode=self.mode_name, cloud=self.assistant.cloud_status)
         if self.settings_error:
-            self.say(f"{self.settings_error}. Started on defaults.", severity="error",
-                        timeout=10)  # fmt: skip
+            self.say(f"{self.settings_error}. Started on defaults.", severity="error", timeout=10)
         if self.upgrade_notice:
             self.say(self.upgrade_notice, timeout=15)
         self.open_latest_conversation()
         self.query_one(PromptInput).focus()
         self.load_modes()
 
-    def say(self, message: str, severity: SeverityLevel = "information",
-            timeout: float | None = None) -> None:  # fmt: skip
+    def say(
+        self, message: str, severity: SeverityLevel = "information", timeout: float | None = None
+    ) -> None:
         """A toast; never markup (messages carry paths and error text)."""
         self.notify(strip_controls(message), severity=severity, timeout=timeout, markup=False)
 
@@ -213,8 +215,11 @@ class TandemApp(App[None]):
     def on_device_loaded(self, message: DeviceLoaded) -> None:
         if message.error:
             self.status.set_state(device=f"device model unavailable: {message.error}")
-            self.say(f"the device model could not be loaded: {message.error}",
-                        severity="error", timeout=15)  # fmt: skip
+            self.say(
+                f"the device model could not be loaded: {message.error}",
+                severity="error",
+                timeout=15,
+            )
         else:
             assert self.assistant.device is not None  # loaded without an error
             self.status.set_state(device=f"device {self.assistant.device.name}")
@@ -226,8 +231,7 @@ class TandemApp(App[None]):
 
     def on_index_opened(self, message: IndexOpened) -> None:
         if message.error:
-            self.say(f"the private index could not be opened: {message.error}",
-                        severity="error")  # fmt: skip
+            self.say(f"the private index could not be opened: {message.error}", severity="error")
         else:
             self.watch_folders()
 
@@ -282,8 +286,11 @@ class TandemApp(App[None]):
     async def connect_cloud(self) -> None:
         status = await self.assistant.connect_cloud(on_status=self._cloud_status_changed)
         if status.state == "unavailable":
-            self.say(f"{status.label}: {status.detail}. Local mode still works.",
-                        severity="warning", timeout=10)  # fmt: skip
+            self.say(
+                f"{status.label}: {status.detail}. Local mode still works.",
+                severity="warning",
+                timeout=10,
+            )
         self.refresh_modes()
 
     def _cloud_status_changed(self, _status: CloudStatus) -> None:
@@ -360,32 +367,49 @@ class TandemApp(App[None]):
         except Exception:
             infos = []
         for info in infos:
-            help_text = info.description + (f" (unavailable: {info.reason})" if info.reason
-                                            else "")  # fmt: skip
-            yield SystemCommand(f"Mode: {info.name}", markup_escaped(help_text),
-                                lambda name=info.name: self.set_mode(name))  # fmt: skip
-        yield SystemCommand("New conversation", "Start a new conversation",
-                            self.action_new_conversation)  # fmt: skip
-        yield SystemCommand("Conversations", "List, open, rename, delete or export conversations",
-                            self.action_conversations)  # fmt: skip
-        yield SystemCommand("Export conversation", "Write this conversation as Markdown and JSON",
-                            self.action_export)  # fmt: skip
-        yield SystemCommand("Documents", "Add, remove and inspect private documents",
-                            self.action_documents)  # fmt: skip
-        yield SystemCommand("Settings",
-                            markup_escaped(f"Cloud, models, default mode… ({config_path()})"),
-                            self.action_settings)  # fmt: skip
-        yield SystemCommand("Sources", "Show or hide the sources panel",
-                            self.action_toggle_sources)  # fmt: skip
-        yield SystemCommand("Ask again in another mode",
-                            "The last question, in the next mode after the one that answered "
-                            "it (the selected mode stays)",
-                            self.action_reask_other_mode)  # fmt: skip
-        yield SystemCommand("Reconnect to the cloud", "Try the cloud link again",
-                            self.action_reconnect_cloud)  # fmt: skip
-        yield SystemCommand("What was sent", "What left this device for the selected answer "
-                            "(or the last): by kind, with the texts that left",
-                            self.action_what_was_sent)  # fmt: skip
+            help_text = info.description + (f" (unavailable: {info.reason})" if info.reason else "")
+            yield SystemCommand(
+                f"Mode: {info.name}",
+                markup_escaped(help_text),
+                lambda name=info.name: self.set_mode(name),
+            )
+        yield SystemCommand(
+            "New conversation", "Start a new conversation", self.action_new_conversation
+        )
+        yield SystemCommand(
+            "Conversations",
+            "List, open, rename, delete or export conversations",
+            self.action_conversations,
+        )
+        yield SystemCommand(
+            "Export conversation",
+            "Write this conversation as Markdown and JSON",
+            self.action_export,
+        )
+        yield SystemCommand(
+            "Documents", "Add, remove and inspect private documents", self.action_documents
+        )
+        yield SystemCommand(
+            "Settings",
+            markup_escaped(f"Cloud, models, default mode… ({config_path()})"),
+            self.action_settings,
+        )
+        yield SystemCommand("Sources", "Show or hide the sources panel", self.action_toggle_sources)
+        yield SystemCommand(
+            "Ask again in another mode",
+            "The last question, in the next mode after the one that answered "
+            "it (the selected mode stays)",
+            self.action_reask_other_mode,
+        )
+        yield SystemCommand(
+            "Reconnect to the cloud", "Try the cloud link again", self.action_reconnect_cloud
+        )
+        yield SystemCommand(
+            "What was sent",
+            "What left this device for the selected answer "
+            "(or the last): by kind, with the texts that left",
+            self.action_what_was_sent,
+        )
         yield SystemCommand(
             "Copy answer",
             "The selected answer (or the last), as Markdown, to the clipboard",
@@ -474,8 +498,10 @@ class TandemApp(App[None]):
         question, mentioned = split_mentions(question)
         scope, unknown = resolve(mentioned, self._document_paths()) if mentioned else ([], [])
         if unknown:
-            self.say("nothing in your documents is named " + ", ".join(f"@{m}" for m in unknown),
-                     severity="warning")  # fmt: skip
+            self.say(
+                "nothing in your documents is named " + ", ".join(f"@{m}" for m in unknown),
+                severity="warning",
+            )
             return
         if not question:
             self.say("ask a question after the @ mentions", severity="warning")
@@ -558,8 +584,9 @@ class TandemApp(App[None]):
             await self.assistant.connect_cloud(on_status=self._cloud_status_changed)
             self.refresh_modes()
         options = self.assistant.options(scope=scope) if scope else None
-        exchange = self.assistant.exchange(question, mode, conversation_id=self.conversation_id,
-                                           options=options)  # fmt: skip
+        exchange = self.assistant.exchange(
+            question, mode, conversation_id=self.conversation_id, options=options
+        )
         self._exchange = exchange
         self.conversation_id = exchange.conversation_id
         self.query_one("#conversation-title", Static).update(plain(exchange.title))
@@ -592,8 +619,11 @@ class TandemApp(App[None]):
                 elif isinstance(event, Notice):
                     answer.add_notice(event.text)
                 elif isinstance(event, Failure):
-                    self.say(event.message, severity="warning" if event.recoverable
-                                else "error", timeout=8)  # fmt: skip
+                    self.say(
+                        event.message,
+                        severity="warning" if event.recoverable else "error",
+                        timeout=8,
+                    )
                     answer.add_notice(f"⚠ {event.message}")
                     self._cloud_lost(event.message)
                 elif isinstance(event, Stats):
@@ -810,8 +840,11 @@ def run(app: TandemApp | None = None, *, headless: bool = False) -> int:
     code = app.return_code or 0
     if app.crash is not None or code:
         what = f"{type(app.crash).__name__}: {app.crash}" if app.crash else f"exit status {code}"
-        print(strip_controls(f"tandem stopped on an error ({what}).\n"
-                             f"The details are in the log: {log_path()}"),
-              file=sys.stderr)  # fmt: skip
+        print(
+            strip_controls(
+                f"tandem stopped on an error ({what}).\nThe details are in the log: {log_path()}"
+            ),
+            file=sys.stderr,
+        )
         return code or 1
     return 0

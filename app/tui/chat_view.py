@@ -459,8 +459,15 @@ class AnswerView(Widget):
     ) -> CitationLine:
         """Add a numbered source line (works before the answer is mounted, too). `extra`
         (path, the chunk's text…) is kept in `sources` for the app to open."""
-        row = dict(number=number, side=side, title=title, location=location, score=score,
-                   excerpt=excerpt, **extra)  # fmt: skip
+        row = dict(
+            number=number,
+            side=side,
+            title=title,
+            location=location,
+            score=score,
+            excerpt=excerpt,
+            **extra,
+        )
         self.sources.insert(position((r["number"] for r in self.sources), number), row)
         line = CitationLine(Source.from_dict(row))
         self._add(".answer-sources", line)
@@ -479,8 +486,10 @@ class AnswerView(Widget):
                 box = self.query_one(selector, Vertical)
                 later = None
                 if isinstance(widget, CitationLine):
-                    later = next((c for c in box.query_children(CitationLine)
-                                  if c.number > widget.number), None)  # fmt: skip
+                    later = next(
+                        (c for c in box.query_children(CitationLine) if c.number > widget.number),
+                        None,
+                    )
                 box.mount(widget, before=later)
         else:
             self._queued.append((selector, widget))

@@ -348,8 +348,11 @@ class ConversationsScreen(ModalScreen[int | None]):
             logger.warning("export failed: %s", exc)
             self.notify(strip_controls(f"Export failed: {exc}"), severity="error", markup=False)
             return
-        self.notify(strip_controls(f"Exported to\n{md_path}\n{json_path}"),
-                    title="Conversation exported", markup=False)  # fmt: skip
+        self.notify(
+            strip_controls(f"Exported to\n{md_path}\n{json_path}"),
+            title="Conversation exported",
+            markup=False,
+        )
 
     def action_close(self) -> None:
         """Escape closes the rename prompt first, then clears the search, then the screen."""

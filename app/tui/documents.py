@@ -577,12 +577,21 @@ class DocumentsScreen(Screen[None]):
             if pages := read_pages(d):
                 status.append(f" · {pages}", "dim")
             # Text cells: a DataTable reads a str cell as markup, and paths are free text.
-            table.add_row(plain_text(tilde(d.path)), plain_text(d.kind or "?"),
-                          Text(str(d.chunk_count)), status, key=d.path)  # fmt: skip
+            table.add_row(
+                plain_text(tilde(d.path)),
+                plain_text(d.kind or "?"),
+                Text(str(d.chunk_count)),
+                status,
+                key=d.path,
+            )
         for e in snap.excluded:  # what the user removed from a watched folder: i undoes it
-            table.add_row(plain_text(tilde(e.path), "dim"), Text(""), Text(""),
-                          Text("excluded · i includes", "yellow"),
-                          key=EXCLUDED_KEY + e.path)  # fmt: skip
+            table.add_row(
+                plain_text(tilde(e.path), "dim"),
+                Text(""),
+                Text(""),
+                Text("excluded · i includes", "yellow"),
+                key=EXCLUDED_KEY + e.path,
+            )
         if keep is not None and keep in table.rows:
             table.move_cursor(row=table.get_row_index(keep), animate=False)
 
@@ -752,8 +761,9 @@ class DocumentsScreen(Screen[None]):
                 back = f"Included {tilde(outcome.included)} again. " if outcome.included else ""
                 self._say(f"{back}Done: {summary}", error=False)
             if not (alive and self.is_current):
-                self.app.notify(strip_controls(f"Ingest of {where} finished: {summary}"),
-                                markup=False)  # fmt: skip
+                self.app.notify(
+                    strip_controls(f"Ingest of {where} finished: {summary}"), markup=False
+                )
         log.info("ingest of %s: %s", outcome.target, outcome.error or summarize(results))
         if outcome.folder is not None and self._on_folder_added is not None:
             self._on_folder_added(outcome.folder)
@@ -822,8 +832,10 @@ class DocumentsScreen(Screen[None]):
         if error is not None:
             self._fail(f"Could not remove {tilde(path)}: {error}")
         elif removed and excluded_from is not None:
-            self._say(f"Removed {tilde(path)}: it stays out of {tilde(excluded_from)} "
-                      "(i includes it again).")  # fmt: skip
+            self._say(
+                f"Removed {tilde(path)}: it stays out of {tilde(excluded_from)} "
+                "(i includes it again)."
+            )
         elif removed:
             self._say(f"Removed {tilde(path)} from the index.")
         else:
@@ -871,8 +883,9 @@ class DocumentsScreen(Screen[None]):
         """Bring the highlighted excluded file back: no longer excluded, its folder synced."""
         key = self._highlighted_document()
         if key is None or not key.startswith(EXCLUDED_KEY):
-            self._say("Highlight an excluded file (listed after the documents) to include it.",
-                      error=True)  # fmt: skip
+            self._say(
+                "Highlight an excluded file (listed after the documents) to include it.", error=True
+            )
             return
         if self.ingest_running():
             self._fail("An ingest is running; include the file when it has finished.")

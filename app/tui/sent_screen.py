@@ -58,9 +58,12 @@ class SentScreen(ModalScreen[None]):
                 for column in ("what", "items", "frames", "bytes"):
                     table.add_column(column, justify="left" if column == "what" else "right")
                 for row in self.sent:
-                    table.add_row(plain_text(label(row)), f"{int(row.get('items', 0)):,}",
-                                  f"{int(row.get('frames', 0)):,}",
-                                  f"{int(row.get('bytes', 0)):,}")  # fmt: skip
+                    table.add_row(
+                        plain_text(label(row)),
+                        f"{int(row.get('items', 0)):,}",
+                        f"{int(row.get('frames', 0)):,}",
+                        f"{int(row.get('bytes', 0)):,}",
+                    )
                 yield Static(table, id="sent-table")
                 for row in self.sent:
                     yield Static(plain(row_line(row)), classes="sent-line")

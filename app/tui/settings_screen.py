@@ -62,8 +62,9 @@ def _setting_field(setting: Setting, value: Any) -> ComposeResult:
         kind: Literal["integer", "number", "text"] = (
             "integer" if setting.kind is int else "number" if setting.kind is float else "text"
         )
-        widget = Input(str(value), type=kind, placeholder=setting.caption, id=setting.name,
-                       compact=True)  # fmt: skip
+        widget = Input(
+            str(value), type=kind, placeholder=setting.caption, id=setting.name, compact=True
+        )
     if setting.help:
         widget.tooltip = setting.help
     yield widget
@@ -152,8 +153,9 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 yield Label("Retrieval k")
                 yield Input(str(s.k), type="integer", id="k", compact=True)
                 yield Label("Relevance floor")
-                floor = Input(str(s.relevance_floor), type="number", id="relevance_floor",
-                              compact=True)  # fmt: skip
+                floor = Input(
+                    str(s.relevance_floor), type="number", id="relevance_floor", compact=True
+                )
                 floor.tooltip = (
                     "a passage less relevant than this (0-1, the score its citation shows) is "
                     "neither given to the model nor cited; higher = fewer, surer sources"

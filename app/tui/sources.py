@@ -53,8 +53,9 @@ def position(numbers: Iterable[int], number: int) -> int:
 
 
 def badge(side: str) -> Text:
-    return plain_text(f" {side} ", style="bold black on green" if side == "device" else
-                      "bold black on cyan")  # fmt: skip
+    return plain_text(
+        f" {side} ", style="bold black on green" if side == "device" else "bold black on cyan"
+    )
 
 
 def source_line(src: Source) -> Text:

@@ -149,8 +149,12 @@ class Request(ABC):
         # up to a frame's 4 MiB takes seconds: on a thread, the event loop serves the others
         ids, dropped = await asyncio.to_thread(
             clipped_prompt,
-            self.ctx.engine.tokenizer, self.gen.question, self.gen.history, passages, budget,
-        )  # fmt: skip
+            self.ctx.engine.tokenizer,
+            self.gen.question,
+            self.gen.history,
+            passages,
+            budget,
+        )
         if dropped:
             log.info("request=%d history_pairs_left_out=%d", self.gen.request_id, dropped)
         return ids
@@ -214,6 +218,7 @@ class Request(ABC):
         step = len(self.transcript.tokens)
         kept = self.commit([token])
         if kept:
-            chunk = TokenChunk(np.asarray(kept), request_id=self.gen.request_id,
-                               epoch=self.epoch, step=step)  # fmt: skip
+            chunk = TokenChunk(
+                np.asarray(kept), request_id=self.gen.request_id, epoch=self.epoch, step=step
+            )
             await self.link.send(chunk)

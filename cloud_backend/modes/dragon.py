@@ -90,9 +90,15 @@ class DragonRequest(Request):
             side = PublicSide(self.batch, self.first_logits, self.scores)
             room = self.ctx.engine.lm.max_context - max(self.batch.prompt_lengths)
             await answer_alone(
-                self.link, side, self.setup, self.params, self.transcript.max_new_tokens, room,
-                self.rng, self.commit,
-            )  # fmt: skip
+                self.link,
+                side,
+                self.setup,
+                self.params,
+                self.transcript.max_new_tokens,
+                room,
+                self.rng,
+                self.commit,
+            )
             return
         if self.transcript.max_new_tokens == 0:
             self.transcript.commit([])
@@ -103,13 +109,19 @@ class DragonRequest(Request):
         setup, seed = self.setup, self.gen.seed
         ledger = Ledger(Side.CLOUD, self.transcript, aggregator=first_aggregator(setup))
         peer = DragonPeer(
-            ledger, self.decoder, self.link, setup, self.params, self.scores,
-            request_id=self.gen.request_id, rng=self.rng,
+            ledger,
+            self.decoder,
+            self.link,
+            setup,
+            self.params,
+            self.scores,
+            request_id=self.gen.request_id,
+            rng=self.rng,
             coin=np.random.default_rng(None if seed is None else [seed, 1]),
             scheduler=Scheduler(setup.policy),
             rescore=self._rescore if self.passages else None,
             on_error=lambda text: self.link.error(ErrorCode.MALFORMED, text),
-        )  # fmt: skip
+        )
         try:
             async for kept in peer.run(self.first_logits, self.prefill_s):
                 self.counted(kept)
@@ -141,8 +153,9 @@ class DragonRequest(Request):
         prompts = [ids for ids, _, _ in built]
         cache = self.ctx.engine.documents
         if cache is not None:  # each document's [instructions; document] KV, kept
-            self.reuse = PrefixReuse(cache, [stable for _, _, stable in built],
-                                     salt=self.ctx.cache_salt)  # fmt: skip
+            self.reuse = PrefixReuse(
+                cache, [stable for _, _, stable in built], salt=self.ctx.cache_salt
+            )
         else:  # the engine's own prefix cache, within the same scope
             self.ctx.session.share_documents(self.ctx.cache_salt)
         if not self.passages:

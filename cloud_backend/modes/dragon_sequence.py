@@ -48,10 +48,15 @@ class PublicSide:
 
 
 async def answer_alone(
-    link: RequestLink, side: PublicSide, setup: DragonSetup, params: SamplingParams,
-    max_new_tokens: int, room: int, rng: np.random.Generator,
+    link: RequestLink,
+    side: PublicSide,
+    setup: DragonSetup,
+    params: SamplingParams,
+    max_new_tokens: int,
+    room: int,
+    rng: np.random.Generator,
     commit: Callable[[list[int]], object],
-) -> None:  # fmt: skip
+) -> None:
     """DRDG/SW: the cloud's answer from p^cloud alone (committed with `commit`), then one
     scoring of the device's answer (at most `room` tokens: what the context leaves). SCORE
     (teacher forcing): the scoring alone."""
@@ -59,9 +64,17 @@ async def answer_alone(
     if setup.policy == AggregatorPolicy.SEQUENCE:
         t0 = time.perf_counter()
         tokens, logprobs = await alone(
-            side.batch, side.first_logits, side.scores, params, setup.top_p, setup.max_sparse,
-            max_new_tokens, {IM_END_ID}, rng, check=link.check_cancel,
-        )  # fmt: skip
+            side.batch,
+            side.first_logits,
+            side.scores,
+            params,
+            setup.top_p,
+            setup.max_sparse,
+            max_new_tokens,
+            {IM_END_ID},
+            rng,
+            check=link.check_cancel,
+        )
         commit(list(tokens))
         decode_s = time.perf_counter() - t0
         await link.send(
@@ -78,7 +91,9 @@ async def _score_request(link: RequestLink, room: int) -> list[int]:
     """The device's DragonScore (its answer), which it sends once its own answer is done."""
     msg = await link.recv(DragonScore)
     if msg.tokens.size > room:
-        await link.error(ErrorCode.LIMIT, f"{msg.tokens.size} tokens to score: over "
-                         f"the {room} left in the context")  # fmt: skip
+        await link.error(
+            ErrorCode.LIMIT,
+            f"{msg.tokens.size} tokens to score: over the {room} left in the context",
+        )
         raise Stop(FinishReason.ERROR)
     return [int(t) for t in msg.tokens]

@@ -72,8 +72,12 @@ class RequestLink:
             if at is not None and (msg.epoch, msg.step) != at:
                 log.info(
                     "request=%d stale frame %s epoch=%d step=%d (now %d/%d) dropped",
-                    self.rid, type(msg).__name__, msg.epoch, msg.step, *at,
-                )  # fmt: skip
+                    self.rid,
+                    type(msg).__name__,
+                    msg.epoch,
+                    msg.step,
+                    *at,
+                )
                 continue
             if isinstance(msg, kinds):
                 await self.ping()

@@ -67,9 +67,10 @@ class SplitRequest(Request):
             else:
                 kinds = (expected,) if self.parts else (CloudDecode, expected)
             msg = await self.link.recv(
-                *kinds, at=(self.epoch, self.expected_step()),
+                *kinds,
+                at=(self.epoch, self.expected_step()),
                 what="a correction token" if self.awaiting_correction else expected.__name__,
-            )  # fmt: skip
+            )
             if isinstance(msg, TokenChunk):
                 await self.correction(msg)
             elif isinstance(msg, CloudDecode):
@@ -178,9 +179,12 @@ class SplitRequest(Request):
             batch.accepted += n
             self.pending = token
         verdict = judgement._replace(accepted=batch.accepted).verdict(
-            seconds, scored=drafts.size, request_id=self.gen.request_id, epoch=self.epoch,
+            seconds,
+            scored=drafts.size,
+            request_id=self.gen.request_id,
+            epoch=self.epoch,
             step=batch.step,
-        )  # fmt: skip
+        )
         await self.link.send(verdict)
         if n < drafts.size:
             self.epoch += 1
@@ -221,15 +225,17 @@ class SplitRequest(Request):
         session, eta = self.ctx.session, self.gen.eta
         vocab = self.ctx.engine.lm.vocab_size
         targets = [
-            t for part in parts
+            t
+            for part in parts
             for t in self.scheme.draft_targets(part, np.asarray(part.token_ids), vocab, eta)
-        ][:fit]  # fmt: skip
+        ][:fit]
         whole = fit == sum(part.token_ids.size for part in parts)  # else the room ends first
         bonus = whole and not (parts[-1].more or parts[-1].ahead)
         first = len(feed) - fit  # the pending token, if any, goes in first
         base = session.length
-        tokens = await session.draw(feed, first, [*targets, *([None] if bonus else [])],
-                                    self.params)  # fmt: skip
+        tokens = await session.draw(
+            feed, first, [*targets, *([None] if bonus else [])], self.params
+        )
         n = next((k for k, t in enumerate(targets) if tokens[k] != t.draft), len(targets))
         if n == len(targets):
             return n, Judgement(n, tokens[n] if bonus else None), None

@@ -88,8 +88,9 @@ def side_distribution(
     return ids[keep].astype(np.int64), probs[keep].astype(np.float32 if f32 else np.float16)
 
 
-def side_logprobs(logits: np.ndarray, scores: np.ndarray, tokens: np.ndarray,
-                  temperature: float = 1.0) -> np.ndarray:  # fmt: skip
+def side_logprobs(
+    logits: np.ndarray, scores: np.ndarray, tokens: np.ndarray, temperature: float = 1.0
+) -> np.ndarray:
     """log p^s(tokens[t]) at every position t under the side's whole mixture (not cut for the
     wire): logits [D, T, V] of each document's sequence at the T positions, scores [D]. What a
     side scores an answer with (DRDG/SW, teacher-forced perplexity). Temperature 0 scores the
@@ -105,9 +106,12 @@ def side_logprobs(logits: np.ndarray, scores: np.ndarray, tokens: np.ndarray,
 
 
 def sequence_choice(
-    device: tuple[float, float], cloud: tuple[float, float], h: tuple[float, float],
-    greedy: bool, rng: np.random.Generator,
-) -> Side:  # fmt: skip
+    device: tuple[float, float],
+    cloud: tuple[float, float],
+    h: tuple[float, float],
+    greedy: bool,
+    rng: np.random.Generator,
+) -> Side:
     """Reference only (tests, benchmarks).
 
     DRDG/SW's one aggregation (RAG-Sequence): each side's whole answer y^s is scored under
@@ -162,8 +166,9 @@ def make_draft(
     token = draft_token(ids, probs, params.temperature == 0.0, rng)
     h = side_weight(np.asarray(scores, dtype=np.float64))
     decode_time += time.perf_counter() - t0
-    return DragonDraft(token, ids, probs, h, decode_time, request_id=request_id, epoch=epoch,
-                       step=step)  # fmt: skip
+    return DragonDraft(
+        token, ids, probs, h, decode_time, request_id=request_id, epoch=epoch, step=step
+    )
 
 
 # ---------------------------------------------------------------------------- aggregation

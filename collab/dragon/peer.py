@@ -160,10 +160,17 @@ class DragonPeer:
 
         def drafted(logits: np.ndarray | TopDocuments, seconds: float) -> DragonDraft:
             return make_draft(
-                logits, self.scores, self.params, self.setup.top_p, self.setup.max_sparse,
-                self.rng, decode_time=seconds, epoch=ledger.epochs[self.me],
-                step=ledger.next_draft_step(self.me), request_id=self.request_id,
-            )  # fmt: skip
+                logits,
+                self.scores,
+                self.params,
+                self.setup.top_p,
+                self.setup.max_sparse,
+                self.rng,
+                decode_time=seconds,
+                epoch=ledger.epochs[self.me],
+                step=ledger.next_draft_step(self.me),
+                request_id=self.request_id,
+            )
 
         t0 = time.perf_counter()
         try:
@@ -217,8 +224,9 @@ class DragonPeer:
             if rtt is not None:
                 self.scheduler.rtt = rtt
             after = self.scheduler.choose(self.me, ledger.step)
-            target = DragonTarget(token, ok_device, ok_cloud, after,
-                                  request_id=self.request_id, step=ledger.step)  # fmt: skip
+            target = DragonTarget(
+                token, ok_device, ok_cloud, after, request_id=self.request_id, step=ledger.step
+            )
             await self.link.send(target)
             await self._apply(target)
 

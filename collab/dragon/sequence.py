@@ -30,10 +30,17 @@ class Teacher(Protocol):
 
 
 async def answer_alone(
-    batch: Teacher, first: np.ndarray, scores: np.ndarray, params: SamplingParams,
-    top_p: float, max_sparse: int, max_new: int, stop_ids: Collection[int],
-    rng: np.random.Generator, check: Callable[[], None] = lambda: None,
-) -> tuple[list[int], np.ndarray]:  # fmt: skip
+    batch: Teacher,
+    first: np.ndarray,
+    scores: np.ndarray,
+    params: SamplingParams,
+    top_p: float,
+    max_sparse: int,
+    max_new: int,
+    stop_ids: Collection[int],
+    rng: np.random.Generator,
+    check: Callable[[], None] = lambda: None,
+) -> tuple[list[int], np.ndarray]:
     """Up to `max_new` tokens from the side's own mixture, from the prefill's logits `first`
     [D, V] on; and the log-probability of each under the whole mixture. `check` runs before
     every token (the cloud's cancel)."""
@@ -54,9 +61,12 @@ async def answer_alone(
 
 
 async def score(
-    batch: Teacher, first: np.ndarray, scores: np.ndarray, tokens: Sequence[int],
+    batch: Teacher,
+    first: np.ndarray,
+    scores: np.ndarray,
+    tokens: Sequence[int],
     temperature: float,
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """log p^s of each token of an answer, teacher-forced from the documents' prompts (every
     sequence rewound to its prompt, then one batched step over the answer)."""
     if not tokens:

@@ -42,8 +42,11 @@ class TopDocuments:
     def of(cls, ids: list[np.ndarray], logp: list[np.ndarray]) -> TopDocuments:
         """From each document's K likeliest tokens (its K-th value is its bound)."""
         bound = np.asarray([np.exp(np.min(lp)) for lp in logp], dtype=np.float64)
-        return cls(tuple(np.asarray(i, np.int64) for i in ids),
-                   tuple(np.asarray(lp, np.float64) for lp in logp), bound)  # fmt: skip
+        return cls(
+            tuple(np.asarray(i, np.int64) for i in ids),
+            tuple(np.asarray(lp, np.float64) for lp in logp),
+            bound,
+        )
 
     def _table(self, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
         """The union of listed ids (ascending), the mixture's known part and its unknown
@@ -91,9 +94,13 @@ class TopDocuments:
     def with_values(self, ids: list[np.ndarray], logp: list[np.ndarray]) -> TopDocuments:
         """These tokens' exact values added (the bounds stay: they cover the unlisted)."""
         return TopDocuments(
-            tuple(np.concatenate([a, np.asarray(b, np.int64)]) for a, b in zip(self.ids, ids,
-                                                                               strict=True)),
-            tuple(np.concatenate([a, np.asarray(b, np.float64)]) for a, b in zip(self.logp, logp,
-                                                                                 strict=True)),
+            tuple(
+                np.concatenate([a, np.asarray(b, np.int64)])
+                for a, b in zip(self.ids, ids, strict=True)
+            ),
+            tuple(
+                np.concatenate([a, np.asarray(b, np.float64)])
+                for a, b in zip(self.logp, logp, strict=True)
+            ),
             self.bound,
-        )  # fmt: skip
+        )

@@ -96,9 +96,14 @@ class DragonSetup(Message):
 
     def body(self) -> bytes:
         return self._ST.pack(
-            self.k, self.policy, self.first, self.top_p, self.max_sparse, self.lookahead,
+            self.k,
+            self.policy,
+            self.first,
+            self.top_p,
+            self.max_sparse,
+            self.lookahead,
             self.rerank_every,
-        )  # fmt: skip
+        )
 
     @classmethod
     def parse(cls, r: _Reader, f32: bool, hdr: dict[str, int]) -> Message:

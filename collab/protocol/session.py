@@ -192,9 +192,15 @@ class Generate(Message):
     def body(self) -> bytes:
         has_seed = self.seed is not None
         head = self._ST.pack(
-            self.max_new_tokens, self.temperature, self.top_k, self.top_p, has_seed,
-            self.seed or 0, self.retrieve, self.eta,
-        )  # fmt: skip
+            self.max_new_tokens,
+            self.temperature,
+            self.top_k,
+            self.top_p,
+            has_seed,
+            self.seed or 0,
+            self.retrieve,
+            self.eta,
+        )
         turns = struct.pack("<I", len(self.history)) + b"".join(_str(h) for h in self.history)
         return head + _str(self.question) + turns + _str(self.search)
 
@@ -350,9 +356,15 @@ class Done(Message):
 
     def body(self) -> bytes:
         return self._ST.pack(
-            self.reason, self.tokens, self.rounds, self.drafted, self.accepted,
-            self.bytes_up, self.bytes_down, self.elapsed_s,
-        )  # fmt: skip
+            self.reason,
+            self.tokens,
+            self.rounds,
+            self.drafted,
+            self.accepted,
+            self.bytes_up,
+            self.bytes_down,
+            self.elapsed_s,
+        )
 
     @classmethod
     def parse(cls, r: _Reader, f32: bool, hdr: dict[str, int]) -> Message:

@@ -52,8 +52,16 @@ class Judgement(NamedTuple):
     def verdict(self, compute_s: float = 0.0, scored: int = 0, **header: int) -> Verdict:
         """The frame that carries this judgement, P_j in the precision the variant chose."""
         f32 = self.p_probs is not None and self.p_probs.dtype == np.float32
-        return Verdict(self.accepted, self.token, self.p_ids, self.p_probs, f32=f32,
-                       compute_s=compute_s, scored=scored, **header)  # fmt: skip
+        return Verdict(
+            self.accepted,
+            self.token,
+            self.p_ids,
+            self.p_probs,
+            f32=f32,
+            compute_s=compute_s,
+            scored=scored,
+            **header,
+        )
 
 
 class SplitVariant(ABC):
@@ -77,13 +85,27 @@ class SplitVariant(ABC):
         """What the frame carries beside the token ids (its fields after `token_ids`)."""
 
     def draft_frame(
-        self, drafts: Sequence[DraftToken], vocab_size: int, *, request_id: int, epoch: int,
-        step: int, more: int = 0, ahead: bool = False,
-    ) -> Draft:  # fmt: skip
+        self,
+        drafts: Sequence[DraftToken],
+        vocab_size: int,
+        *,
+        request_id: int,
+        epoch: int,
+        step: int,
+        more: int = 0,
+        ahead: bool = False,
+    ) -> Draft:
         """The frame that carries a round's drafts (or a part of them: `Draft`) to the cloud."""
         tokens = np.asarray([d.token for d in drafts], dtype=np.int64)
-        return self.frame(tokens, *self.payload(drafts, vocab_size), more=more, ahead=ahead,
-                          request_id=request_id, epoch=epoch, step=step)  # fmt: skip
+        return self.frame(
+            tokens,
+            *self.payload(drafts, vocab_size),
+            more=more,
+            ahead=ahead,
+            request_id=request_id,
+            epoch=epoch,
+            step=step,
+        )
 
     def correct(self, verdict: Verdict, q: np.ndarray, rng: np.random.Generator) -> int:
         """The token after a rejection, when the cloud left it to the device (`verdict.token`
@@ -104,8 +126,10 @@ class SplitVariant(ABC):
         if eta == 0.0:
             return self.verify(frame, drafts, P, rng)
         if not self.rapid:
-            raise ValueError(f"{self.name} cannot verify against RAPID's target (η > 0): its "
-                             "cloud never holds the drafts' distributions")  # fmt: skip
+            raise ValueError(
+                f"{self.name} cannot verify against RAPID's target (η > 0): its "
+                "cloud never holds the drafts' distributions"
+            )
         Q = self.draft_rows(frame, drafts, P.shape[1])
         return Judgement(*rapid_round(drafts, P, Q, eta, rng))
 
@@ -119,8 +143,10 @@ class SplitVariant(ABC):
         if not isinstance(frame, self.frame):
             raise ValueError(f"{self.name} drafts come as {self.frame.__name__}")
         if eta and not self.rapid:
-            raise ValueError(f"{self.name} cannot verify against RAPID's target (η > 0): its "
-                             "cloud never holds the drafts' distributions")  # fmt: skip
+            raise ValueError(
+                f"{self.name} cannot verify against RAPID's target (η > 0): its "
+                "cloud never holds the drafts' distributions"
+            )
         Q = self.draft_rows(frame, drafts, vocab_size)
         targets = []
         for x, q in zip(drafts.tolist(), Q, strict=True):

@@ -52,8 +52,10 @@ class Dssd(SplitVariant):
         q = np.asarray(frame.q, dtype=np.float64)
         if q.shape != drafts.shape or not np.all((q > 0.0) & (q <= 1.0)):
             raise ValueError("q(x) of a sampled draft must lie in (0, 1]")
-        return [DraftTarget(int(x), np.asarray([x]), np.asarray([qx]), coin=True)
-                for x, qx in zip(drafts.tolist(), q.tolist(), strict=True)]  # fmt: skip
+        return [
+            DraftTarget(int(x), np.asarray([x]), np.asarray([qx]), coin=True)
+            for x, qx in zip(drafts.tolist(), q.tolist(), strict=True)
+        ]
 
     def coin_rejection(
         self, n: int, p: np.ndarray, target: DraftTarget, rng: np.random.Generator

@@ -49,9 +49,20 @@ if TYPE_CHECKING:
 
 STOP_IDS = frozenset({IM_END_ID})
 
-__all__ = ["STOP_IDS", "Answer", "AnswerOptions", "CloudSettings", "ModeContext", "Orchestrator",
-           "Turn", "cloud_history", "device_generate", "device_prompt", "need_device",
-           "seen_by"]  # fmt: skip
+__all__ = [
+    "STOP_IDS",
+    "Answer",
+    "AnswerOptions",
+    "CloudSettings",
+    "ModeContext",
+    "Orchestrator",
+    "Turn",
+    "cloud_history",
+    "device_generate",
+    "device_prompt",
+    "need_device",
+    "seen_by",
+]
 
 
 @dataclass(frozen=True)
@@ -219,9 +230,12 @@ def shared_history(history: Sequence[Turn], identity: str | None) -> list[Turn]:
 
 
 def device_prompt(
-    device: DeviceModel, question: str, history: Sequence[Turn], passages: Sequence[Source],
+    device: DeviceModel,
+    question: str,
+    history: Sequence[Turn],
+    passages: Sequence[Source],
     options: AnswerOptions,
-) -> tuple[list[int], list[Notice]]:  # fmt: skip
+) -> tuple[list[int], list[Notice]]:
     """The device model's prompt, the oldest exchanges left out if the conversation outgrew
     its context (and a notice saying so)."""
     budget = prompt_budget(device.lm.max_context, options.max_new_tokens)
@@ -322,9 +336,11 @@ class Orchestrator(ABC):
         self._live, self._live_bytes = (stats, start), None
         device = self.ctx.device
         answer = Answer(
-            stats, start, Transcript(options.max_new_tokens, STOP_IDS),
+            stats,
+            start,
+            Transcript(options.max_new_tokens, STOP_IDS),
             TextStream(device.tokenizer) if device is not None else None,
-        )  # fmt: skip
+        )
         sent = SentLedger()
         stats.sent, self.ctx.sent = sent.rows, sent
         history = steering(question, history, device.tokenizer if device is not None else None)
@@ -365,9 +381,15 @@ class Orchestrator(ABC):
             yield event
 
     def prompt_with(
-        self, question: str, history: Sequence[Turn], passages: Sequence[Source],
-        options: AnswerOptions, answer: Answer, *, withheld: bool = False,
-    ) -> list[Event]:  # fmt: skip
+        self,
+        question: str,
+        history: Sequence[Turn],
+        passages: Sequence[Source],
+        options: AnswerOptions,
+        answer: Answer,
+        *,
+        withheld: bool = False,
+    ) -> list[Event]:
         """Build the device prompt from these passages into `answer.prompt`: their citations,
         and notices (nothing relevant, unless the passages were `withheld`; old exchanges
         left out)."""

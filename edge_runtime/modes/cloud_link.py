@@ -68,8 +68,9 @@ class CloudBacked(Orchestrator):
             async for event in self.prepare(question, history, options, answer):
                 yield event
             if answer.device_only:  # no consent for what the cloud would be sent: nothing is
-                async for event in device_generate(need_device(self.ctx), answer.prompt,
-                                                   answer, options):  # fmt: skip
+                async for event in device_generate(
+                    need_device(self.ctx), answer.prompt, answer, options
+                ):
                     yield event
                 return
             for last_try in (False, True):

@@ -70,8 +70,11 @@ from model_runtime.async_model import DocumentBatch
 from model_runtime.prefix_cache import PrefixReuse
 from model_runtime.prompting import document_prompt, prompt_budget
 
-POLICIES = {"device": AggregatorPolicy.DEVICE, "cloud": AggregatorPolicy.CLOUD,
-            "auto": AggregatorPolicy.AUTO}  # fmt: skip
+POLICIES = {
+    "device": AggregatorPolicy.DEVICE,
+    "cloud": AggregatorPolicy.CLOUD,
+    "auto": AggregatorPolicy.AUTO,
+}
 
 
 @dataclass
@@ -163,10 +166,15 @@ class DragonMode(CloudBacked):
         assert docs is not None  # prepare ran
         lookahead = self.ctx.dragon_lookahead
         setup = DragonSetup(
-            options.k, self.policy, Side.DEVICE, DRAGON_TOP_P, DRAGON_MAX_SPARSE,
-            DRAGON_LOOKAHEAD if lookahead is None else lookahead, self.ctx.rerank_every,
+            options.k,
+            self.policy,
+            Side.DEVICE,
+            DRAGON_TOP_P,
+            DRAGON_MAX_SPARSE,
+            DRAGON_LOOKAHEAD if lookahead is None else lookahead,
+            self.ctx.rerank_every,
             request_id=link.rid,
-        )  # fmt: skip
+        )
         await link.send(setup)
         pinger = asyncio.ensure_future(_ping(link.client))
         try:
@@ -177,14 +185,19 @@ class DragonMode(CloudBacked):
             ledger = Ledger(Side.DEVICE, answer.transcript, aggregator=first_aggregator(setup))
             scheduler = Scheduler(setup.policy)
             peer = DragonPeer(
-                ledger, docs.batch, link, setup, options.sampling, docs.scores,
+                ledger,
+                docs.batch,
+                link,
+                setup,
+                options.sampling,
+                docs.scores,
                 request_id=link.rid,
                 rng=np.random.default_rng(None if seed is None else [seed, 0xD2]),
                 coin=np.random.default_rng(None if seed is None else [seed, 0xC0]),
                 scheduler=scheduler,
                 rescore=self._rescore if docs.hits else None,
                 on_error=_cloud_broke_protocol,
-            )  # fmt: skip
+            )
             async for kept in peer.run(docs.first_logits, prefill_s):
                 _figures(answer, ledger, scheduler)
                 for event in [*link.take_events(), *answer.emit(kept)]:

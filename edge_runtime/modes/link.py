@@ -74,8 +74,12 @@ class CitationCount:
             events.append(Notice(NOTHING_PUBLIC))
         if len(shown) < len(msg.sources) and not self.cut:
             self.cut = True
-            events.append(Notice(f"the cloud sent more than {MAX_CITATIONS} sources for this "
-                                 f"answer; only the first {MAX_CITATIONS} are shown"))  # fmt: skip
+            events.append(
+                Notice(
+                    f"the cloud sent more than {MAX_CITATIONS} sources for this "
+                    f"answer; only the first {MAX_CITATIONS} are shown"
+                )
+            )
         return events
 
 

@@ -69,8 +69,10 @@ class SplitMode(CloudBacked):
         if options.eta:
             answer.stats.rapid_eta = options.eta
             if options.temperature == 0:
-                yield Notice(f"RAPID (η = {options.eta:g}) acts only when sampling: this "
-                             "greedy answer follows the cloud model exactly")  # fmt: skip
+                yield Notice(
+                    f"RAPID (η = {options.eta:g}) acts only when sampling: this "
+                    "greedy answer follows the cloud model exactly"
+                )
         async for event in super().generate(question, history, options, answer):
             yield event
 
@@ -97,11 +99,14 @@ class SplitMode(CloudBacked):
         withheld = withheld and not await self.private_allowed(options)
         if withheld:
             identity = self.cloud_identity()
-            yield Notice(f"drafting without your documents and private turns: "
-                         f"{refused(identity or 'this cloud')}")  # fmt: skip
+            yield Notice(
+                f"drafting without your documents and private turns: "
+                f"{refused(identity or 'this cloud')}"
+            )
             history, passages = shared_history(history, identity), []
-        for event in self.prompt_with(question, history, passages, options, answer,
-                                      withheld=withheld):  # fmt: skip
+        for event in self.prompt_with(
+            question, history, passages, options, answer, withheld=withheld
+        ):
             yield event
 
     async def converse(

@@ -24,10 +24,17 @@ def pipeline_parts(stats: Mapping[str, Any]) -> list[str]:
     batches the cost model sent stop-and-wait, and rejections that threw drafting away."""
     if not stats.get("pipeline"):
         return []
-    counts = [("truncations", "short"), ("fast_verified", "verified early"),
-              ("waits", "stop-and-wait"), ("rollbacks", "rolled back")]  # fmt: skip
-    said = [f"{stats.get(key, 0)} {what}" for key, what in counts
-            if stats.get(key) or key in ("truncations", "rollbacks")]  # fmt: skip
+    counts = [
+        ("truncations", "short"),
+        ("fast_verified", "verified early"),
+        ("waits", "stop-and-wait"),
+        ("rollbacks", "rolled back"),
+    ]
+    said = [
+        f"{stats.get(key, 0)} {what}"
+        for key, what in counts
+        if stats.get(key) or key in ("truncations", "rollbacks")
+    ]
     return [f"pipelined ×{stats.get('pipeline_depth', 0)}: " + ", ".join(said)]
 
 

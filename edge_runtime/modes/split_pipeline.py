@@ -197,10 +197,14 @@ class PipelinedRun(SplitRun):
             self.stats.truncations += not self.drafting_ended
         self.cloud_idle = self.cloud_idle and not last
         frame = self.scheme.draft_frame(
-            batch.drafts[batch.sent_n :], self.device.lm.vocab_size, request_id=self.rid,
-            epoch=self.epoch, step=batch.step + batch.sent_n,
-            more=0 if last else batch.gamma - len(batch.drafts), ahead=last and batch.ahead,
-        )  # fmt: skip
+            batch.drafts[batch.sent_n :],
+            self.device.lm.vocab_size,
+            request_id=self.rid,
+            epoch=self.epoch,
+            step=batch.step + batch.sent_n,
+            more=0 if last else batch.gamma - len(batch.drafts),
+            ahead=last and batch.ahead,
+        )
         batch.alone = not any(b.closed for b in self.batches if b is not batch)
         batch.sent, batch.sent_n, batch.closed = time.perf_counter(), len(batch.drafts), last
         self.stats.draft_bytes_up += await self.link.send(frame)

@@ -51,9 +51,14 @@ class SplitRun:
     model's answer for its kind of round)."""
 
     def __init__(
-        self, link: RequestLink, scheme: SplitVariant, costs: SplitCosts, device: DeviceModel,
-        options: AnswerOptions, answer: Answer,
-    ) -> None:  # fmt: skip
+        self,
+        link: RequestLink,
+        scheme: SplitVariant,
+        costs: SplitCosts,
+        device: DeviceModel,
+        options: AnswerOptions,
+        answer: Answer,
+    ) -> None:
         self.link, self.rid, self.answer = link, link.rid, answer
         self.scheme, self.costs, self.device = scheme, costs, device
         self.stats, self.transcript = answer.stats, answer.transcript
@@ -113,8 +118,12 @@ class SplitRun:
         """AS² compares with the cloud decoding alone: time that once per session, as soon as
         the speculation's own costs are known."""
         costs, remaining = self.costs, self.transcript.remaining
-        return (costs.as2 and not self.always_speculate and costs.t_cloud_step is None
-                and self._choice(remaining) is not None)  # fmt: skip
+        return (
+            costs.as2
+            and not self.always_speculate
+            and costs.t_cloud_step is None
+            and self._choice(remaining) is not None
+        )
 
     def _choice(self, remaining: int) -> GammaChoice | None:
         """The cost model's best round (γ, or AS²); None until it has measured."""
@@ -247,8 +256,9 @@ class SplitRun:
         self.stats.accepted += n
         self.stats.per_round.append((len(drafts), n))
         link_s = round_s - draft_s - verdict.compute_s
-        self.costs.observe_round(len(drafts), n, draft_s, link_s, verdict.compute_s,
-                                 scored=verdict.scored)  # fmt: skip
+        self.costs.observe_round(
+            len(drafts), n, draft_s, link_s, verdict.compute_s, scored=verdict.scored
+        )
         for event in self.answer.emit(kept):
             yield event
         if ended:
@@ -261,8 +271,9 @@ class SplitRun:
             token = self.scheme.correct(verdict, rejected.q, self.rng)
         except ValueError as exc:  # no distribution to sample from: not an honest cloud's
             raise CloudProtocolError(f"the cloud's verdict cannot be used: {exc}") from None
-        await self.link.send(TokenChunk(np.asarray([token]), request_id=self.rid,
-                                        epoch=self.epoch, step=step))  # fmt: skip
+        await self.link.send(
+            TokenChunk(np.asarray([token]), request_id=self.rid, epoch=self.epoch, step=step)
+        )
         return token
 
     async def _await_done(self) -> None:

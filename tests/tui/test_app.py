@@ -34,8 +34,9 @@ def corpus(tmp_path_factory, embedder_dir):
     from cloud_backend.corpus import PublicCorpus
 
     root = tmp_path_factory.mktemp("public")
-    c = PublicCorpus.open(root, embedder_dir, limit=100, progress=False, chunk_tokens=48,
-                          overlap_tokens=8)  # fmt: skip
+    c = PublicCorpus.open(
+        root, embedder_dir, limit=100, progress=False, chunk_tokens=48, overlap_tokens=8
+    )
     yield c
     c.close()
 
@@ -69,8 +70,9 @@ def index(isolated_dirs, embedder_dir, tmp_path):
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "garage.txt").write_text(NOTES, encoding="utf-8")
-    idx = PersonalIndex(isolated_dirs.data / "index", embedder_dir, chunk_tokens=48,
-                        overlap_tokens=8)  # fmt: skip
+    idx = PersonalIndex(
+        isolated_dirs.data / "index", embedder_dir, chunk_tokens=48, overlap_tokens=8
+    )
     idx.ingest([docs])
     yield idx
     idx.close()
@@ -102,8 +104,10 @@ async def until(pilot, condition, timeout: float = 30.0) -> None:
 async def ready(pilot) -> None:
     """The registry, the device and (if configured) the cloud have reported."""
     app: TandemApp = pilot.app
-    await until(pilot, lambda: app.query_one(ModeBar).infos and app.assistant.cloud_status.state
-                != "starting")  # fmt: skip
+    await until(
+        pilot,
+        lambda: app.query_one(ModeBar).infos and app.assistant.cloud_status.state != "starting",
+    )
 
 
 async def ask(pilot, question: str) -> AnswerView:
@@ -210,8 +214,14 @@ async def test_escape_cancels_and_keeps_the_partial_answer(tiny_device, index, c
         await pilot.click("#prompt")
         await pilot.press(*"Tell me a long story.")
         await pilot.press("enter")
-        await until(pilot, lambda: app.answering and list(app.query(AnswerView))
-                    and list(app.query(AnswerView))[-1].text)  # fmt: skip
+        await until(
+            pilot,
+            lambda: (
+                app.answering
+                and list(app.query(AnswerView))
+                and list(app.query(AnswerView))[-1].text
+            ),
+        )
         await pilot.press("escape")
         await until(pilot, lambda: not app.answering)
         answer = list(app.query(AnswerView))[-1]
@@ -232,15 +242,19 @@ async def test_cloud_going_away_mid_answer_keeps_the_conversation(
         await pilot.click("#prompt")
         await pilot.press(*"Tell me a long story.")
         await pilot.press("enter")
-        await until(pilot, lambda: list(app.query(AnswerView))
-                    and len(list(app.query(AnswerView))[-1].text) > 5)  # fmt: skip
+        await until(
+            pilot,
+            lambda: list(app.query(AnswerView)) and len(list(app.query(AnswerView))[-1].text) > 5,
+        )
         await cloud.close()
         await until(pilot, lambda: not app.answering)
         answer = list(app.query(AnswerView))[-1]
         assert app.assistant.cloud_status.state == "unavailable"
         notes = [n.message for n in app._notifications]
-        assert any("finishing the answer on the device" in str(n) or "cloud" in str(n).lower()
-                   for n in notes)  # fmt: skip
+        assert any(
+            "finishing the answer on the device" in str(n) or "cloud" in str(n).lower()
+            for n in notes
+        )
         stored = app.store.messages(app.conversation_id)
         assert [m.role for m in stored] == ["user", "assistant"]
         assert stored[1].text == answer.text and stored[1].text
@@ -307,8 +321,11 @@ async def test_theme_and_keymap_persist_across_restarts(isolated_dirs, tiny_devi
     from app.settings import save_settings
 
     save_settings(saved)
-    restarted = TandemApp(load_settings(), Assistant(load_settings(), device=tiny_device,
-                                                     index=index), connect_cloud=False)  # fmt: skip
+    restarted = TandemApp(
+        load_settings(),
+        Assistant(load_settings(), device=tiny_device, index=index),
+        connect_cloud=False,
+    )
     async with restarted.run_test(size=SIZE) as pilot:
         await ready(pilot)
         assert restarted.theme == "nord"
@@ -325,8 +342,13 @@ async def test_theme_and_keymap_persist_across_restarts(isolated_dirs, tiny_devi
 def test_tui_module_starts_light():
     """The window must appear within a second (that it pulls in no model code: test_imports)."""
     code = "import time; t = time.perf_counter(); import app.tui.app; print(time.perf_counter()-t)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).parents[2])  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parents[2],
+    )
     assert float(out.stdout) < 2.0
 
 
@@ -338,8 +360,9 @@ async def test_documents_screen_ingest_is_used_by_the_next_answer(
     docs = tmp_path / "new-docs"
     docs.mkdir()
     (docs / "boat.md").write_text("# Boat\n\nThe boat is called Wren and sleeps four.\n")
-    idx = PersonalIndex(isolated_dirs.data / "index", embedder_dir, chunk_tokens=48,
-                        overlap_tokens=8)  # fmt: skip
+    idx = PersonalIndex(
+        isolated_dirs.data / "index", embedder_dir, chunk_tokens=48, overlap_tokens=8
+    )
     app = make_app(tiny_device, idx)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)

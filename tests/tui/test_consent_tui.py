@@ -42,12 +42,14 @@ async def answered(pilot) -> AnswerView:
 
 def dragon_app(tiny_device, index, server) -> TandemApp:
     """Dragon over a loopback cloud standing in for a remote one the user never answered for."""
-    return make_app(tiny_device, index, url_of(server), default_mode="dragon", max_tokens=8,
-                    cloud_consent={})  # fmt: skip
+    return make_app(
+        tiny_device, index, url_of(server), default_mode="dragon", max_tokens=8, cloud_consent={}
+    )
 
 
-async def test_always_is_asked_once_and_remembered_per_cloud(isolated_dirs, tiny_device, index,
-                                                             cloud):  # fmt: skip
+async def test_always_is_asked_once_and_remembered_per_cloud(
+    isolated_dirs, tiny_device, index, cloud
+):
     app = dragon_app(tiny_device, index, cloud)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
@@ -68,8 +70,9 @@ async def test_always_is_asked_once_and_remembered_per_cloud(isolated_dirs, tiny
         assert app.store.messages(app.conversation_id)[-1].stats.get("aggregator")
 
 
-async def test_never_answers_on_the_device_and_is_remembered(isolated_dirs, tiny_device, index,
-                                                             cloud):  # fmt: skip
+async def test_never_answers_on_the_device_and_is_remembered(
+    isolated_dirs, tiny_device, index, cloud
+):
     app = dragon_app(tiny_device, index, cloud)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
@@ -113,14 +116,21 @@ async def test_escape_declines_this_time_and_asks_again(isolated_dirs, tiny_devi
         assert load_settings().cloud_consent == {}  # "this time" is not remembered
 
 
-async def test_questions_kept_on_the_device_open_no_connection(isolated_dirs, tiny_device, index,
-                                                                cloud):  # fmt: skip
+async def test_questions_kept_on_the_device_open_no_connection(
+    isolated_dirs, tiny_device, index, cloud
+):
     """The policy "questions stay on this device" with auto: the app never connects, not at
     start and not to answer (a socket counter sees every connect of this process)."""
     port = cloud.port
     with counting_sockets() as opened:
-        app = make_app(tiny_device, index, url_of(cloud), default_mode="auto",
-                       auto_cloud_questions=False, max_tokens=8)  # fmt: skip
+        app = make_app(
+            tiny_device,
+            index,
+            url_of(cloud),
+            default_mode="auto",
+            auto_cloud_questions=False,
+            max_tokens=8,
+        )
         async with app.run_test(size=SIZE) as pilot:
             await ready(pilot)
             assert app.assistant.cloud_status.state == "idle"

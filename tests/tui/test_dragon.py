@@ -27,10 +27,22 @@ ARRIVAL = [
 
 def dragon_stats() -> Stats:
     return Stats(
-        "dragon", tokens=21, ttft_s=0.25, elapsed_s=2.25, rounds=21, bytes_up=2048,
-        bytes_down=3584, figures={"aggregator": "cloud", "switches": 2, "device_drafted": 20,
-        "device_accepted": 12, "cloud_drafted": 20, "cloud_accepted": 18},
-    )  # fmt: skip
+        "dragon",
+        tokens=21,
+        ttft_s=0.25,
+        elapsed_s=2.25,
+        rounds=21,
+        bytes_up=2048,
+        bytes_down=3584,
+        figures={
+            "aggregator": "cloud",
+            "switches": 2,
+            "device_drafted": 20,
+            "device_accepted": 12,
+            "cloud_drafted": 20,
+            "cloud_accepted": 18,
+        },
+    )
 
 
 async def settled(pilot, app: TandemApp) -> None:
@@ -76,8 +88,16 @@ async def test_the_status_bar_shows_dragons_figures_and_sources_by_number(
         bar.set_state(mode="dragon", stats=dragon_stats(), answering=True)
         await pilot.pause()
         line = str(bar.line_text())
-        parts = ("● dragon", "21 tok", "TTFT 0.25 s", "10.0 tok/s", "aggregator cloud",
-                 "accept device 0.60 / cloud 0.90", "2 switches", "↑ 2.0 KB ↓ 3.5 KB")  # fmt: skip
+        parts = (
+            "● dragon",
+            "21 tok",
+            "TTFT 0.25 s",
+            "10.0 tok/s",
+            "aggregator cloud",
+            "accept device 0.60 / cloud 0.90",
+            "2 switches",
+            "↑ 2.0 KB ↓ 3.5 KB",
+        )
         for part in parts:
             assert part in line, (part, line)
         assert "γ" not in line  # split's figures stay split's
@@ -101,13 +121,20 @@ async def test_the_status_bar_shows_dragons_figures_and_sources_by_number(
         await answer.finish()
         await pilot.pause()
         lines = [line.plain for line in answer.query(CitationLine)]
-        assert [line[:10] for line in lines] == ["[1] cloud ", "[2] cloud ", "[3] device",
-                                                 "[4] device"]  # fmt: skip
+        assert [line[:10] for line in lines] == [
+            "[1] cloud ",
+            "[2] cloud ",
+            "[3] device",
+            "[4] device",
+        ]
         assert [r["number"] for r in answer.sources] == [1, 2, 3, 4]
         items = list(panel.query(SourceItem))
         assert [(i.src.number, i.src.side) for i in items] == [
-            (1, "cloud"), (2, "cloud"), (3, "device"), (4, "device"),
-        ]  # fmt: skip
+            (1, "cloud"),
+            (2, "cloud"),
+            (3, "device"),
+            (4, "device"),
+        ]
         # a stored answer comes back in the same order
         stored = app.query_one(ConversationView)
         await stored.load(

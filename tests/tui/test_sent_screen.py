@@ -29,14 +29,32 @@ from tests.tui.test_app import until
 SIZE = (120, 36)
 TOKEN = "tui-sent-token-0123456789"
 HOSTILE = "[b]bold[/b] [@click=app.quit]quit[/] :smile:"
-CITATION = {"number": 1, "side": "cloud", "title": "Tandem", "location": "", "score": 0.5,
-            "excerpt": "a bicycle for two", "text": "a bicycle for two"}  # fmt: skip
+CITATION = {
+    "number": 1,
+    "side": "cloud",
+    "title": "Tandem",
+    "location": "",
+    "score": 0.5,
+    "excerpt": "a bicycle for two",
+    "text": "a bicycle for two",
+}
 LEDGER: list[dict[str, Any]] = [
-    {"kind": QUESTION, "frames": 1, "bytes": 51, "items": 1, "messages": {"Generate": 1},
-     "texts": [HOSTILE]},
-    {"kind": "control", "frames": 2, "bytes": 160, "items": 2,
-     "messages": {"Hello": 1, "Generate": 1}},
-]  # fmt: skip
+    {
+        "kind": QUESTION,
+        "frames": 1,
+        "bytes": 51,
+        "items": 1,
+        "messages": {"Generate": 1},
+        "texts": [HOSTILE],
+    },
+    {
+        "kind": "control",
+        "frames": 2,
+        "bytes": 160,
+        "items": 2,
+        "messages": {"Hello": 1, "Generate": 1},
+    },
+]
 
 
 def make_app(tiny_device, url: str | None = None, **settings: Any) -> TandemApp:
@@ -58,8 +76,14 @@ async def test_the_selected_answers_ledger_is_shown_as_text(isolated_dirs, tiny_
     store = app.store
     cid = store.create("Tandems").id
     store.add_message(cid, "user", HOSTILE, "cloud")
-    store.add_message(cid, "assistant", "A bicycle for two.", "cloud", citations=[CITATION],
-                      stats={"sent": LEDGER})  # fmt: skip
+    store.add_message(
+        cid,
+        "assistant",
+        "A bicycle for two.",
+        "cloud",
+        citations=[CITATION],
+        stats={"sent": LEDGER},
+    )
     store.add_message(cid, "user", "And mine?", "local")
     store.add_message(cid, "assistant", "Yours is green.", "local", stats={"sent": []})
     store.add_message(cid, "user", "Before the ledger?", "cloud")
@@ -118,8 +142,9 @@ def engine(tiny, tiny_tokenizer) -> LLMEngine:
 
 @pytest.fixture
 async def cloud_url(engine):
-    server = TestServer(create_app(ServerConfig(token=TOKEN, corpus_enabled=False), engine),
-                        host="127.0.0.1")  # fmt: skip
+    server = TestServer(
+        create_app(ServerConfig(token=TOKEN, corpus_enabled=False), engine), host="127.0.0.1"
+    )
     await server.start_server()
     yield f"ws://127.0.0.1:{server.port}/v1/session"
     await server.close()
@@ -131,8 +156,10 @@ async def test_a_cloud_answer_and_a_cancelled_one_show_what_left(
 ) -> None:
     app = make_app(tiny_device, cloud_url, default_mode="cloud", max_tokens=120)
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: app.query_one(ModeBar).infos
-                    and app.assistant.cloud_status.state != "starting")  # fmt: skip
+        await until(
+            pilot,
+            lambda: app.query_one(ModeBar).infos and app.assistant.cloud_status.state != "starting",
+        )
         question = "What is a tandem bicycle?"
         await pilot.click("#prompt")
         await pilot.press(*question, "enter")
@@ -147,8 +174,14 @@ async def test_a_cloud_answer_and_a_cancelled_one_show_what_left(
         engine.on_step = lambda kind, n, seconds: time.sleep(0.04)  # long enough to cancel
         await pilot.click("#prompt")
         await pilot.press(*"Tell me a long story.", "enter")
-        await until(pilot, lambda: app.answering and len(app.query(AnswerView)) == 2
-                    and app.query(AnswerView).last().text)  # fmt: skip
+        await until(
+            pilot,
+            lambda: (
+                app.answering
+                and len(app.query(AnswerView)) == 2
+                and app.query(AnswerView).last().text
+            ),
+        )
         await pilot.press("f7")  # while it streams: what has left so far
         await until(pilot, lambda: isinstance(app.screen, SentScreen))
         assert "so far" in shown(app) and "Tell me a long story." in shown(app)

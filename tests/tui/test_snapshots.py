@@ -48,13 +48,22 @@ def seed_conversation() -> None:
     with ConversationStore(conversations_path()) as store:
         cid = store.create("Tandem bicycles").id
         store.add_message(cid, "user", "What is a tandem?", "local")
-        source = {"number": 1, "side": "device", "title": "bikes.md", "location": "lines 1–4",
-                  "score": 0.82, "excerpt": "A tandem bicycle…", "path": "/notes/bikes.md",
-                  "text": "A tandem bicycle is ridden by two people."}  # fmt: skip
-        store.add_message(cid, "assistant", ANSWER, "local", citations=[source],
-                          stats={"tokens": 40})  # fmt: skip
-        store._conn.execute("UPDATE conversations SET created_at = ?, updated_at = ?",
-                            (NOON_2025, NOON_2025))  # fmt: skip
+        source = {
+            "number": 1,
+            "side": "device",
+            "title": "bikes.md",
+            "location": "lines 1–4",
+            "score": 0.82,
+            "excerpt": "A tandem bicycle…",
+            "path": "/notes/bikes.md",
+            "text": "A tandem bicycle is ridden by two people.",
+        }
+        store.add_message(
+            cid, "assistant", ANSWER, "local", citations=[source], stats={"tokens": 40}
+        )
+        store._conn.execute(
+            "UPDATE conversations SET created_at = ?, updated_at = ?", (NOON_2025, NOON_2025)
+        )
         store._conn.commit()
 
 
@@ -77,14 +86,12 @@ def test_chat_screen(snap_compare, pinned, tiny_device):
 
 
 def test_help_screen(snap_compare, pinned, tiny_device):
-    assert snap_compare(make_app(tiny_device), terminal_size=SIZE, press=["f1"],
-                        run_before=settled)  # fmt: skip
+    assert snap_compare(make_app(tiny_device), terminal_size=SIZE, press=["f1"], run_before=settled)
 
 
 def test_conversations_screen(snap_compare, pinned, tiny_device):
     seed_conversation()
-    assert snap_compare(make_app(tiny_device), terminal_size=SIZE, press=["f3"],
-                        run_before=settled)  # fmt: skip
+    assert snap_compare(make_app(tiny_device), terminal_size=SIZE, press=["f3"], run_before=settled)
 
 
 def test_settings_screen(snap_compare, pinned, tiny_device):

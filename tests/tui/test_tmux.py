@@ -21,8 +21,9 @@ class Tmux:
         self.socket = socket
 
     def run(self, *args: str) -> str:
-        out = subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True,
-                             timeout=30)  # fmt: skip
+        out = subprocess.run(
+            ["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=30
+        )
         if out.returncode:
             raise RuntimeError(f"tmux {' '.join(args)}: {out.stderr.strip()}")
         return out.stdout
@@ -46,8 +47,12 @@ class Tmux:
         raise AssertionError(f"{text!r} never appeared; the screen was:\n{self.screen()}")
 
     def alive(self) -> bool:
-        return subprocess.run(["tmux", "-L", self.socket, "has-session", "-t", SESSION],
-                              capture_output=True).returncode == 0  # fmt: skip
+        return (
+            subprocess.run(
+                ["tmux", "-L", self.socket, "has-session", "-t", SESSION], capture_output=True
+            ).returncode
+            == 0
+        )
 
 
 @pytest.fixture
@@ -67,14 +72,25 @@ def test_a_person_ingests_a_folder_and_asks_in_local_mode(tmux, tmp_path, tiny, 
     (data / "models").mkdir(parents=True)
     (data / "models" / "all-minilm-l6-v2-onnx").symlink_to(embedder_dir)
     config.mkdir()
-    (config / "config.toml").write_text(tomli_w.dumps({
-        "device_model": str(tiny["onnx-quant"]),
-        "cloud_url": "ws://127.0.0.1:9/v1/session",  # nothing listens (local: never asked)
-        "default_mode": "local", "k": 1, "max_tokens": 24,
-    }))  # fmt: skip
+    (config / "config.toml").write_text(
+        tomli_w.dumps(
+            {
+                "device_model": str(tiny["onnx-quant"]),
+                "cloud_url": "ws://127.0.0.1:9/v1/session",  # nothing listens (local: never asked)
+                "default_mode": "local",
+                "k": 1,
+                "max_tokens": 24,
+            }
+        )
+    )
     tandem = Path(sys.executable).parent / "tandem"
-    env = {"HOME": str(home), "TANDEM_DATA_DIR": str(data), "TANDEM_CONFIG_DIR": str(config),
-           "TERM": "xterm-256color", "PATH": os.environ["PATH"]}  # fmt: skip
+    env = {
+        "HOME": str(home),
+        "TANDEM_DATA_DIR": str(data),
+        "TANDEM_CONFIG_DIR": str(config),
+        "TERM": "xterm-256color",
+        "PATH": os.environ["PATH"],
+    }
     command = " ".join(["env", *(f"{k}={v}" for k, v in env.items()), str(tandem)])
     start = time.monotonic()
     tmux.run("new-session", "-d", "-s", SESSION, "-x", "120", "-y", "36", command)

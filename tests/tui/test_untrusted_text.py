@@ -40,9 +40,15 @@ MARKUP = (
 an emoji code and a C1 CSI (clear screen)."""
 SHOWN = strip_controls(MARKUP)
 """What the user sees: the same characters, less the control ones."""
-LITERALS = ("[/]", "[bold]not bold[/bold]", "[@click=app.quit]quit[/]",
-            "[link=https://example.com]a link[/link]", "[31mred[0m", ":smile:",
-            "]8;;https://evil.example\\hyperlink")  # fmt: skip
+LITERALS = (
+    "[/]",
+    "[bold]not bold[/bold]",
+    "[@click=app.quit]quit[/]",
+    "[link=https://example.com]a link[/link]",
+    "[31mred[0m",
+    ":smile:",
+    "]8;;https://evil.example\\hyperlink",
+)
 CABIN = "Cabin [/] notes"
 BUDGET = "[@click=app.quit]budget.md"
 
@@ -94,9 +100,17 @@ class Host(App[None]):
 
 
 def cited(number: int = 1, **row: Any) -> dict[str, Any]:
-    return {"number": number, "side": "device", "title": CABIN, "location": "line 1",
-            "score": 0.5, "excerpt": MARKUP, "path": f"/docs/{BUDGET}", "text": MARKUP,
-            **row}  # fmt: skip
+    return {
+        "number": number,
+        "side": "device",
+        "title": CABIN,
+        "location": "line 1",
+        "score": 0.5,
+        "excerpt": MARKUP,
+        "path": f"/docs/{BUDGET}",
+        "text": MARKUP,
+        **row,
+    }
 
 
 async def test_model_output_streams_as_markdown_but_never_as_markup_or_escapes() -> None:
@@ -160,8 +174,9 @@ async def test_status_bar_and_help_show_error_text_and_paths_literally() -> None
         bar.set_state(mode="local", device=f"device model unavailable: {MARKUP}")
         await pilot.pause()
         assert_literal(shown(bar))
-        await app.push_screen(HelpScreen([("ctrl+o", "Mode", "cycle_mode")],
-                                         {"data": f"/home/[bold]me[/]/{BUDGET}"}))  # fmt: skip
+        await app.push_screen(
+            HelpScreen([("ctrl+o", "Mode", "cycle_mode")], {"data": f"/home/[bold]me[/]/{BUDGET}"})
+        )
         await pilot.pause()
         where = app.screen.query(Static).last().content
         assert isinstance(where, Table)
@@ -214,8 +229,9 @@ def markup_index(isolated_dirs, embedder_dir, tmp_path):
         encoding="utf-8",
     )
     (docs / BUDGET).write_text(f"{MARKUP}\n", encoding="utf-8")
-    idx = PersonalIndex(isolated_dirs.data / "index", embedder_dir, chunk_tokens=200,
-                        overlap_tokens=8)  # fmt: skip
+    idx = PersonalIndex(
+        isolated_dirs.data / "index", embedder_dir, chunk_tokens=200, overlap_tokens=8
+    )
     idx.ingest([docs])
     yield idx
     idx.close()
@@ -240,8 +256,9 @@ async def test_an_answer_citing_markup_shows_it_literally_and_the_app_starts_aga
         assert titles == {CABIN, BUDGET}, titles
         panel_text = " ".join(shown(label) for label in app.query_one(SourcesPanel).query(Label))
         assert CABIN in panel_text and BUDGET in panel_text and "[/] and [bold]" in panel_text
-        lines = " ".join(shown(label) for line in answer.query(CitationLine)
-                         for label in line.query(Label))  # fmt: skip
+        lines = " ".join(
+            shown(label) for line in answer.query(CitationLine) for label in line.query(Label)
+        )
         assert CABIN in lines and BUDGET in lines
         assert shown(app.query(QuestionView).last()) == question
         assert question in shown(app.query_one("#conversation-title", Static))
