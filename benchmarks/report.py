@@ -31,6 +31,7 @@ log = logging.getLogger("benchmarks.report")
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+ARCHIVE = "archive"  # results/archive/: runs that cannot be reproduced (see `result_file`)
 TABLES = ROOT / "docs" / "tables"
 README = ROOT / "README.md"
 README_BLOCK = ("<!-- report:readme-speed -->", "<!-- /report:readme-speed -->")
@@ -62,8 +63,17 @@ def num(v: float | None, spec: str) -> str:
 # --------------------------------------------------------------------------- result files
 
 
+def result_file(rel: str) -> Path:
+    """A result by its name under `results/`: the run there, else the archived one. Runs that
+    cannot be reproduced (no machine recorded, or a tree with code changes) live in
+    `results/archive/`, and a table citing one says so; a new run of the same name, written
+    to `results/`, takes its place."""
+    fresh = RESULTS / rel
+    return fresh if fresh.exists() else RESULTS / ARCHIVE / rel
+
+
 def load(rel: str) -> dict[str, Any]:
-    data = json.loads((RESULTS / rel).read_text(encoding="utf-8"))
+    data = json.loads(result_file(rel).read_text(encoding="utf-8"))
     return data if isinstance(data, dict) else {"rows": data}
 
 
@@ -96,8 +106,13 @@ def corrected(data: dict[str, Any], field: str, key: str) -> list[dict[str, Any]
 
 def render(name: str, built: Built) -> str:
     if built.sources:
-        provs = [(f"results/{s}", with_corrections(load(s))) for s in built.sources]
+        provs = [(_cited(s), with_corrections(load(s))) for s in built.sources]
         cap = "Source: " + caption(provs) + "."
+        if any(ARCHIVE in name.split("/") for name, _ in provs):
+            cap += (
+                " Archived: a run that cannot be reproduced as recorded (no machine recorded,"
+                " or a tree with code changes)."
+            )
     else:
         cap = "Source: no saved result (every cell unmeasured)."
     note = f" {built.note}" if built.note else ""
@@ -130,7 +145,12 @@ MEASURE = {
 
 
 def saved(rel: str) -> bool:
-    return (RESULTS / rel).exists()
+    return result_file(rel).exists()
+
+
+def _cited(rel: str) -> str:
+    """How a caption names a result: its path under `benchmarks/`."""
+    return f"results/{rel}" if (RESULTS / rel).exists() else f"results/{ARCHIVE}/{rel}"
 
 
 DEVICE_BACKENDS = ("torch fp32", "torch bf16", "ORT fp32", "ORT int8-head4*", "ORT int4")
@@ -1441,7 +1461,7 @@ AUTO_DECISIONS = "auto/ort-60q-decisions.json"
 def _auto_pooled() -> tuple[list[dict], dict | None, dict]:
     from benchmarks.auto import pooled
 
-    rows, private_pass = pooled([RESULTS / f for f in AUTO])
+    rows, private_pass = pooled([result_file(f) for f in AUTO])
     return rows, private_pass, load(AUTO[0])["config"]
 
 

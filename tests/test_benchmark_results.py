@@ -120,11 +120,14 @@ def test_device_runtime_result_renders_and_fills_the_readme(
 
 
 def _load_from(tmp: Path) -> Callable[[str], dict]:
-    """`report.load` reading the fresh result from `tmp` and every other from the repository."""
+    """`report.load` reading the fresh result from `tmp` and every other from the repository
+    (its archive included)."""
+
     committed = report.ROOT / "benchmarks" / "results"
 
     def load(rel: str) -> dict:
-        path = tmp / rel if (tmp / rel).exists() else committed / rel
+        where = [tmp / rel, committed / rel, committed / report.ARCHIVE / rel]
+        path = next((p for p in where if p.exists()), where[-1])
         data = json.loads(path.read_text(encoding="utf-8"))
         return data if isinstance(data, dict) else {"rows": data}
 

@@ -4,15 +4,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from benchmarks.dragon import trace_summary
 from benchmarks.intervals import bootstrap_ci, fisher_exact, verdict
 from benchmarks.private_facts import compare_right, comparisons, summarise
-
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+from benchmarks.report import result_file
 
 
 def test_fisher_exact_matches_known_values() -> None:
@@ -48,7 +46,7 @@ def test_the_saved_private_facts_comparison_is_within_noise() -> None:
     """30/32 (dragon) against 27/32 (split η 20), the README's "most reliable": noise."""
     rows = []
     for name in ("ort-32notes-eta0-1.json", "ort-32notes-large-eta.json"):
-        rows += json.loads((RESULTS / "private-facts" / name).read_text())["rows"]
+        rows += json.loads(result_file(f"private-facts/{name}").read_text())["rows"]
     found = comparisons(rows, summarise(rows))
     dragon = found["dragon vs split-eta-20"]
     assert dragon["right"] == [30, 27] and dragon["fisher_p"] == pytest.approx(0.43, abs=0.01)
@@ -58,7 +56,7 @@ def test_the_saved_private_facts_comparison_is_within_noise() -> None:
 
 def test_the_saved_scheduler_trace_is_within_noise() -> None:
     """The live scheduler's −1.3 % over the whole trace (20 prompts): an interval over zero."""
-    rows = json.loads((RESULTS / "dragon" / "trace-ort-20prompts.json").read_text())["trace"]
+    rows = json.loads(result_file("dragon/trace-ort-20prompts.json").read_text())["trace"]
     summary = trace_summary(rows)
     assert summary["whole_vs_better_pinned"] == pytest.approx(-0.0133, abs=5e-4)
     lo, hi = summary["whole_vs_better_pinned_ci"]
