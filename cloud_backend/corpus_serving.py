@@ -30,7 +30,7 @@ import numpy as np
 from cloud_backend.corpus import PublicCorpus, PublicHit
 from cloud_backend.corpus_build import build_keywords, is_built, shipped_vectors_pass
 from retrieval.chunking import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP_TOKENS
-from retrieval.embedder import OnnxEmbedder, prepare_onnx_embedder, question_cosines
+from retrieval.embedder import OnnxEmbedder, prepare_onnx_embedder
 from retrieval.search import SearchMode
 from retrieval.store import Hit, IndexStore
 
@@ -54,7 +54,8 @@ class KeywordCorpus:
     def __init__(self, store: IndexStore, embedder: OnnxEmbedder) -> None:
         self.store = store
         self.embedder = embedder
-        self._texts: dict[int, str] = {}  # chunk id -> what was embedded (for `rescore`)
+        self._vectors: dict[int, np.ndarray] = {}  # chunk id -> its vector, embedded once
+        self._lock = threading.Lock()
 
     def warm_up(self) -> None:
         self.embedder.embed(["warm up"])
@@ -69,23 +70,34 @@ class KeywordCorpus:
         if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
             raise ValueError(f"k must be a positive integer, got {k!r}")
         found = self.store.keyword_search(query, max(k, KEYWORD_DEPTH))
-        texts = [_embedded_text(h) for h in found]
-        cosines = question_cosines(self.embedder.embed, query, texts)
-        ranked = sorted(zip(cosines, found, texts, strict=True), key=lambda c: -c[0])
+        if not found:
+            return []
+        cosines = self._vectors_of(found) @ self.embedder.embed([query])[0]
+        ranked = sorted(zip(cosines.tolist(), found, strict=True), key=lambda c: -c[0])
         kept = [
-            (replace(h, score=c, cosine=c), text)
-            for c, h, text in ranked
-            if min_score is None or c >= min_score
-        ][:k]
-        self._texts.update((h.chunk_id, text) for h, text in kept)
-        return [replace(PublicCorpus._public(h), vector_stored=False) for h, _ in kept]
+            replace(h, score=c, cosine=c) for c, h in ranked if min_score is None or c >= min_score
+        ]
+        return [replace(PublicCorpus._public(h), vector_stored=False) for h in kept[:k]]
 
     def rescore(self, hits: Sequence[PublicHit], text: str) -> np.ndarray:
-        """As `PublicCorpus.rescore`, the chunks embedded again (they have no stored vector)."""
+        """As `PublicCorpus.rescore`, from the vectors embedded when the hits were found."""
         if not hits:
             return np.empty(0, dtype=np.float32)
-        chunks = [self._texts.get(h.chunk_id, h.text) for h in hits]
-        return np.array(question_cosines(self.embedder.embed, text, chunks), dtype=np.float32)
+        with self._lock:
+            vectors = np.stack([self._vectors[h.chunk_id] for h in hits])
+        return vectors @ self.embedder.embed([text])[0]
+
+    def _vectors_of(self, hits: Sequence[Hit]) -> np.ndarray:
+        """The hits' vectors, each chunk embedded as a build embeds it, and only once: a
+        question's clauses and the next questions find many of the same chunks."""
+        with self._lock:
+            missing = [h for h in hits if h.chunk_id not in self._vectors]
+        if missing:
+            vectors = self.embedder.embed([_embedded_text(h) for h in missing])
+            with self._lock:
+                self._vectors.update(zip((h.chunk_id for h in missing), vectors, strict=True))
+        with self._lock:
+            return np.stack([self._vectors[h.chunk_id] for h in hits])
 
     def close(self) -> None:
         self.store.close()
@@ -103,7 +115,7 @@ class ServingCorpus:
         self._full = corpus if isinstance(corpus, PublicCorpus) else None
         self._keywords = corpus if isinstance(corpus, KeywordCorpus) else None
         self._on_status = on_status
-        self._status = MEANING if self._full else "keywords; meaning 0 %"
+        self._status = MEANING if self._full is not None else "keywords; meaning 0 %"
         self._said_tenth = -1
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -114,7 +126,7 @@ class ServingCorpus:
 
     @property
     def _current(self) -> PublicCorpus | KeywordCorpus:
-        current = self._full or self._keywords
+        current = self._full if self._full is not None else self._keywords
         assert current is not None
         return current
 

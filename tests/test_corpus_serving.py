@@ -54,6 +54,14 @@ def test_a_first_start_serves_by_keyword_at_once_then_by_meaning(tmp_path, embed
         assert serving.search(QUESTION, 3, 0.99) == []
         assert serving.search("zzqx unknownword", 3, None) == []
         keyword_cosines = serving.rescore(early, QUESTION)
+        np.testing.assert_allclose(keyword_cosines, scores, atol=1e-5)  # the score is the cosine
+        embedder = serving._keywords.embedder
+        embedded: list[int] = []
+        embed = embedder.embed
+        embedder.embed = lambda texts: embedded.append(len(texts)) or embed(texts)
+        assert serving.search(QUESTION, 3, PUBLIC_FLOOR) == early
+        assert embedded == [1]  # only the question: each chunk is embedded once
+        embedder.embed = embed
 
         hold.set()
         assert serving.ready.wait(WAIT_S)
