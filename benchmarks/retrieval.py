@@ -503,7 +503,7 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
     from benchmarks.retrieval_docs import SOURCE, write_reference_docs
     from collab.plumbing.paths import embedder_dir
     from personal_index.index import PersonalIndex
-    from retrieval.store import KEYWORD_POSTINGS
+    from retrieval.store_keywords import KEYWORD_POSTINGS
 
     header, questions = load_questions(args.questions)
     if args.quick:

@@ -29,15 +29,13 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import faiss
 import numpy as np
 from sqlite_utils import Database
 
-from collab.plumbing import migrations
 from collab.plumbing.files import (
     PRIVATE_FILE_MODE,
     atomic_write,
@@ -46,318 +44,50 @@ from collab.plumbing.files import (
     private_sqlite_file,
     tighten,
 )
-from collab.plumbing.migrations import Migration, user_version
-from collab.sources import Side, Source, format_location
 from retrieval import scrub
-from retrieval.keywords import affordable, keyword_terms, match_expression
+from retrieval.keywords import match_expression
+from retrieval.store_keywords import QueryWords
+from retrieval.store_records import (
+    CHUNK_FORMAT,
+    ChunkRecord,
+    DocumentMeta,
+    DocumentRow,
+    FolderRow,
+    FoundBy,
+    Hit,
+    IndexKind,
+    Status,
+    StoredChunk,
+    StoreStats,
+)
+from retrieval.store_schema import FTS_TOKENIZER, SCHEMA_VERSION, migrate, schema_version
+
+__all__ = [
+    "CHUNK_FORMAT",
+    "DB_NAME",
+    "FAISS_NAME",
+    "FTS_TOKENIZER",
+    "SCHEMA_VERSION",
+    "ChunkRecord",
+    "DocumentMeta",
+    "DocumentRow",
+    "FolderRow",
+    "FoundBy",
+    "Hit",
+    "IndexKind",
+    "IndexStore",
+    "Status",
+    "StoreStats",
+    "StoredChunk",
+    "migrate",
+    "schema_version",
+]
 
 log = logging.getLogger(__name__)
 
 DB_NAME = "index.sqlite"
 FAISS_NAME = "vectors.faiss"
 _BATCH = 8192
-
-Status = Literal["indexed", "failed"]
-IndexKind = Literal["flat", "hnsw"]
-FoundBy = Literal["meaning", "keyword", "both"]
-
-#: How documents are cut and embedded now; rows written by an older recipe are re-indexed by
-#: the next ingest even if the file did not change. 2: heading paths embedded and indexed.
-CHUNK_FORMAT = 2
-
-
-# --------------------------------------------------------------------------- records
-
-
-@dataclass(frozen=True)
-class DocumentMeta:
-    """What the ingester knows about a file before its chunks are stored."""
-
-    path: str
-    size: int
-    mtime: float
-    sha256: str
-    title: str | None = None
-    kind: str | None = None
-    ocr_pages: tuple[int, ...] = ()
-    unread_pages: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class ChunkRecord:
-    """One chunk of a document and where it came from, so answers can cite it."""
-
-    ordinal: int
-    text: str
-    page: int | None = None
-    title: str | None = None
-    line_start: int | None = None
-    line_end: int | None = None
-    char_start: int | None = None
-    char_end: int | None = None
-    heading: str | None = None
-
-    @property
-    def embedded_text(self) -> str:
-        """What the embedder reads for this chunk: heading path, newline, text."""
-        return f"{self.heading}\n{self.text}" if self.heading else self.text
-
-
-@dataclass(frozen=True)
-class DocumentRow:
-    """A row of the ``documents`` table."""
-
-    id: int
-    path: str
-    size: int
-    mtime: float
-    sha256: str
-    status: Status
-    error: str | None
-    title: str | None
-    kind: str | None
-    chunk_count: int
-    indexed_at: float
-    chunk_format: int = CHUNK_FORMAT
-    ocr_pages: tuple[int, ...] | None = ()
-    """Pages read by OCR; None for a row written before OCR existed (read again at the next
-    ingest if it holds no chunk: a scan indexed as "0 chunks" then gets its text)."""
-    unread_pages: tuple[int, ...] = ()
-    """Pages that gave no text at all (no text layer, and OCR found none)."""
-
-
-@dataclass(frozen=True)
-class StoredChunk:
-    """A chunk as stored, with its document's path (for rescoring and citations)."""
-
-    chunk_id: int
-    document_id: int
-    path: str
-    ordinal: int
-    text: str
-    page: int | None
-    title: str | None
-    line_start: int | None
-    line_end: int | None
-    char_start: int | None
-    char_end: int | None
-    heading: str | None = None
-
-
-@dataclass(frozen=True)
-class Hit:
-    """A search result: the chunk text, its score and its location.
-
-    `score` is the relevance the caller acts on: the cosine with the question, whichever search
-    found it (`retrieval.search` fills it in for keyword hits; a bare `keyword_search` leaves
-    BM25 there). `found_by` says which search found it;
-    `cosine` and `bm25` are the raw scores of each search (None where it did not find it).
-    """
-
-    chunk_id: int
-    score: float
-    text: str
-    path: str
-    title: str | None
-    page: int | None
-    line_start: int | None
-    line_end: int | None
-    char_start: int | None
-    char_end: int | None
-    ordinal: int
-    heading: str | None = None
-    found_by: FoundBy = "meaning"
-    cosine: float | None = None
-    bm25: float | None = None
-
-    @property
-    def location(self) -> str:
-        """Where the chunk is in its file, as its citation shows it ("p. 3, lines 4–9")."""
-        return format_location(self.page, self.line_start, self.line_end)
-
-    @property
-    def label(self) -> str:
-        """How the hit is titled: its heading path, else its title, else its file name."""
-        return self.heading or self.title or os.path.basename(self.path)
-
-    def source(self, number: int, side: Side) -> Source:
-        """This hit as citation `number`, titled by its heading path."""
-        return Source(
-            self.label,
-            self.location,
-            float(self.score),
-            self.text,
-            number,
-            side,
-            self.path,
-            found_by=self.found_by,
-        )
-
-
-@dataclass(frozen=True)
-class FolderRow:
-    """A folder kept in sync with the index, and when it was last synced (None: not yet)."""
-
-    path: str
-    added_at: float
-    synced_at: float | None
-
-
-@dataclass(frozen=True)
-class StoreStats:
-    """Counts for ``tandem docs list`` and the TUI."""
-
-    documents: int
-    failed: int
-    chunks: int
-    bytes_on_disk: int
-    index_kind: IndexKind
-
-
-# --------------------------------------------------------------------------- schema
-
-
-def _migrate_v0_to_v1(conn: sqlite3.Connection) -> None:
-    """Initial schema: documents, chunks (with vectors), meta."""
-    for sql in (
-        """CREATE TABLE documents (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            path TEXT NOT NULL UNIQUE,
-            size INTEGER NOT NULL,
-            mtime REAL NOT NULL,
-            sha256 TEXT NOT NULL,
-            status TEXT NOT NULL CHECK (status IN ('indexed', 'failed')),
-            error TEXT,
-            title TEXT,
-            kind TEXT,
-            chunk_count INTEGER NOT NULL DEFAULT 0,
-            indexed_at REAL NOT NULL
-        )""",
-        """CREATE TABLE chunks (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            document_id INTEGER NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
-            ordinal INTEGER NOT NULL,
-            text TEXT NOT NULL,
-            page INTEGER,
-            title TEXT,
-            line_start INTEGER,
-            line_end INTEGER,
-            char_start INTEGER,
-            char_end INTEGER,
-            vector BLOB NOT NULL
-        )""",
-        "CREATE INDEX chunks_document_id ON chunks(document_id)",
-        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    ):
-        conn.execute(sql)
-
-
-def _migrate_v1_to_v2(conn: sqlite3.Connection) -> None:
-    """Make (document, ordinal) unique, so a duplicate chunk is impossible rather than merely
-    avoided, and index documents by status for the failed-files listing."""
-    conn.execute(
-        "DELETE FROM chunks WHERE id NOT IN "
-        "(SELECT min(id) FROM chunks GROUP BY document_id, ordinal)"
-    )
-    conn.execute(
-        "UPDATE documents SET chunk_count = "
-        "(SELECT count(*) FROM chunks WHERE chunks.document_id = documents.id)"
-    )
-    conn.execute("CREATE UNIQUE INDEX chunks_document_ordinal ON chunks(document_id, ordinal)")
-    conn.execute("CREATE INDEX documents_status ON documents(status)")
-
-
-def _migrate_v2_to_v3(conn: sqlite3.Connection) -> None:
-    """Folders the user asked to keep in sync (watched by the app), with their last sync."""
-    conn.execute(
-        """CREATE TABLE folders (
-            path TEXT PRIMARY KEY,
-            added_at REAL NOT NULL,
-            synced_at REAL
-        )"""
-    )
-
-
-#: FTS5's tokenizer: Porter stems ("decorators" finds "decorator"); unicode61 splits at
-#: punctuation, so `max_file_mb`, `os.path.join` and `--flag` are indexed as their parts and
-#: found again as phrases (`retrieval.keywords`).
-FTS_TOKENIZER = "porter unicode61 remove_diacritics 2"
-
-
-def _migrate_v3_to_v4(conn: sqlite3.Connection) -> None:
-    """The keyword index: each chunk's heading path and text in FTS5 (BM25), an external-content
-    table over ``chunks`` kept by triggers, so it commits with the chunk rows. Chunks of an older
-    index get the heading they can have (document title › section title) and are marked for
-    re-embedding by the next ingest (``chunk_format``)."""
-    conn.execute("ALTER TABLE chunks ADD COLUMN heading TEXT")
-    conn.execute("ALTER TABLE documents ADD COLUMN chunk_format INTEGER NOT NULL DEFAULT 1")
-    conn.execute(
-        "UPDATE chunks SET heading = (SELECT CASE "
-        "WHEN d.title IS NULL THEN chunks.title "
-        "WHEN chunks.title IS NULL OR chunks.title = d.title THEN d.title "
-        "ELSE d.title || ' › ' || chunks.title END "
-        "FROM documents d WHERE d.id = chunks.document_id)"
-    )
-    conn.execute(
-        "CREATE VIRTUAL TABLE chunks_fts USING fts5(heading, text, content='chunks', "
-        f"content_rowid='id', tokenize='{FTS_TOKENIZER}')"
-    )
-    conn.execute(
-        "CREATE TRIGGER chunks_fts_insert AFTER INSERT ON chunks BEGIN "
-        "INSERT INTO chunks_fts(rowid, heading, text) VALUES (new.id, new.heading, new.text); END"
-    )
-    conn.execute(
-        "CREATE TRIGGER chunks_fts_delete AFTER DELETE ON chunks BEGIN "
-        "INSERT INTO chunks_fts(chunks_fts, rowid, heading, text) "
-        "VALUES ('delete', old.id, old.heading, old.text); END"
-    )
-    conn.execute(
-        "CREATE TRIGGER chunks_fts_update AFTER UPDATE ON chunks BEGIN "
-        "INSERT INTO chunks_fts(chunks_fts, rowid, heading, text) "
-        "VALUES ('delete', old.id, old.heading, old.text); "
-        "INSERT INTO chunks_fts(rowid, heading, text) VALUES (new.id, new.heading, new.text); END"
-    )
-    conn.execute("INSERT INTO chunks_fts(chunks_fts) VALUES ('rebuild')")
-
-
-def _migrate_v4_to_v5(conn: sqlite3.Connection) -> None:
-    """Older versions could leave deleted text in free pages and FTS5 segments (a scrub owed at
-    a kill was forgotten): owe a file that ever held a document one VACUUM, paid at open
-    (`retrieval.scrub.compact`)."""
-    if conn.execute("SELECT 1 FROM sqlite_sequence LIMIT 1").fetchone() is not None:
-        scrub.owe_compact(conn)
-
-
-def _migrate_v5_to_v6(conn: sqlite3.Connection) -> None:
-    """Which pages OCR read and which gave no text ("3,4,9"); NULL in rows written before
-    OCR, so the ingester can tell a scan it never tried to read (issue 47)."""
-    conn.execute("ALTER TABLE documents ADD COLUMN ocr_pages TEXT")
-    conn.execute("ALTER TABLE documents ADD COLUMN unread_pages TEXT NOT NULL DEFAULT ''")
-
-
-#: MIGRATIONS[i] brings a database from schema version i to i + 1.
-MIGRATIONS: list[Migration] = [
-    _migrate_v0_to_v1,
-    _migrate_v1_to_v2,
-    _migrate_v2_to_v3,
-    _migrate_v3_to_v4,
-    _migrate_v4_to_v5,
-    _migrate_v5_to_v6,
-]
-SCHEMA_VERSION = len(MIGRATIONS)
-
-
-def schema_version(db: Database) -> int:
-    """The schema version recorded in the database header (``PRAGMA user_version``)."""
-    return user_version(db.conn)
-
-
-def migrate(db: Database, target: int | None = None) -> int:
-    """Apply pending migrations in order (``collab.plumbing.migrations``: each in its own
-    transaction with its version bump, so a kill mid-migration leaves the previous version
-    intact). Returns the resulting version."""
-    file = db.conn.execute("PRAGMA database_list").fetchone()[2] or "in memory"
-    return migrations.migrate(db.conn, MIGRATIONS, target=target, name=f"index {file}")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -414,8 +144,6 @@ _CHUNK_COLUMNS = (
     "c.id, c.document_id, d.path, c.ordinal, c.text, c.page, c.title, "
     "c.line_start, c.line_end, c.char_start, c.char_end, c.heading, d.title"
 )
-#: How many keyword-index entries one search may read (`retrieval.keywords.affordable`).
-KEYWORD_POSTINGS = 5_000
 
 
 # --------------------------------------------------------------------------- store
@@ -460,7 +188,7 @@ class IndexStore:
         self._dirty = False
         self._needs_rebuild = False
         self._closed = False
-        self._scratch_ready = False  # the temp tables that tokenise a query
+        self._query_words = QueryWords()  # the keyword search's budget, per connection
         self._make_private()
         conn = sqlite3.connect(str(self.root / DB_NAME), check_same_thread=False)
         self.db = Database(conn)
@@ -1151,55 +879,8 @@ class IndexStore:
             return self.hits([(int(r[0]), -float(r[1])) for r in rows], found_by="keyword")
 
     def _affordable_words(self, query: str) -> list[str]:
-        """The question's words that the keyword search can afford to read (`affordable`):
-        each word is tokenised by FTS5 itself (a scratch table with the index's tokenizer, so
-        stems and identifier parts are exactly the index's), and each token's document count
-        comes from the index's vocabulary. Sub-millisecond; it keeps a search on a 100k-chunk
-        index from scoring every chunk that holds a common word."""
-        words = keyword_terms(query)
-        if not words:
-            return []
-        conn = self.db.conn
-        with self.db.atomic():  # scratch rows in the temp schema: main is not locked
-            if not self._scratch_ready:
-                conn.execute(
-                    "CREATE VIRTUAL TABLE IF NOT EXISTS temp.query_words USING "
-                    f"fts5(word, tokenize='{FTS_TOKENIZER}')"
-                )
-                conn.execute(
-                    "CREATE VIRTUAL TABLE IF NOT EXISTS temp.query_tokens USING "
-                    "fts5vocab(temp, query_words, 'instance')"
-                )
-                conn.execute(
-                    "CREATE VIRTUAL TABLE IF NOT EXISTS temp.chunk_terms USING "
-                    "fts5vocab(main, chunks_fts, 'row')"
-                )
-                self._scratch_ready = True
-            conn.executemany(
-                "INSERT INTO temp.query_words(rowid, word) VALUES (?, ?)", list(enumerate(words))
-            )
-            tokens: dict[int, list[str]] = {}
-            for n, term in conn.execute("SELECT doc, term FROM temp.query_tokens"):
-                tokens.setdefault(int(n), []).append(str(term))
-            conn.execute("DELETE FROM temp.query_words")
-        distinct = sorted({t for ts in tokens.values() for t in ts})
-        docs: dict[str, int] = {}
-        for start in range(0, len(distinct), 500):
-            part = distinct[start : start + 500]
-            marks = ",".join("?" * len(part))
-            docs.update(
-                conn.execute(
-                    f"SELECT term, doc FROM temp.chunk_terms WHERE term IN ({marks})", part
-                ).fetchall()
-            )
-        # a phrase reads all its tokens' entries, and matches nothing if one token is absent
-        postings = [
-            sum(docs.get(t, 0) for t in tokens.get(i, []))
-            if tokens.get(i) and all(docs.get(t, 0) for t in tokens[i])
-            else 0
-            for i in range(len(words))
-        ]
-        return affordable(words, postings, KEYWORD_POSTINGS)
+        """The question's words the keyword search can afford to read on this index."""
+        return self._query_words.affordable(self.db, query)
 
     def hits(self, scored: Sequence[tuple[int, float]], found_by: FoundBy = "meaning") -> list[Hit]:
         """Hits for (chunk id, score) pairs, in that order; the score is also recorded as the

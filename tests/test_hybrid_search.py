@@ -265,7 +265,7 @@ def test_common_words_are_left_out_when_they_would_cost_too_much(
 ) -> None:
     """On a large index a word in thousands of chunks is thousands of entries to score for
     almost no BM25 weight: past the budget the rarest words are searched, never none."""
-    import retrieval.store as store_module
+    import retrieval.store_keywords as store_module
     from retrieval.keywords import affordable
 
     assert affordable(["a", "b", "c", "d"], [50, 0, 5, 30], budget=40) == ["c", "d"]
