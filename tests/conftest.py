@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.tiny_models import build_all, builder_version
+from benchmarks.tiny_models import build_all, build_tiny_hf, builder_version
 
 
 @pytest.fixture(scope="session")
@@ -105,3 +105,64 @@ def private_index(tmp_path_factory, embedder_dir):
     index = PersonalIndex(tmp_path_factory.mktemp("index"), embedder_dir)
     index.ingest([docs])
     return index
+
+
+# ---- the shared test cloud and devices (each module may override `cloud_config` and
+# `cloud_corpus`: e.g. the public corpus with corpus_k = 2) ------------------------------
+
+
+@pytest.fixture(scope="module")
+def cloud_engine(tiny, tiny_tokenizer):
+    """The cloud: the tiny model in float32 torch, one engine per module."""
+    from cloud_backend.engine import LLMEngine
+    from model_runtime.torch_runtime import TorchCausalLM
+
+    return LLMEngine(TorchCausalLM(tiny["hf"]), tiny_tokenizer, "tiny-cloud")
+
+
+@pytest.fixture
+def cloud_config():
+    from cloud_backend.config import ServerConfig
+    from tests.cloud import TOKEN
+
+    return ServerConfig(token=TOKEN, corpus_enabled=False)
+
+
+@pytest.fixture
+def cloud_corpus():
+    """No public corpus unless a module asks for one."""
+    return None
+
+
+@pytest.fixture
+async def cloud_url(cloud_config, cloud_engine, cloud_corpus):
+    """A server for the module's engine on loopback; its session URL."""
+    from tests.cloud import serving
+
+    async with serving(cloud_config, cloud_engine, cloud_corpus) as url:
+        yield url
+    cloud_engine.on_step = None  # a test's hook into the engine's steps ends with it
+
+
+@pytest.fixture(scope="module")
+def device(tiny, tiny_tokenizer):
+    """The drafter close to the cloud: its int8 ONNX export (long accepted runs)."""
+    from edge_runtime.device import DeviceModel
+    from model_runtime.ort_runtime import OrtCausalLM
+
+    return DeviceModel(OrtCausalLM(tiny["onnx-quant"]), tiny_tokenizer, "tiny-device")
+
+
+@pytest.fixture(scope="module")
+def far_weights(tiny, tmp_path_factory) -> Path:
+    """A second tiny model with other weights, on the same tokenizer."""
+    return build_tiny_hf(tiny["tokenizer"], tmp_path_factory.mktemp("far") / "hf", seed=1)
+
+
+@pytest.fixture(scope="module")
+def far_device(far_weights, tiny_tokenizer):
+    """The drafter far from the cloud (many rejections: the residual paths run)."""
+    from edge_runtime.device import DeviceModel
+    from model_runtime.torch_runtime import TorchCausalLM
+
+    return DeviceModel(TorchCausalLM(far_weights), tiny_tokenizer, "tiny-device")

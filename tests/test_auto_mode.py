@@ -10,23 +10,17 @@ import socket
 from functools import partial
 
 import pytest
-from aiohttp.test_utils import TestServer
 
 from benchmarks.auto import counting_sockets
 from cloud_backend.config import ServerConfig
-from cloud_backend.engine import LLMEngine
-from cloud_backend.server import create_app
-from edge_runtime.device import DeviceModel
 from edge_runtime.events import Citation, ModeChoice, Stats, TextDelta
 from edge_runtime.mode_choice import CONSULTED
 from edge_runtime.modes import build_mode
 from edge_runtime.modes.base import AnswerOptions, CloudSettings, ModeContext, Turn
-from model_runtime.ort_runtime import OrtCausalLM
-from model_runtime.torch_runtime import TorchCausalLM
 from retrieval.embedder import question_cosines
+from tests.cloud import TOKEN
 from tests.test_modes import WireTap
 
-TOKEN = "test-token-0123456789"
 PRIVATE_Q = "What is my locker code?"
 PUBLIC_Q = "In which city was the pop group ABBA formed?"
 BOTH_Q = "What is my locker code, and in which city was the pop group ABBA formed?"
@@ -34,23 +28,14 @@ CHAT_Q = "Please say hello back to me."
 OPTIONS = AnswerOptions(max_new_tokens=12, temperature=0.0, k=2)
 
 
-@pytest.fixture(scope="module")
-def cloud_engine(tiny, tiny_tokenizer) -> LLMEngine:
-    return LLMEngine(TorchCausalLM(tiny["hf"]), tiny_tokenizer, "tiny-cloud")
-
-
-@pytest.fixture(scope="module")
-def device(tiny, tiny_tokenizer) -> DeviceModel:
-    return DeviceModel(OrtCausalLM(tiny["onnx-quant"]), tiny_tokenizer, "tiny-device")
+@pytest.fixture
+def cloud_corpus(public_corpus):
+    return public_corpus
 
 
 @pytest.fixture
-async def cloud_url(cloud_engine, public_corpus):
-    config = ServerConfig(token=TOKEN, corpus_enabled=False, corpus_k=2)
-    server = TestServer(create_app(config, cloud_engine, public_corpus), host="127.0.0.1")
-    await server.start_server()
-    yield f"ws://127.0.0.1:{server.port}/v1/session"
-    await server.close()
+def cloud_config():
+    return ServerConfig(token=TOKEN, corpus_enabled=False, corpus_k=2)
 
 
 def context(device, index, url: str | None, *, embedded: bool = True, **settings) -> ModeContext:

@@ -27,7 +27,6 @@ from edge_runtime.device import DeviceModel
 from edge_runtime.events import Failure, Stats, TextDelta
 from edge_runtime.modes import build_mode
 from edge_runtime.modes.base import AnswerOptions, CloudSettings, ModeContext
-from model_runtime.ort_runtime import OrtCausalLM
 from tests.test_serve_stop import METRICS_TOKEN, TOKEN, Served
 
 pytestmark = pytest.mark.balancer
@@ -139,11 +138,6 @@ def balancer(replicas, tmp_path) -> Iterator[Balancer]:
     lb = Balancer(tmp_path, replicas.servers)
     yield lb
     lb.close()
-
-
-@pytest.fixture(scope="module")
-def device(tiny, tiny_tokenizer) -> DeviceModel:
-    return DeviceModel(OrtCausalLM(tiny["onnx-quant"]), tiny_tokenizer, "tiny")
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from aiohttp.test_utils import TestServer
 
 from benchmarks.dragon import (
     METHODS,
@@ -19,16 +18,10 @@ from benchmarks.dragon import (
     warm_up,
 )
 from benchmarks.prompts import Prompt
-from benchmarks.tiny_models import build_tiny_hf
 from cloud_backend.config import ServerConfig
-from cloud_backend.engine import LLMEngine
-from cloud_backend.server import create_app
 from collab.dragon.ledger import DRAGON_LOOKAHEAD
 from collab.sources import PUBLIC_FLOOR, Source
-from edge_runtime.device import DeviceModel
-from model_runtime.torch_runtime import TorchCausalLM
-
-TOKEN = "bench-token-0123456789"
+from tests.cloud import TOKEN
 
 
 def _row(method: str, latency: float, per_token_ms: float, ttft_ms: float, **kw) -> dict:
@@ -118,23 +111,19 @@ def test_groups_and_pooled_acceptance():
 
 
 @pytest.fixture(scope="module")
-def cloud_engine(tiny, tiny_tokenizer) -> LLMEngine:
-    return LLMEngine(TorchCausalLM(tiny["hf"]), tiny_tokenizer, "tiny-cloud")
-
-
-@pytest.fixture(scope="module")
-def device(tiny, tiny_tokenizer, tmp_path_factory) -> DeviceModel:
-    folder = build_tiny_hf(tiny["tokenizer"], tmp_path_factory.mktemp("dev") / "hf", seed=1)
-    return DeviceModel(TorchCausalLM(folder), tiny_tokenizer, "tiny-device")
+def device(far_device):
+    """DRAGON's sides differ here: the far drafter."""
+    return far_device
 
 
 @pytest.fixture
-async def cloud_url(cloud_engine, public_corpus):
-    config = ServerConfig(token=TOKEN, corpus_enabled=False, corpus_k=2)
-    server = TestServer(create_app(config, cloud_engine, public_corpus), host="127.0.0.1")
-    await server.start_server()
-    yield f"ws://127.0.0.1:{server.port}/v1/session"
-    await server.close()
+def cloud_corpus(public_corpus):
+    return public_corpus
+
+
+@pytest.fixture
+def cloud_config():
+    return ServerConfig(token=TOKEN, corpus_enabled=False, corpus_k=2)
 
 
 DRAGONS = ("dragon-auto", "dragon-device", "dragon-cloud", "drdg-tw")

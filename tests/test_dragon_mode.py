@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestServer
 from scipy import stats as scipy_stats
 
 from app.embedded import read_metrics
-from benchmarks.tiny_models import TINY_CONTEXT, build_tiny_hf
+from benchmarks.tiny_models import TINY_CONTEXT
 from cloud_backend.config import ServerConfig
 from cloud_backend.engine import LLMEngine
 from cloud_backend.server import create_app
@@ -34,8 +34,8 @@ from model_runtime.prompting import document_prompt, prompt_budget
 from model_runtime.tokenizer import IM_END_ID
 from model_runtime.torch_runtime import TorchCausalLM
 from retrieval.search import best_of, clauses
+from tests.cloud import TOKEN
 
-TOKEN = "test-token-0123456789"
 METRICS_TOKEN = "test-metrics-token-0123"
 VOCAB = 151_936
 # Relevant on both sides (above the relevance floor): the diary, and a summary among the first 60.
@@ -56,20 +56,9 @@ def public_docs(corpus, question, k):
 
 
 @pytest.fixture(scope="module")
-def cloud_engine(tiny, tiny_tokenizer) -> LLMEngine:
-    return LLMEngine(TorchCausalLM(tiny["hf"]), tiny_tokenizer, "tiny-cloud")
-
-
-@pytest.fixture(scope="module")
-def device_dir(tiny, tmp_path_factory):
-    """Other weights than the cloud's, same tokenizer: the two sides disagree often."""
-    return build_tiny_hf(tiny["tokenizer"], tmp_path_factory.mktemp("dev") / "hf", seed=1)
-
-
-@pytest.fixture(scope="module")
-def device(device_dir, tiny_tokenizer) -> DeviceModel:
-    """The device model in float32 torch (exact comparisons with the reference)."""
-    return DeviceModel(TorchCausalLM(device_dir), tiny_tokenizer, "tiny-device")
+def device(far_device):
+    """DRAGON's sides differ here: the far drafter (its weights: `far_weights`)."""
+    return far_device
 
 
 @pytest.fixture(scope="module")
@@ -87,13 +76,13 @@ def private_index(tmp_path_factory, embedder_dir):
 
 
 @pytest.fixture
-async def cloud_url(cloud_engine, public_corpus):
-    config = ServerConfig(token=TOKEN, corpus_enabled=False, corpus_k=2)
-    app = create_app(config, cloud_engine, public_corpus)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    yield f"ws://127.0.0.1:{server.port}/v1/session"
-    await server.close()
+def cloud_corpus(public_corpus):
+    return public_corpus
+
+
+@pytest.fixture
+def cloud_config():
+    return ServerConfig(token=TOKEN, corpus_enabled=False, corpus_k=2)
 
 
 async def ask(mode, question, options, history=()):
@@ -119,7 +108,7 @@ def dragon(device, url, index, aggregator="auto", **kw):
 # ---------------------------------------------------------------------------- reference
 
 
-def reference_answer(device_dir, cloud_dir, tokenizer, question, private, public, n, k=2):
+def reference_answer(far_weights, cloud_dir, tokenizer, question, private, public, n, k=2):
     """A single process, no link: both sides' per-document sequences decoded in lockstep, the
     two sparse mixtures as they are transmitted, and the argmax of their weighted sum."""
     budget = prompt_budget(TINY_CONTEXT, n)
@@ -127,7 +116,7 @@ def reference_answer(device_dir, cloud_dir, tokenizer, question, private, public
     d_docs = [h.source(k + i, "device") for i, h in enumerate(hits, 1)]
     c_docs = public_docs(public, question, k) if public is not None else []
     sides = []
-    for folder, docs in ((device_dir, d_docs), (cloud_dir, c_docs)):
+    for folder, docs in ((far_weights, d_docs), (cloud_dir, c_docs)):
         lm = TorchCausalLM(folder)
         prompts = [document_prompt(tokenizer, question, [], d, budget)[0] for d in docs or [None]]
         cosines = np.array([d.score for d in docs] or [NO_DOCUMENT_COSINE])
@@ -161,7 +150,7 @@ async def test_greedy_dragon_equals_the_single_process_reference(
     docs,
     aggregator,
     tiny,
-    device_dir,
+    far_weights,
     device,
     tiny_tokenizer,
     cloud_url,
@@ -184,7 +173,7 @@ async def test_greedy_dragon_equals_the_single_process_reference(
     _, stats, events = await ask(mode, QUESTION, options)
     await mode.close()
     expected = reference_answer(
-        device_dir,
+        far_weights,
         tiny["hf"],
         tiny_tokenizer,
         QUESTION,
@@ -208,13 +197,13 @@ async def test_greedy_dragon_equals_the_single_process_reference(
 # ---------------------------------------------------------------------------- sampling
 
 
-def mixture_after(device_dir, cloud_dir, tokenizer, prefix, params, which="mix"):
+def mixture_after(far_weights, cloud_dir, tokenizer, prefix, params, which="mix"):
     """The exact target distribution (dense) after `prefix`, with no documents on either side
     (equal weights): ½ p^device + ½ p^cloud as transmitted; or one side's own ("device")."""
     budget = prompt_budget(TINY_CONTEXT, 8)
     prompt = document_prompt(tokenizer, QUESTION, [], None, budget)[0]
     out = np.zeros(VOCAB)
-    for name, folder in (("device", device_dir), ("cloud", cloud_dir)):
+    for name, folder in (("device", far_weights), ("cloud", cloud_dir)):
         if which not in ("mix", name):
             continue
         lm = _lm(folder)
@@ -269,7 +258,7 @@ def prefer_accepted(x_l, p_l, x_r, p_r, eta_l, eta_r, rng):
 
 @pytest.mark.parametrize("control", [False, True])
 async def test_sampled_first_token_follows_the_exact_mixture(
-    control, tiny, device_dir, device, tiny_tokenizer, cloud_url, monkeypatch
+    control, tiny, far_weights, device, tiny_tokenizer, cloud_url, monkeypatch
 ):
     """Many one-token answers over the wire: the token follows ½ p^device + ½ p^cloud (as
     transmitted), not either side's own; without the coin the same test fails."""
@@ -283,9 +272,9 @@ async def test_sampled_first_token_follows_the_exact_mixture(
         firsts.append(stats.token_ids[0] if stats.token_ids else IM_END_ID)
     await mode.close()
     params = SamplingParams(temperature=1.0)
-    mix = mixture_after(device_dir, tiny["hf"], tiny_tokenizer, [], params)
-    own = mixture_after(device_dir, tiny["hf"], tiny_tokenizer, [], params, "device")
-    cloud = mixture_after(device_dir, tiny["hf"], tiny_tokenizer, [], params, "cloud")
+    mix = mixture_after(far_weights, tiny["hf"], tiny_tokenizer, [], params)
+    own = mixture_after(far_weights, tiny["hf"], tiny_tokenizer, [], params, "device")
+    cloud = mixture_after(far_weights, tiny["hf"], tiny_tokenizer, [], params, "cloud")
     groups = (own > 0) + 2 * (cloud > 0)
     if control:
         assert chi_square_p(firsts, mix, groups) < 1e-4
@@ -295,7 +284,7 @@ async def test_sampled_first_token_follows_the_exact_mixture(
 
 
 async def test_sampled_token_after_a_rejection_follows_the_exact_mixture(
-    tiny, device_dir, device, tiny_tokenizer, cloud_url
+    tiny, far_weights, device, tiny_tokenizer, cloud_url
 ):
     """The second token of two-token answers, each after at least one rejection at the first
     step: given its own prefix it follows the exact mixture (randomised PIT: uniform under
@@ -312,10 +301,10 @@ async def test_sampled_token_after_a_rejection_follows_the_exact_mixture(
             continue
         rejected += stats.device_accepted + stats.cloud_accepted < 2 * stats.rounds
         x0, x1 = stats.token_ids[:2]
-        pi = mixture_after(device_dir, tiny["hf"], tiny_tokenizer, [x0], params)
+        pi = mixture_after(far_weights, tiny["hf"], tiny_tokenizer, [x0], params)
         assert pi[x1] > 0
         u_mix.append(pi[:x1].sum() + rng.random() * pi[x1])
-        own = mixture_after(device_dir, tiny["hf"], tiny_tokenizer, [x0], params, "device")
+        own = mixture_after(far_weights, tiny["hf"], tiny_tokenizer, [x0], params, "device")
         impossible_own += own[x1] == 0
     await mode.close()
     assert rejected >= 100  # the sides disagree: the step-1 token comes after a rejection
@@ -362,7 +351,7 @@ async def test_dragon_never_sends_private_text_embeddings_or_cache(
 
 
 async def test_stale_drafts_from_an_old_epoch_are_dropped(
-    tiny, device_dir, device, tiny_tokenizer, cloud_url, monkeypatch
+    tiny, far_weights, device, tiny_tokenizer, cloud_url, monkeypatch
 ):
     """After each rejection the device also sends a copy of its new draft stamped with the
     old epoch: the cloud drops every one, and the answer is the reference's."""
@@ -395,7 +384,7 @@ async def test_stale_drafts_from_an_old_epoch_are_dropped(
     _, stats, _ = await ask(mode, QUESTION, AnswerOptions(max_new_tokens=n, temperature=0.0))
     await mode.close()
     assert injected > 0
-    expected = reference_answer(device_dir, tiny["hf"], tiny_tokenizer, QUESTION, None, None, n)
+    expected = reference_answer(far_weights, tiny["hf"], tiny_tokenizer, QUESTION, None, None, n)
     assert stats.token_ids == expected
 
 
@@ -499,7 +488,7 @@ def _log_likelihood(lm, prompts, scores, tokens):
 
 
 async def test_drdg_sw_keeps_the_whole_answer_the_two_mixtures_find_likelier(
-    tiny, device_dir, device, tiny_tokenizer, cloud_url, private_index, public_corpus
+    tiny, far_weights, device, tiny_tokenizer, cloud_url, private_index, public_corpus
 ):
     """DRDG/SW (greedy): each side's answer alone from its own mixture, each answer scored
     under both mixtures across the link, and the device keeps the one with the larger
@@ -516,7 +505,7 @@ async def test_drdg_sw_keeps_the_whole_answer_the_two_mixtures_find_likelier(
     c_docs = public_docs(public_corpus, QUESTION, k)
     sides = [
         _side(f, tiny_tokenizer, QUESTION, docs, n)
-        for f, docs in ((device_dir, d_docs), (tiny["hf"], c_docs))
+        for f, docs in ((far_weights, d_docs), (tiny["hf"], c_docs))
     ]
     answers = [_alone(*side, n) for side in sides]
     assert answers[0] != answers[1]  # different weights, different answers: the pick matters
@@ -591,7 +580,7 @@ async def caching_cloud(tiny, tiny_tokenizer, public_corpus):
 
 async def test_cached_documents_give_the_same_greedy_answer_token_for_token(
     caching_cloud,
-    device_dir,
+    far_weights,
     tiny_tokenizer,
     private_index,
     tiny,
@@ -601,7 +590,7 @@ async def test_cached_documents_give_the_same_greedy_answer_token_for_token(
     question) equals the answer with every document prefilled, and the single-process
     reference; the caches are really hit on both sides."""
     url, engine = caching_cloud
-    device = DeviceModel(TorchCausalLM(device_dir), tiny_tokenizer, "tiny-device")
+    device = DeviceModel(TorchCausalLM(far_weights), tiny_tokenizer, "tiny-device")
     options = AnswerOptions(max_new_tokens=16, temperature=0.0, k=2)
     mode = dragon(device, url, private_index, "auto")
     try:
@@ -615,7 +604,7 @@ async def test_cached_documents_give_the_same_greedy_answer_token_for_token(
         await mode.close()
     assert warm.token_ids == cold.token_ids
     expected = reference_answer(
-        device_dir, tiny["hf"], tiny_tokenizer, QUESTION, private_index, public_corpus, 16
+        far_weights, tiny["hf"], tiny_tokenizer, QUESTION, private_index, public_corpus, 16
     )
     assert cold.token_ids == expected
 

@@ -11,7 +11,6 @@ import json
 import struct
 
 import pytest
-from aiohttp.test_utils import TestServer
 from textual.widgets import Input, Label
 
 from app.ask import run_ask
@@ -24,43 +23,20 @@ from app.settings import (
     settings_problems,
 )
 from app.tui.status import figures as status_figures
-from cloud_backend.config import ServerConfig
-from cloud_backend.engine import LLMEngine
-from cloud_backend.server import create_app
 from collab import variants
 from collab.protocol import PROTOCOL_VERSION, ProtocolError, decode, encode, request_frames
 from edge_runtime import modes as device_modes
-from edge_runtime.device import DeviceModel
 from edge_runtime.events import Stats, TextDelta
 from edge_runtime.modes.base import AnswerOptions, CloudSettings, ModeContext
-from model_runtime.ort_runtime import OrtCausalLM
-from model_runtime.torch_runtime import TorchCausalLM
 from tests import toy_extensions
+from tests.cloud import TOKEN
 from tests.toy_extensions.shout_wire import SHOUT_SETUP, ShoutSetup
-
-TOKEN = "test-token-0123456789"
 
 
 @pytest.fixture
 def registered():
     with toy_extensions.registered():
         yield
-
-
-@pytest.fixture
-async def cloud_url(tiny, tiny_tokenizer):
-    engine = LLMEngine(TorchCausalLM(tiny["hf"]), tiny_tokenizer, "tiny-cloud")
-    server = TestServer(
-        create_app(ServerConfig(token=TOKEN, corpus_enabled=False), engine), host="127.0.0.1"
-    )
-    await server.start_server()
-    yield f"ws://127.0.0.1:{server.port}/v1/session"
-    await server.close()
-
-
-@pytest.fixture(scope="module")
-def device(tiny, tiny_tokenizer) -> DeviceModel:
-    return DeviceModel(OrtCausalLM(tiny["onnx-quant"]), tiny_tokenizer, "tiny-device")
 
 
 def choices(option: str) -> list[str]:

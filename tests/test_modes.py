@@ -7,18 +7,13 @@ rejections, so the residual paths run)."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import numpy as np
 import pytest
-from aiohttp.test_utils import TestServer
 from scipy import stats as scipy_stats
 
 from benchmarks.auto import counting_sockets
-from benchmarks.tiny_models import TINY_CONTEXT, build_tiny_hf
-from cloud_backend.config import ServerConfig
-from cloud_backend.engine import LLMEngine
-from cloud_backend.server import create_app
+from benchmarks.tiny_models import TINY_CONTEXT
 from collab.protocol import Ping, Pong, decode
 from collab.sampling import SamplingParams, distribution
 from collab.variants import variant_names
@@ -27,36 +22,13 @@ from edge_runtime.events import Citation, Failure, Notice, Stats, TextDelta
 from edge_runtime.modes import build_mode
 from edge_runtime.modes.base import AnswerOptions, CloudSettings, ModeContext, Turn
 from edge_runtime.split_costs import SplitCosts
-from model_runtime.ort_runtime import OrtCausalLM
 from model_runtime.prompting import prompt_ids
 from model_runtime.torch_runtime import TorchCausalLM
+from tests.cloud import TOKEN
 from tests.concurrent_answers import WORKERS, by_seed
 from tests.sampled_law import stratified_chi_square_p
 
-TOKEN = "test-token-0123456789"
 QUESTIONS = ["What is a tandem bicycle?", "Write a haiku about autumn rain."]
-
-
-@pytest.fixture(scope="module")
-def cloud_engine(tiny, tiny_tokenizer) -> LLMEngine:
-    return LLMEngine(TorchCausalLM(tiny["hf"]), tiny_tokenizer, "tiny-cloud")
-
-
-@pytest.fixture(scope="module")
-def near_drafter(tiny, tiny_tokenizer) -> DeviceModel:
-    """The cloud model's own int8 export: a drafter that agrees most of the time."""
-    return DeviceModel(OrtCausalLM(tiny["onnx-quant"]), tiny_tokenizer, "tiny-device")
-
-
-@pytest.fixture(scope="module")
-def far_weights(tiny, tmp_path_factory) -> Path:
-    return build_tiny_hf(tiny["tokenizer"], tmp_path_factory.mktemp("far") / "hf", seed=1)
-
-
-@pytest.fixture(scope="module")
-def far_drafter(far_weights, tiny_tokenizer) -> DeviceModel:
-    """Different weights, same tokenizer: a drafter that is often wrong."""
-    return DeviceModel(TorchCausalLM(far_weights), tiny_tokenizer, "tiny-far")
 
 
 @pytest.fixture(scope="module")
@@ -66,15 +38,6 @@ def far_drafters(far_weights, tiny_tokenizer) -> list[DeviceModel]:
         DeviceModel(TorchCausalLM(far_weights), tiny_tokenizer, f"tiny-far-{n}")
         for n in range(WORKERS)
     ]
-
-
-@pytest.fixture
-async def cloud_url(cloud_engine):
-    app = create_app(ServerConfig(token=TOKEN, corpus_enabled=False), cloud_engine)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    yield f"ws://127.0.0.1:{server.port}/v1/session"
-    await server.close()
 
 
 async def ask(mode, question, options, history=()):
@@ -95,7 +58,7 @@ def context(device, url, variant="tk-slt", **kw) -> ModeContext:
 @pytest.mark.parametrize("variant", variant_names())
 @pytest.mark.parametrize("drafter", ["near", "far"])
 async def test_greedy_split_equals_cloud_only(variant, drafter, request, cloud_url):
-    device = request.getfixturevalue(f"{drafter}_drafter")
+    device = request.getfixturevalue({"near": "device", "far": "far_device"}[drafter])
     cloud = build_mode("cloud", context(device, cloud_url))
     split = build_mode("split", context(device, cloud_url, variant))
     options = AnswerOptions(max_new_tokens=40, temperature=0.0)
@@ -113,9 +76,9 @@ async def test_greedy_split_equals_cloud_only(variant, drafter, request, cloud_u
     await split.close()
 
 
-async def test_as2_falls_back_to_cloud_decoding_and_says_so(near_drafter, cloud_url):
-    cloud = build_mode("cloud", context(near_drafter, cloud_url))
-    split = build_mode("split", context(near_drafter, cloud_url))
+async def test_as2_falls_back_to_cloud_decoding_and_says_so(device, cloud_url):
+    cloud = build_mode("cloud", context(device, cloud_url))
+    split = build_mode("split", context(device, cloud_url))
     # A device that drafts far slower than the cloud decodes: no γ can win.
     split.costs.t_draft, split.costs.t_link = 10.0, 0.0
     split.costs.verify.append((5, 0.01))
@@ -128,10 +91,10 @@ async def test_as2_falls_back_to_cloud_decoding_and_says_so(near_drafter, cloud_
     assert any(isinstance(e, Notice) and "AS²" in e.text for e in events)
 
 
-async def test_rapid_answers_always_speculate_even_where_as2_would_not(near_drafter, cloud_url):
+async def test_rapid_answers_always_speculate_even_where_as2_would_not(device, cloud_url):
     """RAPID's η acts only in speculative rounds: AS²'s cloud decoding would drop what the
     device knows, so an answer asked for with η > 0 speculates whatever the costs say."""
-    split = build_mode("split", context(near_drafter, cloud_url))
+    split = build_mode("split", context(device, cloud_url))
     split.costs.t_draft, split.costs.t_link = 10.0, 0.0  # as above: AS² would win
     split.costs.verify.append((5, 0.01))
     options = AnswerOptions(max_new_tokens=16, temperature=1.0, seed=3, eta=1.0)
@@ -141,13 +104,13 @@ async def test_rapid_answers_always_speculate_even_where_as2_would_not(near_draf
     await split.close()
 
 
-async def test_as2_asks_for_its_tokens_before_the_first_one_arrives(near_drafter, cloud_url):
+async def test_as2_asks_for_its_tokens_before_the_first_one_arrives(device, cloud_url):
     """Once a session knows AS² wins, an answer's tokens after the first are asked for right
     behind Generate (one CloudDecode, sent before the first token arrives), so the cloud never
     waits a round trip for the device. The cloud keeps that frame while it samples the first
     token: the answer still equals cloud mode's, token for token."""
-    cloud = build_mode("cloud", context(near_drafter, cloud_url))
-    split = build_mode("split", context(near_drafter, cloud_url))
+    cloud = build_mode("cloud", context(device, cloud_url))
+    split = build_mode("split", context(device, cloud_url))
     split.costs.t_draft, split.costs.t_link, split.costs.t_cloud_step = 10.0, 0.0, 0.001
     split.costs.verify.append((5, 0.01))
     options = AnswerOptions(max_new_tokens=40, temperature=0.0)
@@ -176,7 +139,7 @@ async def test_as2_asks_for_its_tokens_before_the_first_one_arrives(near_drafter
 
 
 async def test_a_conversation_longer_than_the_context_still_gets_answers(
-    near_drafter, cloud_url, tiny_tokenizer
+    device, cloud_url, tiny_tokenizer
 ):
     """Both sides leave the oldest exchanges out rather than refuse the prompt; the device
     says so. Greedy split still equals cloud mode (the cloud trims the same way in both).
@@ -199,7 +162,7 @@ async def test_a_conversation_longer_than_the_context_still_gets_answers(
     options = AnswerOptions(max_new_tokens=24, temperature=0.0, allow_private_in_cloud=True)
     answers = {}
     for name in ("local", "cloud", "split"):
-        mode = build_mode(name, context(near_drafter, cloud_url))
+        mode = build_mode(name, context(device, cloud_url))
         if name == "split":
             mode.costs = SplitCosts()  # unmeasured: speculate
         text, stats, events = await ask(mode, question, options, history)
@@ -223,7 +186,7 @@ ANSWERS = 300
 
 @pytest.mark.parametrize("variant", ["tk-slt", "dssd", "dsd"])
 async def test_sampled_split_tokens_follow_the_cloud_model(
-    variant, far_drafter, far_drafters, cloud_engine, cloud_url, tiny_tokenizer
+    variant, far_device, far_drafters, cloud_engine, cloud_url, tiny_tokenizer
 ):
     """χ² over many short generations. The first token comes from the cloud's prefill; the
     second is the first one decided by a speculative round (the far drafter's draft, accepted
@@ -238,7 +201,7 @@ async def test_sampled_split_tokens_follow_the_cloud_model(
 
     p_first = distribution(cloud_engine.lm.prefill([ids])[0], params)
     first = int(np.argmax(p_first))
-    p, q = target(cloud_engine.lm)(first), target(far_drafter.lm)(first)
+    p, q = target(cloud_engine.lm)(first), target(far_device.lm)(first)
     assert 0.5 * np.abs(p - q).sum() > 0.3  # far apart: a biased sampler would show
     splits = [build_mode("split", context(d, cloud_url, variant)) for d in far_drafters]
 
@@ -253,7 +216,7 @@ async def test_sampled_split_tokens_follow_the_cloud_model(
     for split in splits:
         await split.close()
     fits, control = (
-        stratified_chi_square_p(pairs, target(lm)) for lm in (cloud_engine.lm, far_drafter.lm)
+        stratified_chi_square_p(pairs, target(lm)) for lm in (cloud_engine.lm, far_device.lm)
     )
     print(f"{variant}: {len(pairs)} answers, chi2 p under P {fits:.3g}, Q {control:.3g}")
     assert stratified_chi_square_p([(0, f) for f, _ in pairs], lambda _: p_first) > 1e-3
@@ -261,14 +224,14 @@ async def test_sampled_split_tokens_follow_the_cloud_model(
 
 
 async def test_rapid_pulls_the_cloud_toward_a_drafter_reading_private_passages(
-    near_drafter, cloud_url, private_index
+    device, cloud_url, private_index
 ):
     """η travels with Generate and the cloud verifies against p̂: with the device model
     reading a private passage the cloud never sees, the same seeds get far more drafts
     accepted at η = 100 than at η = 0. (The tiny random models spread p over the whole
     vocabulary, so only a large η shows at this size; the exact law of a RAPID round, through
     the variant, the codec and the verdict, is tested in tests/test_math_edges.py.)"""
-    ctx = ModeContext(near_drafter, private_index, CloudSettings(cloud_url, TOKEN, embedded=True))
+    ctx = ModeContext(device, private_index, CloudSettings(cloud_url, TOKEN, embedded=True))
     split = build_mode("split", ctx)
     counts = {}
     for eta in (0.0, 100.0):
@@ -286,19 +249,19 @@ async def test_rapid_pulls_the_cloud_toward_a_drafter_reading_private_passages(
     assert scipy_stats.fisher_exact([[a0, n0 - a0], [a1, n1 - a1]]).pvalue < 1e-4, counts
 
 
-async def test_rapid_refuses_dssd_and_leaves_a_greedy_answer_alone(near_drafter, cloud_url):
+async def test_rapid_refuses_dssd_and_leaves_a_greedy_answer_alone(device, cloud_url):
     """DSSD's cloud never sees Q: RAPID is refused before anything is sent. Greedy: the T → 0
     limit of p̂ is p, so the answer is cloud-only's, and the device says why."""
     options = AnswerOptions(max_new_tokens=8, temperature=1.0, eta=1.0)
-    dssd = build_mode("split", context(near_drafter, cloud_url, "dssd"))
+    dssd = build_mode("split", context(device, cloud_url, "dssd"))
     _, stats, events = await ask(dssd, QUESTIONS[0], options)
     failures = [e for e in events if isinstance(e, Failure)]
     assert failures and "tk-slt" in failures[0].message and stats.tokens == 0
     greedy = AnswerOptions(max_new_tokens=8, temperature=0.0, eta=1.0)
-    split = build_mode("split", context(near_drafter, cloud_url, "tk-slt"))
+    split = build_mode("split", context(device, cloud_url, "tk-slt"))
     _, got, events = await ask(split, QUESTIONS[0], greedy)
     assert any(isinstance(e, Notice) and "greedy" in e.text for e in events)
-    cloud = build_mode("cloud", context(near_drafter, cloud_url))
+    cloud = build_mode("cloud", context(device, cloud_url))
     _, want, _ = await ask(cloud, QUESTIONS[0], AnswerOptions(max_new_tokens=8, temperature=0.0))
     assert got.token_ids == want.token_ids and got.rapid_eta == 1.0
     for mode in (dssd, split, cloud):
@@ -384,12 +347,12 @@ class WireTap:
 
 
 @pytest.mark.parametrize("variant", variant_names())
-async def test_split_never_sends_private_text(variant, near_drafter, cloud_url, private_index):
+async def test_split_never_sends_private_text(variant, device, cloud_url, private_index):
     port = int(cloud_url.split(":")[2].split("/")[0])
     tap = WireTap(port)
     tap_port = await tap.start()
     url = f"ws://127.0.0.1:{tap_port}/v1/session"
-    split = build_mode("split", context(near_drafter, url, variant, index=private_index))
+    split = build_mode("split", context(device, url, variant, index=private_index))
     question = "And where is the spare key hidden?"  # a follow-up: it gets the history
     # the user agreed: the drafts come from a prompt holding the passages (what is tested)
     options = AnswerOptions(
@@ -420,8 +383,8 @@ async def test_split_never_sends_private_text(variant, near_drafter, cloud_url, 
         assert chunk not in bytes(tap.up)
 
 
-async def test_local_mode_opens_no_socket(near_drafter, private_index):
-    ctx = ModeContext(near_drafter, private_index, CloudSettings("ws://127.0.0.1:9/x", TOKEN))
+async def test_local_mode_opens_no_socket(device, private_index):
+    ctx = ModeContext(device, private_index, CloudSettings("ws://127.0.0.1:9/x", TOKEN))
     local = build_mode("local", ctx)
     with counting_sockets() as opened:  # every connect, blocking or the event loop's
         text, stats, events = await ask(local, "Where is the spare key?", AnswerOptions(24, k=2))
@@ -430,12 +393,12 @@ async def test_local_mode_opens_no_socket(near_drafter, private_index):
     assert opened == []
 
 
-async def test_an_off_topic_question_cites_nothing_and_says_so(near_drafter, private_index):
+async def test_an_off_topic_question_cites_nothing_and_says_so(device, private_index):
     """Nothing in the user's documents is relevant: no passage goes into the prompt or the
     citations, and the answer says so instead of citing noise (issue 29)."""
     from edge_runtime.device import NOTHING_PRIVATE
 
-    ctx = ModeContext(near_drafter, private_index, CloudSettings("ws://127.0.0.1:9/x", TOKEN))
+    ctx = ModeContext(device, private_index, CloudSettings("ws://127.0.0.1:9/x", TOKEN))
     local = build_mode("local", ctx)
     _, _, events = await ask(
         local, "Who won the football World Cup in 2010?", AnswerOptions(8, k=2)
@@ -465,8 +428,8 @@ def test_an_empty_citations_frame_says_nothing_public_was_relevant():
 # ---------------------------------------------------------------------------- failures
 
 
-async def test_wrong_token_is_a_plain_failure_and_the_device_answers(near_drafter, cloud_url):
-    ctx = context(near_drafter, cloud_url)
+async def test_wrong_token_is_a_plain_failure_and_the_device_answers(device, cloud_url):
+    ctx = context(device, cloud_url)
     ctx.cloud = CloudSettings(cloud_url, "wrong-token", retries=0)
     cloud = build_mode("cloud", ctx)
     text, stats, events = await ask(cloud, QUESTIONS[0], AnswerOptions(max_new_tokens=8))
@@ -476,7 +439,7 @@ async def test_wrong_token_is_a_plain_failure_and_the_device_answers(near_drafte
 
 
 async def test_server_killed_mid_answer_is_reported_and_finished_on_device(
-    tiny, near_drafter, tmp_path, monkeypatch
+    tiny, device, tmp_path, monkeypatch
 ):
     from app.embedded import EmbeddedCloud
 
@@ -492,7 +455,7 @@ async def test_server_killed_mid_answer_is_reported_and_finished_on_device(
     ]
     cloud = await EmbeddedCloud.start(serve, timeout_s=120)
     try:
-        ctx = ModeContext(near_drafter, None, CloudSettings(cloud.url, cloud.token))
+        ctx = ModeContext(device, None, CloudSettings(cloud.url, cloud.token))
         split = build_mode("split", ctx)
         history = [Turn("Hi", "Hello!", "split")]
         events = []

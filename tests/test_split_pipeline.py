@@ -25,10 +25,7 @@ from tests import test_modes
 from tests.concurrent_answers import by_seed
 from tests.test_modes import QUESTIONS, ask, context
 
-# the loopback server and the tiny models of tests/test_modes.py, shared
-cloud_engine, cloud_url = test_modes.cloud_engine, test_modes.cloud_url
-near_drafter, far_drafter = test_modes.near_drafter, test_modes.far_drafter
-far_weights, far_drafters = test_modes.far_weights, test_modes.far_drafters
+far_drafters = test_modes.far_drafters  # the far drafter once per concurrent session
 
 
 class Frozen(SplitCosts):
@@ -56,7 +53,7 @@ def long_batches(gamma_max: int = 12) -> SplitCosts:
 @pytest.mark.parametrize("variant", variant_names())
 @pytest.mark.parametrize("drafter", ["near", "far"])
 async def test_pipelined_greedy_split_equals_cloud_only(variant, drafter, request, cloud_url):
-    device = request.getfixturevalue(f"{drafter}_drafter")
+    device = request.getfixturevalue({"near": "device", "far": "far_device"}[drafter])
     cloud = build_mode("cloud", context(device, cloud_url))
     split = build_mode("split", context(device, cloud_url, variant))
     options = AnswerOptions(max_new_tokens=48, temperature=0.0, pipeline=True)
@@ -100,8 +97,8 @@ def slow(device: DeviceModel, delay: float = 0.1) -> DeviceModel:
     return type("SlowPhone", (SlowPhone,), {"delay": delay})(device.lm, device.tokenizer, "slow")
 
 
-async def test_a_batch_goes_out_short_when_drafting_falls_behind(near_drafter, cloud_url):
-    phone = slow(near_drafter)
+async def test_a_batch_goes_out_short_when_drafting_falls_behind(device, cloud_url):
+    phone = slow(device)
     cloud = build_mode("cloud", context(phone, cloud_url))
     split = build_mode("split", context(phone, cloud_url))
     options = AnswerOptions(max_new_tokens=48, temperature=0.0, pipeline=True)
@@ -126,7 +123,7 @@ async def test_the_cloud_verifies_a_batch_before_it_is_whole_when_drafting_is_sl
     verifies faster than the device drafts does not wait for the batch's end. A rejection
     there reaches the device while it is still drafting that batch. Greedy answers stay
     cloud-only's token for token."""
-    phone = slow(request.getfixturevalue(f"{drafter}_drafter"))
+    phone = slow(request.getfixturevalue({"near": "device", "far": "far_device"}[drafter]))
     cloud = build_mode("cloud", context(phone, cloud_url))
     split = build_mode("split", context(phone, cloud_url, "tk-slt"))
     options = AnswerOptions(max_new_tokens=24, temperature=0.0, pipeline=True)
@@ -154,13 +151,13 @@ def regime(verify: tuple[float, float], link_s: float, alpha: float) -> SplitCos
 
 
 @pytest.mark.parametrize("variant", ["tk-slt", "dssd"])
-async def test_each_batch_is_pipelined_or_waits_as_the_costs_say(variant, far_drafter, cloud_url):
+async def test_each_batch_is_pipelined_or_waits_as_the_costs_say(variant, far_device, cloud_url):
     """Where verification dominates the round (this CPU: 0.65-1.3 s against 60 ms of drafting),
     a stop-and-wait round gets the bonus token for about the same time, and every batch waits;
     where the link and drafting dominate (a fast cloud far away), batches are pipelined.
     Either way the answer is cloud-only's."""
-    cloud = build_mode("cloud", context(far_drafter, cloud_url))
-    split = build_mode("split", context(far_drafter, cloud_url, variant))
+    cloud = build_mode("cloud", context(far_device, cloud_url))
+    split = build_mode("split", context(far_device, cloud_url, variant))
     options = AnswerOptions(max_new_tokens=24, temperature=0.0, pipeline=True)
     _, want, _ = await ask(cloud, QUESTIONS[1], options)
     waits = {}
@@ -187,13 +184,13 @@ async def test_each_batch_is_pipelined_or_waits_as_the_costs_say(variant, far_dr
 @pytest.mark.parametrize("variant", ["tk-slt", "dssd"])
 @pytest.mark.parametrize("pipeline", [True, False])
 async def test_the_cloud_ending_the_answer_inside_a_batch_ends_it_cleanly(
-    variant, pipeline, near_drafter, cloud_engine, cloud_url, tiny_tokenizer, monkeypatch
+    variant, pipeline, device, cloud_engine, cloud_url, tiny_tokenizer, monkeypatch
 ):
     """The cloud's own length limit (the room its context leaves, which the device does not
     know) can fall inside a batch, even inside a part verified before the batch was whole:
     the answer ends with LENGTH exactly where cloud-only's does, and nothing hangs (pipelined
     and stop-and-wait alike)."""
-    phone = slow(near_drafter, 0.02)
+    phone = slow(device, 0.02)
     cloud = build_mode("cloud", context(phone, cloud_url))
     split = build_mode("split", context(phone, cloud_url, variant))
     options = AnswerOptions(max_new_tokens=48, temperature=0.0, pipeline=pipeline)
@@ -210,8 +207,8 @@ async def test_the_cloud_ending_the_answer_inside_a_batch_ends_it_cleanly(
     await split.close()
 
 
-async def test_stop_and_wait_when_the_pipeline_is_off(near_drafter, cloud_url):
-    split = build_mode("split", context(near_drafter, cloud_url))
+async def test_stop_and_wait_when_the_pipeline_is_off(device, cloud_url):
+    split = build_mode("split", context(device, cloud_url))
     split.costs = long_batches()
     options = AnswerOptions(max_new_tokens=24, temperature=0.0, pipeline=False)
     _, got, _ = await ask(split, QUESTIONS[0], options)
@@ -233,7 +230,7 @@ def randomised_pit(token: int, probs: np.ndarray, order: np.ndarray, u: float) -
 # (TK-SLT without the delay drew the very same tokens, seed for seed: one case is enough)
 @pytest.mark.parametrize(("variant", "delay"), [("dssd", 0.0), ("tk-slt", 0.02)])
 async def test_the_token_after_an_interrupting_rejection_follows_the_cloud(
-    variant, delay, far_drafter, far_drafters, cloud_engine, cloud_url, tiny_tokenizer
+    variant, delay, far_device, far_drafters, cloud_engine, cloud_url, tiny_tokenizer
 ):
     """The far drafter is rejected almost every time, with a second batch in flight or being
     drafted: the rejection throws it away. The token the device drafts next, from the
@@ -279,7 +276,7 @@ async def test_the_token_after_an_interrupting_rejection_follows_the_cloud(
     for seq in after:
         prefix, token = seq[:-1], seq[-1]
         p = distribution(cloud_engine.lm.prefill([[*ids, *prefix]])[0], params)
-        q = distribution(far_drafter.lm.prefill([[*ids, *prefix]])[0], params)
+        q = distribution(far_device.lm.prefill([[*ids, *prefix]])[0], params)
         with np.errstate(divide="ignore", invalid="ignore"):
             order = np.lexsort((np.arange(p.size), -(np.log(p) - np.log(q))))
         u = rng.random()

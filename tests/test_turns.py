@@ -22,17 +22,7 @@ from edge_runtime.turns import (
     topic_start,
 )
 from retrieval.search import best_of
-from tests.test_modes import (
-    WireTap,
-    ask,
-    client_frames,
-    cloud_engine,
-    cloud_url,
-    context,
-    near_drafter,
-)
-
-__all__ = ["cloud_engine", "cloud_url", "near_drafter"]  # fixtures
+from tests.test_modes import WireTap, ask, client_frames, context
 
 REFUSALS = (
     "I'm sorry, but I can't assist with that.",
@@ -148,38 +138,34 @@ async def prompt_of(device, mode, question, history, options) -> str:
 
 
 async def test_a_refusal_is_not_in_the_next_prompt_and_a_follow_up_gets_its_topic(
-    near_drafter, private_index
+    device, private_index
 ):
-    local = build_mode("local", context(near_drafter, "ws://127.0.0.1:9/x", index=private_index))
+    local = build_mode("local", context(device, "ws://127.0.0.1:9/x", index=private_index))
     options = AnswerOptions(max_new_tokens=4, temperature=0.0, k=2)
     refusal = "I'm sorry, but I can't assist with that."
     history = [
         Turn("Where does the spare key hide?", "Under the blue flowerpot.", "local"),
         Turn("What did my dentist say?", refusal, "local"),
     ]
-    prompt = await prompt_of(
-        near_drafter, local, "And what is the locker code there?", history, options
-    )
+    prompt = await prompt_of(device, local, "And what is the locker code there?", history, options)
     assert refusal not in prompt and "Under the blue flowerpot." in prompt
 
 
-async def test_a_follow_up_finds_the_passage_its_bare_words_miss(near_drafter, private_index):
+async def test_a_follow_up_finds_the_passage_its_bare_words_miss(device, private_index):
     follow_up = "And from when on?"
     assert private_index.search(follow_up, 3, 0.30) == []  # the premise: bare words find nothing
-    local = build_mode("local", context(near_drafter, "ws://127.0.0.1:9/x", index=private_index))
+    local = build_mode("local", context(device, "ws://127.0.0.1:9/x", index=private_index))
     history = [Turn("How much does Jordan earn?", "81,250 euros.", "local")]
     _, _, events = await ask(local, follow_up, AnswerOptions(4, temperature=0.0, k=2), history)
     cited = [e.path for e in events if isinstance(e, Citation)]
     assert cited and all(str(p).endswith("salary.txt") for p in cited)
 
 
-async def test_the_cloud_searches_with_turns_it_saw_and_never_a_private_one(
-    near_drafter, cloud_url
-):
+async def test_the_cloud_searches_with_turns_it_saw_and_never_a_private_one(device, cloud_url):
     port = int(cloud_url.split(":")[2].split("/")[0])
     tap = WireTap(port)
     url = f"ws://127.0.0.1:{await tap.start()}/v1/session"
-    cloud = build_mode("cloud", context(near_drafter, url))
+    cloud = build_mode("cloud", context(device, url))
     this_cloud = cloud.ctx.cloud.identity("tiny-cloud")
     seen = Turn(
         "Who wrote Hamlet?", "Shakespeare.", "cloud", shared="Shakespeare.", shared_with=this_cloud

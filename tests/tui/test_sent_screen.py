@@ -8,9 +8,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import pytest
-from aiohttp.test_utils import TestServer
-
 from app.assistant import Assistant
 from app.settings import Settings
 from app.tui.app import TandemApp
@@ -18,16 +15,12 @@ from app.tui.chat_view import AnswerView, CitationLine
 from app.tui.help import HelpScreen
 from app.tui.sent_screen import SentScreen
 from app.tui.status import ModeBar
-from cloud_backend.config import ServerConfig
-from cloud_backend.engine import LLMEngine
-from cloud_backend.server import create_app
 from edge_runtime.cloud_identity import cloud_identity
 from edge_runtime.sent_kinds import NOT_RECORDED, NOTHING_SENT, QUESTION
-from model_runtime.torch_runtime import TorchCausalLM
+from tests.cloud import TOKEN
 from tests.tui.test_app import until
 
 SIZE = (120, 36)
-TOKEN = "tui-sent-token-0123456789"
 HOSTILE = "[b]bold[/b] [@click=app.quit]quit[/] :smile:"
 CITATION = {
     "number": 1,
@@ -135,24 +128,8 @@ async def test_a_local_answer_shows_that_nothing_was_sent(isolated_dirs, tiny_de
         assert NOTHING_SENT in shown(app)
 
 
-@pytest.fixture(scope="module")
-def engine(tiny, tiny_tokenizer) -> LLMEngine:
-    return LLMEngine(TorchCausalLM(tiny["hf"]), tiny_tokenizer, "tiny-cloud")
-
-
-@pytest.fixture
-async def cloud_url(engine):
-    server = TestServer(
-        create_app(ServerConfig(token=TOKEN, corpus_enabled=False), engine), host="127.0.0.1"
-    )
-    await server.start_server()
-    yield f"ws://127.0.0.1:{server.port}/v1/session"
-    await server.close()
-    engine.on_step = None
-
-
 async def test_a_cloud_answer_and_a_cancelled_one_show_what_left(
-    isolated_dirs, tiny_device, engine, cloud_url
+    isolated_dirs, tiny_device, cloud_engine, cloud_url
 ) -> None:
     app = make_app(tiny_device, cloud_url, default_mode="cloud", max_tokens=120)
     async with app.run_test(size=SIZE) as pilot:
@@ -171,7 +148,7 @@ async def test_a_cloud_answer_and_a_cancelled_one_show_what_left(
         assert text.count(question) >= 2  # the question it answers, and the text that left
         await pilot.press("escape")
 
-        engine.on_step = lambda kind, n, seconds: time.sleep(0.04)  # long enough to cancel
+        cloud_engine.on_step = lambda kind, n, seconds: time.sleep(0.04)  # long enough to cancel
         await pilot.click("#prompt")
         await pilot.press(*"Tell me a long story.", "enter")
         await until(
