@@ -154,6 +154,12 @@ def device(tiny, tiny_tokenizer):
 
 
 @pytest.fixture(scope="module")
+def near_drafter(device):
+    """The same device, by its role where a test also has a far one."""
+    return device
+
+
+@pytest.fixture(scope="module")
 def far_weights(tiny, tmp_path_factory) -> Path:
     """A second tiny model with other weights, on the same tokenizer."""
     return build_tiny_hf(tiny["tokenizer"], tmp_path_factory.mktemp("far") / "hf", seed=1)

@@ -44,11 +44,8 @@ from edge_runtime.events import Citation, Failure, Notice, Stats
 from edge_runtime.modes import build_mode
 from edge_runtime.modes.base import AnswerOptions
 from edge_runtime.modes.link import MAX_CITATIONS
-from tests import test_modes
 from tests.test_hostile_cloud import ACK, client  # its handshake and client
 from tests.test_modes import QUESTIONS, context
-
-near_drafter = test_modes.near_drafter  # the tiny device model of tests/test_modes.py
 
 Send = Callable[[bytes], Awaitable[None]]
 OnFrame = Callable[[Send, Message], Awaitable[None]]

@@ -31,7 +31,6 @@ from edge_runtime.modes.base import CloudSettings, Turn, cloud_history
 from tests import test_modes
 from tests.test_modes import WireTap, client_frames
 
-cloud_engine, near_drafter = test_modes.cloud_engine, test_modes.near_drafter
 TOKEN = test_modes.TOKEN
 QUESTION = "Where is the spare key hidden, and what is my locker code?"
 

@@ -41,12 +41,7 @@ from edge_runtime.events import Failure
 from edge_runtime.modes import build_mode
 from edge_runtime.modes.base import AnswerOptions
 from edge_runtime.split_costs import SplitCosts
-from tests import test_modes
 from tests.test_modes import QUESTIONS, ask, context
-
-near_drafter = test_modes.near_drafter  # the tiny device model of tests/test_modes.py
-cloud_engine, cloud_url = test_modes.cloud_engine, test_modes.cloud_url  # an honest cloud
-
 
 Reply = Callable[[Message], Sequence[Message]]  # the cloud's answer to each device frame
 

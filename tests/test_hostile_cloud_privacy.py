@@ -48,11 +48,9 @@ from edge_runtime.modes import build_mode
 from edge_runtime.modes.auto import public_scores
 from edge_runtime.modes.base import AnswerOptions, CloudSettings, ModeContext, Turn
 from retrieval.embedder import question_cosines
-from tests import test_auto_mode
 from tests.test_auto_mode import BOTH_Q, PRIVATE_Q, TOKEN, ask, choice_of
 from tests.test_modes import WireTap, client_frames
 
-cloud_engine, device = test_auto_mode.cloud_engine, test_auto_mode.device
 OPTIONS = AnswerOptions(max_new_tokens=8, temperature=0.0, k=2)
 SECRETS = (b"4417", b"flowerpot", b"81,250", b"Jordan")  # what the two private notes say
 SHAPED = (DragonSetup, DragonDraft, DragonTarget)  # frames only a dragon answer sends

@@ -17,9 +17,7 @@ import numpy as np
 import pytest
 
 from retrieval.store import ChunkRecord, DocumentMeta, IndexStore
-from tests import test_modes
 
-near_drafter = test_modes.near_drafter  # the tiny device model
 DIM = 8
 
 

@@ -21,7 +21,6 @@ from edge_runtime.modes.base import AnswerOptions, CloudSettings, ModeContext
 from tests import test_modes
 from tests.test_modes import QUESTIONS
 
-cloud_engine, near_drafter = test_modes.cloud_engine, test_modes.near_drafter
 TOKEN = test_modes.TOKEN
 BEAT = 0.3  # both sides' heartbeat here: a dead peer is found within 1.5 × BEAT
 BOUND = 1.5 * BEAT + 0.7  # what the tests allow, with room for a loaded machine

@@ -28,12 +28,11 @@ from edge_runtime.client import CloudClient, CloudUntrusted
 from edge_runtime.events import Failure
 from edge_runtime.modes import build_mode
 from edge_runtime.modes.base import AnswerOptions
-from tests import test_modes, test_server
+from tests import test_server
 from tests.test_modes import QUESTIONS, ask, context
 from tests.test_server import METRICS_TOKEN, TOKEN, raw
 
 engine, start_cloud, cloud = test_server.engine, test_server.start_cloud, test_server.cloud
-near_drafter = test_modes.near_drafter
 ALICE = "alice-" + "s" * 20  # a second user's access token
 
 

@@ -69,10 +69,7 @@ from edge_runtime.sent_kinds import (
     summary,
     totals,
 )
-from tests import test_auto_mode
 from tests.test_modes import WireTap
-
-cloud_engine, device = test_auto_mode.cloud_engine, test_auto_mode.device  # tiny cloud, device
 
 TOKEN = "test-token-0123456789"
 HASH = bytes(range(32))
