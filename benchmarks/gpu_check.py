@@ -515,8 +515,23 @@ def _load(path: str) -> dict[str, Any]:
     return data
 
 
+_RESULTS = ROOT / "benchmarks" / "results"
+
+
 def _files(pattern: str) -> list[str]:
-    return sorted(repo_relative(p) for p in glob.glob(str(ROOT / pattern)))
+    """The result files matching `pattern` (under benchmarks/results/), each by its fresh run
+    where one exists, else the archived one (results/archive/, `benchmarks.report`)."""
+    found: dict[str, str] = {}
+    for base in (_RESULTS / "archive", _RESULTS):  # the fresh one last: it wins
+        for path in glob.glob(str(base / pattern)):
+            found[Path(path).relative_to(base).as_posix()] = repo_relative(path)
+    return sorted(found.values())
+
+
+def _result(rel: str) -> str:
+    """One result file by name (under benchmarks/results/): fresh, else archived."""
+    fresh = _RESULTS / rel
+    return repo_relative(fresh if fresh.exists() else _RESULTS / "archive" / rel)
 
 
 def split_inputs() -> dict[str, Any]:
@@ -527,7 +542,7 @@ def split_inputs() -> dict[str, Any]:
     record it. Also the uplink bytes per drafted token."""
     fraction_sources, alpha_sources = [], []
     fractions, alphas, up_bytes = [], [], []
-    for path in _files("benchmarks/results/split/*.json"):
+    for path in _files("split/*.json"):
         rows = _load(path).get("rows") or []
         mine = [
             r
@@ -588,7 +603,7 @@ def dragon_inputs() -> dict[str, Any]:
     """DRAGON with the real pair, greedy, k = 2: the probability that each side's draft becomes
     the target (accepted ÷ drafted: at temperature 0 the target is the mixture's argmax), pooled
     over the dragon-auto answers; the device's decode time for its 2-document step."""
-    files = _files("benchmarks/results/dragon/latency-ort-greedy-p*.json")
+    files = _files("dragon/latency-ort-greedy-p*.json")
     acc = {"device": [0, 0], "cloud": [0, 0]}
     steps: list[float] = []
     sources = []
@@ -625,7 +640,7 @@ def dragon_inputs() -> dict[str, Any]:
 
 def device_inputs() -> dict[str, Any]:
     """The device's draft step: ORT int8 0.5B decode on the CPU machine (the default scheme)."""
-    path = "benchmarks/results/device/runtime.json"
+    path = _result("device/runtime.json")
     data = _load(path)
     scheme = data["config"]["default_scheme"]
     key = next(k for k in data["rows"] if k.startswith("ORT") and scheme in k)
