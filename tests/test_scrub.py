@@ -35,7 +35,7 @@ if path == "secure-delete":
 import sqlite3
 import numpy as np
 from retrieval import scrub
-from retrieval.store import ChunkRecord, DocumentMeta, IndexStore, migrate
+from retrieval.store import SCHEMA_VERSION, ChunkRecord, DocumentMeta, IndexStore, migrate
 from tests.test_scrub import SECRET, WORD, raw
 
 if path == "optimize":
@@ -176,7 +176,7 @@ conn.close()
 for _ in range(2):
     with IndexStore(root, 8) as store:
         assert raw(root) == 0
-        assert store.db.execute("PRAGMA user_version").fetchone() == (5,)
+        assert store.db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
         assert [h.path for h in store.keyword_search("bicycles", 1)] == ["/b.md"]
         assert store.check_consistency(deep=True) == []
     print("opened")
