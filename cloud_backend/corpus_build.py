@@ -281,9 +281,7 @@ def open_or_build(
     root.mkdir(parents=True, exist_ok=True)
     source = _source()
     with _locked(root):
-        hashes = _HashCache(root / _HASH_CACHE)
-        recipe = _recipe(source, embedder_dir, chunk_tokens, overlap_tokens, limit, hashes)
-        hashes.save()
+        recipe = _cached_recipe(root, source, embedder_dir, chunk_tokens, overlap_tokens, limit)
         key = _digest(recipe)
         folder = root / (FOLDER_PREFIX + key[:16])
         opened = _open_complete(folder, key)
@@ -306,6 +304,22 @@ def open_or_build(
     return store, manifest, embedder
 
 
+def _cached_recipe(
+    root: Path,
+    source: _Source,
+    embedder_dir: Path,
+    chunk_tokens: int,
+    overlap_tokens: int,
+    limit: int | None,
+) -> dict[str, Any]:
+    """The recipe of a corpus under `root`, its files hashed once (the hash cache is kept
+    there). The caller holds `root`'s lock."""
+    hashes = _HashCache(root / _HASH_CACHE)
+    recipe = _recipe(source, embedder_dir, chunk_tokens, overlap_tokens, limit, hashes)
+    hashes.save()
+    return recipe
+
+
 def is_built(
     root: Path, embedder_dir: Path, limit: int | None, chunk_tokens: int, overlap_tokens: int
 ) -> bool:
@@ -313,9 +327,7 @@ def is_built(
     `open_or_build` opens it in about a second instead of building it."""
     source = _source()
     with _locked(root):
-        hashes = _HashCache(root / _HASH_CACHE)
-        recipe = _recipe(source, embedder_dir, chunk_tokens, overlap_tokens, limit, hashes)
-        hashes.save()
+        recipe = _cached_recipe(root, source, embedder_dir, chunk_tokens, overlap_tokens, limit)
         key = _digest(recipe)
         manifest = _read_json(root / (FOLDER_PREFIX + key[:16]) / MANIFEST)
     return manifest is not None and manifest.get("key") == key
@@ -333,9 +345,7 @@ def shipped_vectors_pass(
     with this machine's embedder): such a build takes seconds, one that embeds takes minutes."""
     source = _source()
     with _locked(root):
-        hashes = _HashCache(root / _HASH_CACHE)
-        recipe = _recipe(source, embedder_dir, chunk_tokens, overlap_tokens, limit, hashes)
-        hashes.save()
+        recipe = _cached_recipe(root, source, embedder_dir, chunk_tokens, overlap_tokens, limit)
     chunker = Chunker(load_embedding_tokenizer(), chunk_tokens, overlap_tokens)
     embedder = OnnxEmbedder(embedder_dir, threads=threads)
     summaries = load_summaries(source.path, limit)
